@@ -1,0 +1,167 @@
+"""Value types and protocols that components exchange.
+
+Drafting and verifying meet only through :class:`Draft` and :class:`Verdict`; the
+decode loop talks to each component through the protocols below, never through a
+pluggy call (hooks are for discovery and observation only).
+
+Vocabulary (Leviathan et al. 2023; Chen et al. 2023):
+
+* *drafted* tokens ``x_1..x_gamma`` come from a draft distribution ``q``;
+* an *accepted* token is a drafted token that passed ``u * q(x) < p(x)``;
+* the *recovered* token is sampled from ``norm(max(0, p - q))`` at the first rejection;
+* the *bonus* token is sampled from ``p`` at position ``gamma + 1`` when all were accepted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
+
+import attrs
+import torch
+
+ComponentKind = Literal["draft", "verifier", "selector"]
+T = TypeVar("T")
+
+
+def _non_negative(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(f"{attr.name} must be a finite number >= 0, got {value!r}")
+
+
+def _top_p_range(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
+    if not (0.0 < value <= 1.0):
+        raise ValueError(f"{attr.name} must be in (0, 1], got {value!r}")
+
+
+@attrs.frozen
+class SamplingParams:
+    """How tokens are drawn. ``temperature == 0`` means greedy; ``top_k == 0`` and
+    ``top_p == 1`` mean no filtering. The same params apply to ``p`` and ``q``."""
+
+    temperature: float = attrs.field(default=1.0, converter=float, validator=_non_negative)
+    top_k: int = attrs.field(default=0, converter=int, validator=_non_negative)
+    top_p: float = attrs.field(default=1.0, converter=float, validator=_top_p_range)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def filtered(self) -> bool:
+        return self.top_k > 0 or self.top_p < 1.0
+
+
+@attrs.frozen
+class Draft:
+    """What a draft provider proposes for one step."""
+
+    tokens: torch.Tensor  # [B, gamma] int64
+    probs: torch.Tensor | None  # [B, gamma, Vd] float32: q each token was sampled from; None = one-hot
+
+
+@attrs.frozen
+class Verdict:
+    """What a verifier decides for one step.
+
+    Row ``b`` emits ``tokens[b, : num_accepted[b] + 1]``: the accepted draft tokens
+    followed by one recovered or bonus token; the rest of the row is ``-1``.
+    """
+
+    tokens: torch.Tensor  # [B, gamma+1] int64, padded with -1
+    num_accepted: torch.Tensor  # [B] int64 in [0, gamma]
+
+
+@attrs.frozen
+class StepRecord:
+    """One decode step, as logged and handed to ``flashspec_step_end``."""
+
+    step: int
+    arm: int
+    arm_name: str
+    gamma: int
+    batch_size: int  # rows still generating
+    accepted: tuple[int, ...]  # per active row
+    emitted: int  # tokens emitted over active rows
+    reward: float
+    draft_ms: float
+    target_ms: float
+    verify_ms: float
+    step_ms: float
+
+
+@attrs.frozen
+class ComponentSpec(Generic[T]):
+    """A component a plugin offers: ``factory(config, context) -> component``.
+
+    ``config_cls`` is a (frozen attrs) class built from the component's TOML keys;
+    ``None`` means the component takes no keys.
+    """
+
+    name: str = attrs.field(validator=attrs.validators.matches_re(r"^[a-z][a-z0-9_\-]*$"))
+    kind: ComponentKind
+    factory: Callable[..., T]
+    config_cls: type | None = None
+    description: str = ""
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    """Decides which drafted tokens to keep; must not sync with the host."""
+
+    def verify(
+        self,
+        target_logits: torch.Tensor,  # [B, gamma+1, V] raw target logits
+        draft_tokens: torch.Tensor,  # [B, gamma] int64
+        draft_probs: torch.Tensor | None,  # [B, gamma, V] or None (one-hot draft)
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Verdict: ...
+
+
+@runtime_checkable
+class DraftProvider(Protocol):
+    """Proposes ``gamma`` tokens per row given the current sequences.
+
+    ``tokens[b, : lengths[b]]`` is row ``b``'s whole sequence so far (prompt and
+    emitted tokens). Sequences only grow between calls, except that a proposal's
+    rejected tokens never enter them, so a provider with a cache keeps what it
+    has seen and catches up on the rest. Providers that are not picked for a
+    step are not called; they catch up on their next turn.
+    """
+
+    def reset(self) -> None:
+        """Forget every sequence (called before a new batch of prompts)."""
+
+    def propose(
+        self,
+        tokens: torch.Tensor,  # [B, L] int64, right-padded
+        lengths: Sequence[int],  # B ints
+        gamma: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft: ...
+
+    def rollback(self, num_accepted: Sequence[int]) -> None:
+        """Keep only the accepted prefix of the last proposal (B ints in [0, gamma])."""
+
+
+@runtime_checkable
+class ArmSelector(Protocol):
+    """Picks the draft arm for the next step from past rewards only."""
+
+    num_arms: int
+
+    def select(self) -> int: ...
+
+    def update(self, arm: int, reward: float) -> None: ...
+
+
+def check_arm(arm: int, num_arms: int) -> None:
+    if not 0 <= arm < num_arms:
+        raise ValueError(f"arm {arm} out of range for {num_arms} arms")
+
+
+def names(specs: Sequence[ComponentSpec[Any]]) -> list[str]:
+    return [s.name for s in specs]

@@ -1,0 +1,1 @@
+"""Triton kernels for on-device verification, each beside its plain-torch reference."""

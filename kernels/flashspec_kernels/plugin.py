@@ -1,0 +1,1 @@
+"""Registers the ``triton`` verifier (imports triton lazily)."""

@@ -1,0 +1,1 @@
+"""flashspec_hf plugin."""

@@ -1,0 +1,1 @@
+"""Registers the Hugging Face causal-LM draft provider."""

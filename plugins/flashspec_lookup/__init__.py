@@ -1,0 +1,1 @@
+"""flashspec_lookup plugin."""

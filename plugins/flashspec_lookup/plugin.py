@@ -1,0 +1,1 @@
+"""Registers the prompt-lookup (n-gram) draft provider."""

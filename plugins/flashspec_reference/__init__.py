@@ -1,0 +1,1 @@
+"""The plain-torch reference verifier."""

@@ -1,0 +1,1 @@
+"""Registers the bundled arm selectors."""
