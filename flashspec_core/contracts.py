@@ -21,7 +21,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 import attrs
 import torch
 
-ComponentKind = Literal["draft", "verifier", "selector"]
+ComponentKind = Literal["target", "draft", "verifier", "selector"]
 T = TypeVar("T")
 
 
@@ -104,6 +104,43 @@ class ComponentSpec(Generic[T]):
     factory: Callable[..., T]
     config_cls: type | None = None
     description: str = ""
+
+
+@runtime_checkable
+class Target(Protocol):
+    """The model whose distribution the output follows.
+
+    Rows are ragged: ``tokens[b, : lengths[b]]`` is row ``b``'s sequence so far.
+    """
+
+    vocab: int
+    device: torch.device
+    eos_token_ids: set[int]
+
+    def encode(self, prompt: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def prefill(self, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
+        """Start a new batch: process every prompt but its last token."""
+
+    def score(self, tokens: torch.Tensor, lengths: Sequence[int], draft_tokens: torch.Tensor) -> torch.Tensor:
+        """Logits after each sequence and after each draft token: [B, gamma+1, V].
+
+        tokens: [B, L] int64; draft_tokens: [B, gamma] int64 (gamma may be 0).
+        """
+
+    def rollback(self, num_accepted: Sequence[int]) -> None:
+        """Keep only the accepted draft tokens of the last :meth:`score` (B ints)."""
+
+
+@attrs.frozen
+class DraftContext:
+    """What a draft factory may know about the pipeline it joins."""
+
+    target: Target
+    vocab: int  # the target's logits width; drafts must emit probs of this width
+    device: torch.device
 
 
 @runtime_checkable

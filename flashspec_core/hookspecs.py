@@ -13,11 +13,21 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from flashspec_core.contracts import ArmSelector, ComponentSpec, DraftProvider, StepRecord, Verifier
+    from flashspec_core.contracts import ArmSelector, ComponentSpec, DraftProvider, StepRecord, Target, Verifier
 
 PROJECT = "flashspec"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def flashspec_targets() -> Iterable[ComponentSpec[Target]]:
+    """Return the Target components (model back-ends) this plugin provides.
+
+    Called once when the registry is built; names are unique as for drafts.
+
+    :returns: component specs whose factory is called as ``factory(config)``.
+    """
 
 
 @hookspec
@@ -28,7 +38,7 @@ def flashspec_draft_providers() -> Iterable[ComponentSpec[DraftProvider]]:
     plugins; a clash is an error naming both plugins.
 
     :returns: component specs whose factory is called as
-        ``factory(config, context)`` with a :class:`flashspec_core.registry.DraftContext`.
+        ``factory(config, context)`` with a :class:`flashspec_core.contracts.DraftContext`.
     """
 
 

@@ -32,6 +32,7 @@ ENTRY_POINT_GROUP = "flashspec"
 AUTOLOAD_ENV = "FLASHSPEC_DISABLE_PLUGIN_AUTOLOAD"
 
 _HOOK_OF_KIND: dict[ComponentKind, str] = {
+    "target": "flashspec_targets",
     "draft": "flashspec_draft_providers",
     "verifier": "flashspec_verifiers",
     "selector": "flashspec_arm_selectors",

@@ -10,3 +10,8 @@ try:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 except ImportError:  # pragma: no cover
     pass
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))

@@ -1,1 +1,52 @@
-"""Registers the Hugging Face causal-LM draft provider."""
+"""Registers the Hugging Face target back-end and causal-LM draft provider."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from flashspec_core import ComponentSpec, DraftProvider, hookimpl
+from flashspec_core.contracts import DraftContext, Target
+from flashspec_hf.draft import HFDraft, check_same_tokenizer
+from flashspec_hf.loading import ModelOptions, load_model
+from flashspec_hf.target import HFTarget
+
+
+def make_target(config: ModelOptions) -> HFTarget:
+    model, tokenizer = load_model(config)
+    return HFTarget(model, tokenizer, chat_template=config.chat_template)
+
+
+def make_draft(config: ModelOptions, context: DraftContext) -> HFDraft:
+    if config.device == "auto":
+        config = attrs.evolve(config, device=str(context.device))
+    model, tokenizer = load_model(config)
+    check_same_tokenizer(tokenizer, getattr(context.target, "tokenizer", None), config.model)
+    return HFDraft(model, context.vocab)
+
+
+@hookimpl
+def flashspec_targets() -> Iterable[ComponentSpec[Target]]:
+    return [
+        ComponentSpec(
+            name="hf",
+            kind="target",
+            factory=make_target,
+            config_cls=ModelOptions,
+            description="any transformers AutoModelForCausalLM",
+        )
+    ]
+
+
+@hookimpl
+def flashspec_draft_providers() -> Iterable[ComponentSpec[DraftProvider]]:
+    return [
+        ComponentSpec(
+            name="hf",
+            kind="draft",
+            factory=make_draft,
+            config_cls=ModelOptions,
+            description="a smaller causal LM with the target's tokenizer, own KV cache",
+        )
+    ]

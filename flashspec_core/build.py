@@ -1,0 +1,69 @@
+"""Assemble a :class:`Pipeline` from a config file, a dict or a parsed config."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from flashspec_core.config import ComponentChoice, PipelineConfig, load_config, parse_config
+from flashspec_core.contracts import DraftContext, StepRecord, Target, Verifier
+from flashspec_core.logs import run_logger
+from flashspec_core.pipeline import Arm, Pipeline
+from flashspec_core.registry import Registry, build_registry
+from flashspec_core.rewards import make_reward
+
+Progress = Callable[[str], None]
+
+
+def load_pipeline(path: str | os.PathLike[str], registry: Registry | None = None, progress: Progress | None = None) -> Pipeline:
+    registry = registry or build_registry()
+    return build_pipeline(load_config(path, registry), registry, progress)
+
+
+def build_pipeline(
+    config: Mapping[str, Any] | PipelineConfig, registry: Registry | None = None, progress: Progress | None = None
+) -> Pipeline:
+    """Load the models, make every component and wire them up.
+
+    ``progress`` gets one human-readable line per loading stage (the CLI prints them).
+    """
+    registry = registry or build_registry()
+    if not isinstance(config, PipelineConfig):
+        config = parse_config(dict(config), registry)
+    say = progress or (lambda _msg: None)
+    say(f"loading target ({_describe(config.target)})")
+    target: Target = registry.get("target", config.target.use).factory(config.target.config)
+    context = DraftContext(target=target, vocab=target.vocab, device=target.device)
+    arms = []
+    for arm in config.arms:
+        say(f"loading arm {arm.name} ({_describe(arm.draft)}, gamma={arm.gamma})")
+        provider = registry.get("draft", arm.draft.use).factory(arm.draft.config, context)
+        arms.append(Arm(name=arm.name, provider=provider, gamma=arm.gamma))
+    verifier = _verifier(registry, config.verifier, target.device)
+    selector = registry.get("selector", config.selector.use).factory(config.selector.config, len(arms))
+    hook = registry.manager.hook
+    logger = run_logger(target=_describe(config.target), selector=config.selector.use)
+    on_step: Callable[[StepRecord], None] | None = None
+    if hook.flashspec_step_end.get_hookimpls():
+        on_step = lambda record: hook.flashspec_step_end(record=record)  # noqa: E731
+    pipeline = Pipeline(target, arms, verifier, selector, make_reward(config.reward), logger, on_step, config)
+    hook.flashspec_pipeline_built(pipeline=pipeline)
+    return pipeline
+
+
+def _verifier(registry: Registry, choice: ComponentChoice, device: torch.device) -> Verifier:
+    name = choice.use
+    if name == "auto":
+        name = "triton" if device.type == "cuda" and "triton" in registry.names("verifier") else "reference"
+        spec = registry.get("verifier", name)
+        config = spec.config_cls() if spec.config_cls is not None else None
+        return spec.factory(config, device)  # type: ignore[no-any-return]
+    return registry.get("verifier", name).factory(choice.config, device)  # type: ignore[no-any-return]
+
+
+def _describe(choice: ComponentChoice) -> str:
+    model = getattr(choice.config, "model", None)
+    return f"{choice.use}: {model}" if model else choice.use

@@ -1,0 +1,204 @@
+"""The decode loop: select an arm, draft, score, verify, roll back, repeat.
+
+One host read per step: the verdict (``num_accepted`` and the emitted tokens) is
+copied to the host once, because the loop must know what was emitted to stop rows
+at EOS or ``max_new_tokens`` and to size the next step. Everything else in the step
+(drafting, the target forward, verification) is queued on the device without a
+sync; step timings use CUDA events on a GPU and are read after that one copy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from flashspec_core.contracts import ArmSelector, DraftProvider, SamplingParams, StepRecord, Target, Verifier
+from flashspec_core.rewards import Reward
+from flashspec_core.stats import summarize
+
+OnTokens = Callable[[int, list[int]], None]
+
+
+@attrs.frozen
+class Arm:
+    name: str
+    provider: DraftProvider
+    gamma: int
+
+
+@attrs.frozen
+class GenerationResult:
+    texts: list[str]
+    token_ids: list[list[int]]
+    steps: list[StepRecord]
+    summary: dict[str, Any]
+
+
+class _Clock:
+    """Marks on the device timeline (CUDA events) or the host clock (CPU)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[Any] = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks.append(ev)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def ms(self, i: int, j: int) -> float:
+        a, b = self.marks[i], self.marks[j]
+        return float(a.elapsed_time(b)) if self.cuda else (b - a) * 1e3
+
+
+class Pipeline:
+    """Target + draft arms + verifier + selector, assembled by :func:`build_pipeline`."""
+
+    def __init__(
+        self,
+        target: Target,
+        arms: Sequence[Arm],
+        verifier: Verifier,
+        selector: ArmSelector,
+        reward: Reward,
+        logger: Any = None,
+        on_step: Callable[[StepRecord], None] | None = None,
+        config: Any = None,
+    ) -> None:
+        self.target, self.arms, self.verifier, self.selector = target, list(arms), verifier, selector
+        self.reward, self.logger, self.on_step, self.config = reward, logger, on_step, config
+        self._step = 0
+
+    def generate(
+        self,
+        prompts: Sequence[str] | Sequence[Sequence[int]],
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        on_tokens: OnTokens | None = None,
+    ) -> GenerationResult:
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        ids = [self._encode(p) for p in prompts]
+        generator = torch.Generator(device=self.target.device).manual_seed(seed)
+        start = time.perf_counter()
+        out, steps = self._decode(ids, max_new_tokens, sampling, generator, on_tokens)
+        wall = time.perf_counter() - start
+        texts = [self.target.decode(o) for o in out]
+        summary = summarize(steps, [a.name for a in self.arms], [len(o) for o in out], wall)
+        if self.logger is not None:
+            self.logger.info("summary", **{k: v for k, v in summary.items() if not isinstance(v, dict | list)})
+        return GenerationResult(texts=texts, token_ids=out, steps=steps, summary=summary)
+
+    def _encode(self, prompt: str | Sequence[int]) -> list[int]:
+        ids = self.target.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("empty prompt: at least one token is needed")
+        if min(ids) < 0 or max(ids) >= self.target.vocab:
+            raise ValueError(f"prompt token ids must be in [0, {self.target.vocab}), got {min(ids)}..{max(ids)}")
+        return ids
+
+    def _decode(
+        self,
+        prompts: list[list[int]],
+        max_new: int,
+        sampling: SamplingParams,
+        generator: torch.Generator,
+        on_tokens: OnTokens | None,
+    ) -> tuple[list[list[int]], list[StepRecord]]:
+        batch = len(prompts)
+        longest = max(len(p) for p in prompts) + max_new + max(a.gamma for a in self.arms) + 1
+        tokens = torch.zeros((batch, longest), dtype=torch.long)
+        for b, p in enumerate(prompts):
+            tokens[b, : len(p)] = torch.tensor(p)
+        lengths = [len(p) for p in prompts]
+        out: list[list[int]] = [[] for _ in prompts]
+        active = [True] * batch
+        for arm in self.arms:
+            arm.provider.reset()
+        self.target.prefill(tokens, lengths)
+        eos = self.target.eos_token_ids
+        steps: list[StepRecord] = []
+        while any(active):
+            record, emitted = self._step_once(tokens, lengths, active, sampling, generator)
+            for b, new in enumerate(emitted):
+                if not active[b]:
+                    continue
+                new = new[: max_new - len(out[b])]
+                stop = next((i for i, t in enumerate(new) if t in eos), None)
+                if stop is not None:
+                    new = new[: stop + 1]
+                tokens[b, lengths[b] : lengths[b] + len(new)] = torch.tensor(new, dtype=torch.long)
+                lengths[b] += len(new)
+                out[b].extend(new)
+                if on_tokens is not None and new:
+                    on_tokens(b, new)
+                if stop is not None or len(out[b]) >= max_new:
+                    active[b] = False
+            steps.append(record)
+        return out, steps
+
+    def _step_once(
+        self,
+        tokens: torch.Tensor,
+        lengths: list[int],
+        active: list[bool],
+        sampling: SamplingParams,
+        generator: torch.Generator,
+    ) -> tuple[StepRecord, list[list[int]]]:
+        index = self.selector.select()
+        arm = self.arms[index]
+        clock = _Clock(self.target.device)
+        t0 = time.perf_counter()
+        clock.mark()
+        draft = arm.provider.propose(tokens, lengths, arm.gamma, sampling, generator)
+        clock.mark()
+        logits = self.target.score(tokens, lengths, draft.tokens.to(self.target.device))
+        clock.mark()
+        verdict = self.verifier.verify(logits, draft.tokens.to(logits.device), draft.probs, sampling, generator)
+        clock.mark()
+        host = torch.cat([verdict.num_accepted[:, None], verdict.tokens], dim=1).cpu()  # the one sync
+        step_s = time.perf_counter() - t0
+        accepted = host[:, 0].tolist()
+        self.target.rollback(accepted)
+        arm.provider.rollback(accepted)
+        emitted = [host[b, 1 : 2 + n].tolist() for b, n in enumerate(accepted)]
+        rows = [b for b in range(len(active)) if active[b]]
+        acc = tuple(accepted[b] for b in rows)
+        reward = self.reward(index, arm.gamma, acc, sum(n + 1 for n in acc), step_s)
+        self.selector.update(index, reward)
+        record = StepRecord(
+            step=self._step,
+            arm=index,
+            arm_name=arm.name,
+            gamma=arm.gamma,
+            batch_size=len(rows),
+            accepted=acc,
+            emitted=sum(n + 1 for n in acc),
+            reward=reward,
+            draft_ms=clock.ms(0, 1),
+            target_ms=clock.ms(1, 2),
+            verify_ms=clock.ms(2, 3),
+            step_ms=step_s * 1e3,
+        )
+        self._step += 1
+        self._observe(record)
+        return record, emitted
+
+    def _observe(self, record: StepRecord) -> None:
+        if self.logger is not None:
+            fields = attrs.asdict(record)
+            fields["accepted"] = list(record.accepted)
+            self.logger.info("step", **fields)
+        if self.on_step is not None:
+            self.on_step(record)

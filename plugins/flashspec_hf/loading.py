@@ -1,0 +1,94 @@
+"""Loading Hugging Face causal LMs from a config table's keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+DTYPES = {
+    "auto": None,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+QUANTIZATIONS = ("none", "nf4")
+
+
+def _model_ref(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
+    from flashspec_hf.weights import is_known_model
+
+    if not value:
+        raise ValueError(f"{attr.name} is required (a directory with a Hugging Face checkpoint, or a known name)")
+    if not (is_known_model(value) or Path(value).expanduser().is_dir()):
+        raise ValueError(f"{attr.name} {value!r} is neither an existing directory nor a known model name")
+
+
+@attrs.frozen
+class ModelOptions:
+    """Keys a model table accepts; they pass through to ``from_pretrained``."""
+
+    model: str = attrs.field(validator=_model_ref)
+    dtype: str = attrs.field(default="auto", validator=attrs.validators.in_(tuple(DTYPES)))
+    device: str = attrs.field(default="auto")
+    device_map: str | None = None
+    quantization: str = attrs.field(default="none", validator=attrs.validators.in_(QUANTIZATIONS))
+    attn_implementation: str = attrs.field(default="sdpa", validator=attrs.validators.in_(("sdpa", "eager")))
+    chat_template: bool = True
+
+    @device.validator
+    def _device(self, attribute: attrs.Attribute[Any], value: str) -> None:
+        if value != "auto":
+            try:
+                torch.device(value)
+            except RuntimeError as exc:
+                raise ValueError(f"device {value!r} is not a torch device ({exc})") from None
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+
+def _dtype(opts: ModelOptions, device: torch.device) -> torch.dtype:
+    chosen = DTYPES[opts.dtype]
+    if chosen is not None:
+        return chosen
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load_model(opts: ModelOptions) -> tuple[Any, Any]:
+    """Return ``(model, tokenizer)``; tokenizer is None when the checkpoint has none."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from flashspec_hf.weights import resolve_model
+
+    path = resolve_model(opts.model)
+    device = opts.torch_device()
+    kwargs: dict[str, Any] = {"dtype": _dtype(opts, device), "attn_implementation": opts.attn_implementation}
+    if opts.quantization == "nf4":
+        kwargs["quantization_config"] = _nf4_config(_dtype(opts, device))
+    if opts.device_map is not None:
+        kwargs["device_map"] = opts.device_map
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if opts.device_map is None and opts.quantization == "none":
+        model = model.to(device)
+    model.eval()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError):
+        tokenizer = None
+    return model, tokenizer
+
+
+def _nf4_config(compute_dtype: torch.dtype) -> Any:
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise RuntimeError("quantization = 'nf4' needs bitsandbytes: pip install 'flashspec[nf4]'") from None
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype)

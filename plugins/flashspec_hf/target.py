@@ -1,0 +1,65 @@
+"""The target model: scores a proposal's slots in one forward pass."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from flashspec_hf.lm import CachedLM
+
+
+class HFTarget:
+    """Target LM with a KV cache over ragged rows (see :mod:`flashspec_hf.lm`)."""
+
+    def __init__(self, model: Any, tokenizer: Any, chat_template: bool = True) -> None:
+        self.lm = CachedLM(model)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.vocab = int(model.get_output_embeddings().weight.shape[0])
+        self.device = self.lm.device
+        self._lengths: list[int] = []
+        self._gamma = 0
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for src in (getattr(self.model, "generation_config", None), self.tokenizer):
+            eos = getattr(src, "eos_token_id", None)
+            if isinstance(eos, int):
+                ids.add(eos)
+            elif eos is not None:
+                ids.update(int(e) for e in eos)
+        return ids
+
+    def encode(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this target has no tokenizer: pass prompts as lists of token ids")
+        if self.chat_template and getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(self.tokenizer(prompt)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if self.tokenizer is None:
+            return " ".join(str(i) for i in ids)
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    def prefill(self, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
+        """Feed every prompt but its last token (which the first step feeds)."""
+        self.lm.reset(len(lengths))
+        self.lm.catch_up(tokens, [n - 1 for n in lengths])
+
+    def score(self, tokens: torch.Tensor, lengths: Sequence[int], draft_tokens: torch.Tensor) -> torch.Tensor:
+        """Logits at the gamma draft positions and the bonus position: [B, gamma+1, V]."""
+        self._lengths = list(lengths)
+        self._gamma = draft_tokens.shape[1]
+        return self.lm.catch_up(tokens, lengths, extra=draft_tokens)
+
+    def rollback(self, num_accepted: Sequence[int]) -> None:
+        self.lm.drop_last([self._gamma - n for n in num_accepted])
+        self.lm.seen = [length + n for length, n in zip(self._lengths, num_accepted, strict=True)]

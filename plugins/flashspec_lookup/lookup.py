@@ -1,0 +1,100 @@
+"""Prompt-lookup drafting (Saxena 2023): copy what followed the last n-gram before.
+
+Deterministic and weightless: the proposal is a function of the context alone, so
+its ``q`` is one-hot and the verifier accepts ``x`` with probability ``p(x)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from flashspec_core import Draft, SamplingParams
+
+
+@attrs.frozen
+class LookupConfig:
+    max_ngram: int = attrs.field(default=3, validator=attrs.validators.ge(1))
+    min_ngram: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    window: int = attrs.field(default=4096, validator=attrs.validators.ge(2))
+
+    def __attrs_post_init__(self) -> None:
+        if self.min_ngram > self.max_ngram:
+            raise ValueError(f"min_ngram ({self.min_ngram}) must be <= max_ngram ({self.max_ngram})")
+
+
+def lookup(seq: torch.Tensor, gamma: int, cfg: LookupConfig) -> list[int]:
+    """Continuation of the most recent earlier match of the longest suffix n-gram.
+
+    seq: [L] int64 (CPU). Returns ``gamma`` tokens; where the match is shorter than
+    ``gamma`` or there is none, the proposal repeats its last token (the verifier
+    rejects what does not fit, so filling cannot change the output law).
+    """
+    seq = seq[-cfg.window :]
+    length = seq.shape[0]
+    for n in range(min(cfg.max_ngram, length - 1), cfg.min_ngram - 1, -1):
+        suffix = seq[length - n :]
+        windows = seq[: length - 1].unfold(0, n, 1)  # [L-n, n]: every earlier n-gram
+        hits = (windows == suffix).all(dim=1).nonzero().squeeze(1)
+        hits = hits[hits + n < length]
+        if hits.numel():
+            start = int(hits[-1]) + n
+            found = seq[start : start + gamma].tolist()
+            return found + [found[-1]] * (gamma - len(found))
+    last = int(seq[-1]) if length else 0
+    return [last] * gamma
+
+
+class PromptLookupDraft:
+    """Draft provider copying n-gram continuations from each row's own context."""
+
+    def __init__(self, config: LookupConfig) -> None:
+        self.config = config
+
+    def reset(self) -> None:
+        """Stateless: nothing to forget."""
+
+    def propose(
+        self,
+        tokens: torch.Tensor,  # [B, L] int64
+        lengths: Sequence[int],
+        gamma: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        rows = [lookup(tokens[b, :n].cpu(), gamma, self.config) for b, n in enumerate(lengths)]
+        return Draft(tokens=torch.tensor(rows, dtype=torch.long), probs=None)
+
+    def rollback(self, num_accepted: Sequence[int]) -> None:
+        """Stateless: nothing to roll back."""
+
+
+def make(config: LookupConfig, context: Any) -> PromptLookupDraft:
+    return PromptLookupDraft(config)
+
+
+class NoDraft:
+    """The gamma = 0 arm: plain target decoding, no speculation."""
+
+    def reset(self) -> None:
+        """Stateless."""
+
+    def propose(
+        self,
+        tokens: torch.Tensor,
+        lengths: Sequence[int],
+        gamma: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        return Draft(tokens=torch.zeros((len(lengths), 0), dtype=torch.long), probs=None)
+
+    def rollback(self, num_accepted: Sequence[int]) -> None:
+        """Stateless."""
+
+
+def make_none(config: None, context: Any) -> NoDraft:
+    return NoDraft()
