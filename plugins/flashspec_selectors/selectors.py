@@ -148,7 +148,7 @@ class ThompsonConfig:
 @attrs.frozen
 class SlidingWindowUCBConfig:
     """``window``: plays remembered (``None``: the default rule
-    ``ceil(2 * sqrt(horizon * ln(horizon) / breakpoints))``, 1920 for the defaults);
+    ``ceil(2 * sqrt(horizon * ln(horizon) / breakpoints))``, 607 for the defaults);
     ``horizon``/``breakpoints``: expected run length and number of changes, used
     only by that rule; ``xi``: exploration constant (theory needs ``xi > 1/2``)."""
 
