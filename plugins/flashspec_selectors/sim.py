@@ -84,7 +84,7 @@ class PiecewiseBernoulli:
     """Bernoulli arms; phase ``i`` holds from ``change_points[i - 1]`` to ``change_points[i]``."""
 
     phases: np.ndarray = attrs.field(converter=lambda x: np.atleast_2d(np.asarray(x, np.float64)))  # [P, K]
-    change_points: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    change_points: tuple[int, ...] = attrs.field(default=(), converter=lambda x: tuple(int(c) for c in x))
     reward_kind: str = "reward"
 
     def __attrs_post_init__(self) -> None:
