@@ -136,3 +136,29 @@ def test_summary_reports_throughput_for_costed_env() -> None:
     entry = summary["selectors"]["ucb1"]
     assert len(entry["throughput"]) == 2 and entry["throughput_mean"] > 0
     assert "ucb1_bound" not in summary
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_committed_results_have_the_promised_shape() -> None:
+    data = json.loads((ROOT / "docs" / "benchmarks" / "bandit-sim.json").read_text())
+    summary = data["summary"]
+    selectors = {"ucb1", "thompson", "sliding_window_ucb", "discounted_thompson"}
+    assert set(summary["paper_table"]) == selectors | {"ucb1_bound"}
+    assert summary["paper_table"]["ucb1_bound"] == pytest.approx(ucb1_bound([0.3, 0.7, 0.5], 10_000), abs=1e-3)
+    assert set(summary["nonstationary"]) == selectors
+    for name in selectors:
+        for table in ("paper_table", "nonstationary"):
+            lo, hi = summary[table][name]["ci95"]
+            assert lo <= summary[table][name]["mean"] <= hi
+        assert len(data["scenarios"]["stationary"]["selectors"][name]["final_regret"]) >= 20
+
+
+def test_docs_tables_match_the_committed_json() -> None:
+    import subprocess
+    import sys
+
+    script = ROOT / "benchmarks" / "render_bandit_tables.py"
+    done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
