@@ -64,5 +64,11 @@ def configure(console_level: str = "warning", json_file: IO[str] | None = None) 
 
 
 def run_logger(**bound: Any) -> structlog.typing.FilteringBoundLogger:
-    """A logger bound to a fresh ``run_id`` (and whatever else is given)."""
+    """A logger bound to a fresh ``run_id`` (and whatever else is given).
+
+    If the application has not configured structlog, the default set-up here shows
+    warnings and errors only, so a library user is not flooded with step lines.
+    """
+    if not structlog.is_configured():
+        configure()
     return structlog.get_logger("flashspec").bind(run_id=uuid.uuid4().hex[:12], **bound)  # type: ignore[no-any-return]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -43,5 +44,40 @@ def tiny_lm(
     with torch.no_grad():
         model.lm_head.weight.mul_(scale)
     model.to(dtype).save_pretrained(path)
-    tiny_tokenizer(vocab, tokenizer_prefix).save_pretrained(path)
+    _save_tokenizer(tiny_tokenizer(vocab, tokenizer_prefix), path)
     return path
+
+
+def _save_tokenizer(tok: PreTrainedTokenizerFast, path: Path) -> None:
+    tok.save_pretrained(path)
+    # AutoTokenizer would otherwise pick the model type's tokenizer class (Qwen2's BPE).
+    cfg_path = path / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg_path.write_text(json.dumps(cfg))
+
+
+def perturbed_lm(src: Path, path: Path, noise: float, seed: int = 0, layers: int | None = None) -> Path:
+    """A draft correlated with ``src``: its weights plus Gaussian noise of relative size ``noise``."""
+    model = Qwen2ForCausalLM.from_pretrained(src, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * noise * p.std().clamp_min(1e-3))
+    model.save_pretrained(path)
+    _save_tokenizer(PreTrainedTokenizerFast.from_pretrained(src), path)
+    return path
+
+
+def pipeline_dict(target: Path, drafts: list[Path], selector: str = "fixed", gamma: int = 3, **sel: object) -> dict:
+    """A build_pipeline() dict: float64 target, one hf arm per draft, a lookup arm."""
+    arms: list[dict] = [
+        {"use": "hf", "model": str(d), "gamma": gamma, "dtype": "float64", "name": f"d{i}"} for i, d in enumerate(drafts)
+    ]
+    arms.append({"use": "prompt_lookup", "gamma": gamma + 1, "name": "lookup"})
+    return {
+        "target": {"model": str(target), "dtype": "float64", "chat_template": False},
+        "arm": arms,
+        "verifier": {"use": "reference"},
+        "selector": {"use": selector, **sel},
+    }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,11 @@ QUANTIZATIONS = ("none", "nf4")
 
 
 def _model_ref(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
-    from flashspec_hf.weights import is_known_model
+    from flashspec_hf.weights import KNOWN_MODELS, PREFIX
 
     if not value:
         raise ValueError(f"{attr.name} is required (a directory with a Hugging Face checkpoint, or a known name)")
-    if not (is_known_model(value) or Path(value).expanduser().is_dir()):
+    if not (value.removeprefix(PREFIX) in KNOWN_MODELS or Path(value).expanduser().is_dir()):
         raise ValueError(f"{attr.name} {value!r} is neither an existing directory nor a known model name")
 
 
@@ -62,7 +63,7 @@ def _dtype(opts: ModelOptions, device: torch.device) -> torch.dtype:
 
 def load_model(opts: ModelOptions) -> tuple[Any, Any]:
     """Return ``(model, tokenizer)``; tokenizer is None when the checkpoint has none."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from flashspec_hf.weights import resolve_model
 
@@ -77,11 +78,28 @@ def load_model(opts: ModelOptions) -> tuple[Any, Any]:
     if opts.device_map is None and opts.quantization == "none":
         model = model.to(device)
     model.eval()
+    return model, load_tokenizer(path)
+
+
+_GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
+
+
+def load_tokenizer(path: str) -> Any:
+    """The checkpoint's tokenizer, or None if it has none.
+
+    A checkpoint that declares a generic fast tokenizer gets exactly that:
+    transformers 5's AutoTokenizer would pick the model type's own class instead.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    cfg_path = Path(path) / "tokenizer_config.json"
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        declared = json.loads(cfg_path.read_text()).get("tokenizer_class") if cfg_path.is_file() else None
+        if declared in _GENERIC_TOKENIZERS:
+            return PreTrainedTokenizerFast.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError):
-        tokenizer = None
-    return model, tokenizer
+        return None
 
 
 def _nf4_config(compute_dtype: torch.dtype) -> Any:

@@ -1,0 +1,156 @@
+"""The ``flashspec`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import IO, Any
+
+from flashspec_core import logs
+
+DEFAULT_CONFIG = "default.toml"
+
+
+def bundled_config(name: str) -> Path:
+    """Path of a config shipped with FlashSpec (``default.toml``, ``smollm2.toml``)."""
+    return Path(str(resources.files("flashspec_core") / "configs" / name))
+
+
+def _say(msg: str) -> None:
+    print(f"[flashspec] {msg}", file=sys.stderr, flush=True)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from flashspec_core.build import load_pipeline
+
+    config = Path(args.config) if args.config else bundled_config(DEFAULT_CONFIG)
+    with contextlib.ExitStack() as stack:
+        log_file: IO[str] | None = None
+        if args.log_json:
+            log_file = stack.enter_context(open(args.log_json, "w", encoding="utf-8"))
+        logs.configure("info" if args.verbose else "warning", log_file)
+        pipeline = load_pipeline(config, progress=_say)
+        gen = pipeline.config.generation
+        opts = {
+            "max_new_tokens": args.max_new_tokens if args.max_new_tokens is not None else gen.max_new_tokens,
+            "temperature": args.temperature if args.temperature is not None else gen.temperature,
+            "top_k": args.top_k if args.top_k is not None else gen.top_k,
+            "top_p": args.top_p if args.top_p is not None else gen.top_p,
+            "seed": args.seed if args.seed is not None else gen.seed,
+        }
+        _say("generating")
+        stream = _Streamer(pipeline.target.decode, sys.stdout)
+        result = pipeline.generate([args.prompt], on_tokens=stream, **opts)
+        stream.finish()
+        _print_summary(result.summary, sys.stderr)
+    return 0
+
+
+class _Streamer:
+    """Print text as tokens are accepted (decode the whole row, print the new suffix)."""
+
+    def __init__(self, decode: Callable[[Sequence[int]], str], out: IO[str]) -> None:
+        self.decode, self.out = decode, out
+        self.ids: list[int] = []
+        self.shown = ""
+
+    def __call__(self, row: int, new: list[int]) -> None:
+        self.ids.extend(new)
+        text = self.decode(self.ids)
+        if text.startswith(self.shown) and not text.endswith("\ufffd"):
+            self.out.write(text[len(self.shown) :])
+            self.out.flush()
+            self.shown = text
+
+    def finish(self) -> None:
+        text = self.decode(self.ids)
+        if text.startswith(self.shown):
+            self.out.write(text[len(self.shown) :])
+        self.out.write("\n")
+        self.out.flush()
+
+
+def _print_summary(summary: dict[str, Any], out: IO[str]) -> None:
+    print(
+        f"\n{summary['new_tokens']} tokens in {summary['wall_s']:.2f} s "
+        f"({summary['tokens_per_s']:.1f} tokens/s), {summary['steps']} steps, "
+        f"mean accepted length {summary['mean_accepted_length']:.2f}",
+        file=out,
+    )
+    for name, arm in summary["arms"].items():
+        rate = "-" if arm["acceptance_rate"] is None else f"{arm['acceptance_rate']:.2f}"
+        print(f"  arm {name:<24} steps {arm['steps']:>5}  acceptance {rate:>5}", file=out)
+
+
+def _plugins(args: argparse.Namespace) -> int:
+    from flashspec_core.registry import build_registry
+
+    registry = build_registry()
+    rows = [(kind, p.spec.name, f"{p.distribution} {p.version}", p.plugin, p.spec.description) for kind, p in registry.all()]
+    if args.json:
+        keys = ("kind", "name", "distribution", "plugin", "description")
+        print(json.dumps([dict(zip(keys, r, strict=True)) for r in rows], indent=2))
+        return 0
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row[:4], widths, strict=True)) + "  " + row[4])
+    return 0
+
+
+def _delegate(module: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        main_fn = importlib.import_module(module).main
+        return int(main_fn(args.rest) or 0)
+
+    return run
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="flashspec", description="Adaptive speculative decoding with exact output.")
+    sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate text for one prompt, streaming it as it is accepted")
+    g.add_argument("prompt")
+    g.add_argument("--config", help=f"pipeline TOML (default: the bundled {DEFAULT_CONFIG}: Qwen2.5-Coder 1.5B + 0.5B)")
+    g.add_argument("--max-new-tokens", type=int)
+    g.add_argument("--temperature", type=float, help="0 = greedy")
+    g.add_argument("--top-k", type=int, help="0 = off")
+    g.add_argument("--top-p", type=float, help="1 = off")
+    g.add_argument("--seed", type=int)
+    g.add_argument("--log-json", metavar="FILE", help="write every log line (one per step) as JSON to FILE")
+    g.add_argument("-v", "--verbose", action="store_true", help="print the per-step log lines on stderr")
+    g.set_defaults(run=_generate)
+    pl = sub.add_parser("plugins", help="list every component and the plugin that provides it")
+    pl.add_argument("--json", action="store_true")
+    pl.set_defaults(run=_plugins)
+    for name, module, text in (
+        ("bandit-sim", "flashspec_selectors.sim", "simulate arm selectors on reward environments (no models)"),
+    ):
+        d = sub.add_parser(name, help=text, add_help=False)
+        d.add_argument("rest", nargs=argparse.REMAINDER)
+        d.set_defaults(run=_delegate(module))
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, KeyError, FileNotFoundError, RuntimeError, ImportError) as exc:
+        if os.environ.get("FLASHSPEC_DEBUG"):
+            raise
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"flashspec: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

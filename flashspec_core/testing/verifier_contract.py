@@ -1,0 +1,227 @@
+"""Contract checks for any :class:`~flashspec_core.contracts.Verifier`.
+
+Each ``check_*`` function takes a verifier (and the inputs it needs), raises
+``AssertionError`` with a readable message when the contract is broken and
+returns nothing otherwise, so a third-party plugin's test module can parametrize
+them over its own verifiers::
+
+    @pytest.mark.parametrize("name", verifier_names())
+    def test_edges(name):
+        v = load_verifier_or_skip(name)
+        check_zero_q_draft(v)
+
+The contract, for a step with ``B`` rows, ``gamma`` drafts and vocabulary ``V``:
+
+* ``tokens`` is ``[B, gamma+1]`` int64, ``num_accepted`` is ``[B]`` int64 in ``[0, gamma]``;
+* row ``b`` emits ``num_accepted[b] + 1`` tokens in ``[0, V)``: the accepted drafts,
+  equal to ``draft_tokens[b, :num_accepted[b]]``, then one recovered or bonus
+  token; the rest of the row is ``-1``;
+* the same generator seed gives the same verdict;
+* a drafted token with ``q(x) = 0`` is accepted iff ``p(x) > 0``; ``p == q`` always
+  accepts; a token whose target logit is ``-inf`` is never emitted; when the
+  residual ``max(0, p - q)`` is all zero the token comes from ``p``; greedy ties go
+  to the lowest index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+from flashspec_core.contracts import SamplingParams, Verdict, Verifier
+from flashspec_core.registry import build_registry
+from flashspec_core.sampling import probs_from_logits, sample
+
+ACCEPT, REJECT, RANDOM = "accept", "reject", "random"
+
+
+class VerifierUnavailable(Exception):
+    """A registered verifier cannot run here (e.g. its kernel library is not installed)."""
+
+
+def verifier_names() -> list[str]:
+    """Every registered verifier, built-ins and (unless disabled) installed plugins."""
+    return build_registry().names("verifier")
+
+
+def load_verifier(name: str, device: torch.device | str = "cpu") -> Verifier:
+    """Build verifier ``name`` with its default config; :class:`VerifierUnavailable` if it cannot run."""
+    spec = build_registry().get("verifier", name)
+    config = spec.config_cls() if spec.config_cls is not None else None
+    try:
+        return spec.factory(config, torch.device(device))
+    except ImportError as exc:
+        raise VerifierUnavailable(f"verifier {name!r}: {exc}") from exc
+    except Exception as exc:
+        if "not installed" in str(exc) or "not available" in str(exc):
+            raise VerifierUnavailable(f"verifier {name!r}: {exc}") from exc
+        raise
+
+
+def load_verifier_or_skip(name: str, device: torch.device | str = "cpu") -> Verifier:
+    """:func:`load_verifier`, turning :class:`VerifierUnavailable` into a pytest skip."""
+    import pytest
+
+    try:
+        return load_verifier(name, device)
+    except VerifierUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@attrs.frozen
+class Inputs:
+    """One verify call's arguments (the generator is made from a seed at call time)."""
+
+    target_logits: torch.Tensor  # [B, gamma+1, V] float32
+    draft_tokens: torch.Tensor  # [B, gamma] int64
+    draft_probs: torch.Tensor | None  # [B, gamma, V] float32, or None (one-hot draft)
+    sampling: SamplingParams
+
+    def run(self, verifier: Verifier, seed: int) -> Verdict:
+        device = self.target_logits.device
+        gen = torch.Generator(device=device).manual_seed(seed)
+        return verifier.verify(self.target_logits, self.draft_tokens, self.draft_probs, self.sampling, gen)
+
+
+def random_inputs(
+    batch: int,
+    gamma: int,
+    vocab: int,
+    seed: int,
+    sampling: SamplingParams,
+    deterministic: bool = False,
+    pattern: Sequence[str] | None = None,
+    device: torch.device | str = "cpu",
+) -> Inputs:
+    """Random logits and drafts sampled from q; ``pattern[i]`` forces position ``i``.
+
+    ``accept`` makes ``p`` one-hot on the drafted token (``u q < 1`` always holds);
+    ``reject`` gives the drafted token a ``-inf`` target logit; ``random`` leaves it be.
+    """
+    g = torch.Generator().manual_seed(seed)
+    logits = 3 * torch.randn((batch, gamma + 1, vocab), generator=g)
+    q = probs_from_logits(logits[:, :gamma] + torch.randn((batch, gamma, vocab), generator=g), sampling)
+    draft_tokens = sample(q, g)
+    for i, kind in enumerate(pattern or ()):
+        x = draft_tokens[:, i : i + 1]
+        if kind == ACCEPT:
+            logits[:, i] = torch.full_like(logits[:, i], float("-inf")).scatter(-1, x, 0.0)
+        elif kind == REJECT:
+            logits[:, i] = logits[:, i].scatter(-1, x, float("-inf"))
+    return Inputs(
+        logits.to(device),
+        draft_tokens.to(device),
+        None if deterministic else q.to(device),
+        sampling,
+    )
+
+
+def check_verdict(verdict: Verdict, inputs: Inputs) -> None:
+    """Shapes, dtypes, ranges, padding, and the accepted prefix equal to the drafts."""
+    batch, gamma = inputs.draft_tokens.shape
+    vocab = inputs.target_logits.shape[-1]
+    tokens, n = verdict.tokens.cpu(), verdict.num_accepted.cpu()
+    assert tokens.shape == (batch, gamma + 1), f"tokens shape {tuple(tokens.shape)} != {(batch, gamma + 1)}"
+    assert n.shape == (batch,), f"num_accepted shape {tuple(n.shape)} != {(batch,)}"
+    assert tokens.dtype == torch.int64 and n.dtype == torch.int64, f"dtypes {tokens.dtype}, {n.dtype} != int64"
+    assert bool(((n >= 0) & (n <= gamma)).all()), f"num_accepted outside [0, {gamma}]: {n.tolist()}"
+    pos = torch.arange(gamma + 1)
+    emitted = pos[None] <= n[:, None]  # [B, gamma+1]
+    assert bool(((tokens >= 0) & (tokens < vocab))[emitted].all()), f"emitted token outside [0, {vocab}): {tokens}"
+    assert bool((tokens[~emitted] == -1).all()), f"padding after the emitted tokens must be -1: {tokens}"
+    drafts = inputs.draft_tokens.cpu()
+    accepted = pos[None, :gamma] < n[:, None]
+    assert bool((tokens[:, :gamma][accepted] == drafts[accepted]).all()), "accepted tokens differ from the drafts"
+
+
+def check_pattern(verdict: Verdict, pattern: Sequence[str]) -> None:
+    """``num_accepted`` covers the leading forced accepts and stops at the first forced reject."""
+    lead = next((i for i, k in enumerate(pattern) if k != ACCEPT), len(pattern))
+    stop = next((i for i, k in enumerate(pattern) if k == REJECT), len(pattern))
+    n = verdict.num_accepted.cpu()
+    assert bool((n >= lead).all()), f"forced accepts at 0..{lead - 1} but num_accepted {n.tolist()}"
+    assert bool((n <= stop).all()), f"forced reject at {stop} but num_accepted {n.tolist()}"
+
+
+def check_deterministic(verifier: Verifier, inputs: Inputs, seed: int) -> None:
+    """The same generator seed gives the same verdict."""
+    a, b = inputs.run(verifier, seed), inputs.run(verifier, seed)
+    assert torch.equal(a.tokens.cpu(), b.tokens.cpu()), "same seed, different tokens"
+    assert torch.equal(a.num_accepted.cpu(), b.num_accepted.cpu()), "same seed, different num_accepted"
+
+
+def _one_step(vocab: int, batch: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits [batch, 2, V] and one draft token per row (token 0), for the edge cases."""
+    logits = torch.linspace(1.0, -1.0, vocab).repeat(batch, 2, 1)
+    return logits, torch.zeros((batch, 1), dtype=torch.int64)
+
+
+def check_zero_q_draft(verifier: Verifier, device: torch.device | str = "cpu", vocab: int = 8) -> None:
+    """A drafted token with ``q(x) = 0`` is accepted iff ``p(x) > 0``."""
+    logits, x = _one_step(vocab)
+    q = torch.zeros((logits.shape[0], 1, vocab))
+    q[..., 1] = 1.0  # q(x = 0) = 0
+    sampling = SamplingParams(temperature=1.0)
+    verdict = Inputs(logits.to(device), x.to(device), q.to(device), sampling).run(verifier, 0)
+    assert bool((verdict.num_accepted.cpu() == 1).all()), "q(x) = 0 < p(x): the draft must be accepted"
+    logits[:, 0, 0] = float("-inf")
+    verdict = Inputs(logits.to(device), x.to(device), q.to(device), sampling).run(verifier, 0)
+    assert bool((verdict.num_accepted.cpu() == 0).all()), "p(x) = 0: the draft must be rejected"
+    assert bool((verdict.tokens[:, 0].cpu() != 0).all()), "p(x) = 0: x must not be emitted"
+
+
+def check_equal_p_q(verifier: Verifier, device: torch.device | str = "cpu", vocab: int = 16, gamma: int = 4) -> None:
+    """``q == p`` at every position: every draft is accepted."""
+    sampling = SamplingParams(temperature=0.8, top_k=10, top_p=0.9)
+    logits = 2 * torch.randn((512, gamma + 1, vocab), generator=torch.Generator().manual_seed(1))
+    q = probs_from_logits(logits[:, :gamma], sampling)
+    drafts = sample(q, torch.Generator().manual_seed(2))
+    verdict = Inputs(logits.to(device), drafts.to(device), q.to(device), sampling).run(verifier, 0)
+    assert bool((verdict.num_accepted.cpu() == gamma).all()), "p == q must always accept"
+
+
+def check_zero_residual(verifier: Verifier, device: torch.device | str = "cpu", vocab: int = 8) -> None:
+    """``q >= p`` everywhere (here q = 2p, which only rounding produces in practice):
+    a rejected row's residual is all zero, so its token comes from ``p``."""
+    logits, x = _one_step(vocab)
+    logits[:, :, vocab // 2 :] = float("-inf")  # p's support: the first half
+    sampling = SamplingParams(temperature=1.0)
+    q = 2 * probs_from_logits(logits[:, :1], sampling)
+    verdict = Inputs(logits.to(device), x.to(device), q.to(device), sampling).run(verifier, 3)
+    check_verdict(verdict, Inputs(logits, x, q, sampling))
+    rejected = verdict.num_accepted.cpu() == 0
+    assert bool(rejected.any()), "u >= 1/2 must reject some of 256 rows"
+    first = verdict.tokens[:, 0].cpu()[rejected]
+    assert bool((first < vocab // 2).all()), f"all-zero residual: token must come from p's support, got {first}"
+
+
+def check_neg_inf_logits(verifier: Verifier, device: torch.device | str = "cpu", vocab: int = 12, gamma: int = 3) -> None:
+    """Tokens whose target logit is ``-inf`` are never emitted (accepted, recovered or bonus)."""
+    for temperature in (0.0, 1.0):
+        sampling = SamplingParams(temperature=temperature)
+        inputs = random_inputs(512, gamma, vocab, seed=5, sampling=sampling)
+        logits = inputs.target_logits.clone()
+        banned = torch.zeros(vocab, dtype=torch.bool)
+        banned[::2] = True  # even tokens: -inf at every position
+        logits[..., banned] = float("-inf")
+        inputs = attrs.evolve(inputs, target_logits=logits.to(device))
+        verdict = inputs.run(verifier, 0)
+        check_verdict(verdict, inputs)
+        tokens = verdict.tokens.cpu()
+        emitted = tokens[tokens >= 0]
+        assert not bool(banned[emitted].any()), f"a -inf token was emitted (T={temperature})"
+
+
+def check_greedy_ties(verifier: Verifier, device: torch.device | str = "cpu", vocab: int = 10) -> None:
+    """Greedy: the lowest index among tied maxima is the target's choice."""
+    logits = torch.zeros((4, 2, vocab))
+    logits[:, :, 3] = logits[:, :, 7] = 5.0
+    drafts = torch.tensor([[3], [7], [0], [3]])
+    verdict = Inputs(logits.to(device), drafts.to(device), None, SamplingParams(temperature=0.0)).run(verifier, 0)
+    assert verdict.num_accepted.cpu().tolist() == [1, 0, 0, 1], f"ties: {verdict.num_accepted.tolist()}"
+    assert verdict.tokens.cpu().tolist() == [[3, 3], [3, -1], [3, -1], [3, 3]], f"ties: {verdict.tokens.tolist()}"
+
+
+EDGE_CASES = (check_zero_q_draft, check_equal_p_q, check_zero_residual, check_neg_inf_logits, check_greedy_ties)

@@ -1,0 +1,106 @@
+"""End to end on tiny random models: greedy identity, sampled first-token law, stopping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from _tiny import perturbed_lm, pipeline_dict, tiny_lm
+from scipy import stats
+from structlog.testing import capture_logs
+from transformers import AutoModelForCausalLM
+
+from flashspec_core.build import build_pipeline
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny")
+    target = tiny_lm(root / "target", vocab=16, seed=0, scale=8.0)
+    return {
+        "target": target,
+        "close": perturbed_lm(target, root / "close", noise=0.05, seed=1),
+        "far": tiny_lm(root / "far", vocab=16, seed=2, scale=8.0, layers=1),
+    }
+
+
+def _greedy_target(path: Path, prompt: list[int], n: int, eos: int) -> list[int]:
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).eval()
+    ids, out = torch.tensor([prompt]), []
+    with torch.no_grad():
+        for _ in range(n):
+            nxt = int(model(ids).logits[0, -1].argmax())
+            out.append(nxt)
+            if nxt == eos:
+                break
+            ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+    return out
+
+
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2], [3, 4], [7, 8, 9, 1, 2, 3, 4, 5, 6, 2, 11]]
+
+
+@pytest.mark.parametrize("selector", ["fixed", "ucb1", "thompson"])
+def test_greedy_speculative_equals_greedy_target(models: dict[str, Path], selector: str) -> None:
+    pipe = build_pipeline(pipeline_dict(models["target"], [models["close"], models["far"]], selector))
+    used = set()
+    for batch in ([PROMPTS[0]], PROMPTS):
+        result = pipe.generate(batch, max_new_tokens=24, temperature=0.0)
+        for prompt, got in zip(batch, result.token_ids, strict=True):
+            assert got == _greedy_target(models["target"], prompt, 24, eos=15)
+        used |= {r.arm_name for r in result.steps}
+    # UCB1 tries every arm first, so arms switch in the middle of a sequence.
+    assert selector != "ucb1" or used == {"d0", "d1", "lookup"}
+
+
+def test_ragged_batch_rows_equal_rows_alone(models: dict[str, Path]) -> None:
+    """Greedy: each row of a ragged batch gets exactly what it gets alone."""
+    pipe = build_pipeline(pipeline_dict(models["target"], [models["close"]], "ucb1"))
+    together = pipe.generate(PROMPTS, max_new_tokens=16).token_ids
+    alone = [pipe.generate([p], max_new_tokens=16).token_ids[0] for p in PROMPTS]
+    assert together == alone
+
+
+def test_first_token_law_matches_target(models: dict[str, Path]) -> None:
+    pipe = build_pipeline(pipeline_dict(models["target"], [models["close"]], "fixed"))
+    prompt = [1, 2, 3]
+    n = 12_000
+    result = pipe.generate([prompt] * n, max_new_tokens=1, temperature=1.0, seed=3)
+    counts = np.bincount([ids[0] for ids in result.token_ids], minlength=16)
+    model = AutoModelForCausalLM.from_pretrained(models["target"], dtype=torch.float64).eval()
+    with torch.no_grad():
+        p = torch.softmax(model(torch.tensor([prompt])).logits[0, -1], -1).numpy()
+    assert p.min() * n >= 5  # every bin is big enough for the chi-square approximation
+    assert stats.chisquare(counts, p / p.sum() * n).pvalue > 1e-3
+
+
+def test_stops_at_eos_and_max_tokens(models: dict[str, Path]) -> None:
+    pipe = build_pipeline(pipeline_dict(models["target"], [models["close"]], "fixed"))
+    result = pipe.generate(PROMPTS, max_new_tokens=5, temperature=1.0, seed=1)
+    for ids in result.token_ids:
+        assert 1 <= len(ids) <= 5
+        assert 15 not in ids[:-1]
+    assert result.summary["new_tokens"] == sum(len(i) for i in result.token_ids)
+
+
+def test_one_log_line_per_step_with_run_id(models: dict[str, Path]) -> None:
+    pipe = build_pipeline(pipeline_dict(models["target"], [models["close"]], "thompson"))
+    with capture_logs() as lines:
+        result = pipe.generate([PROMPTS[0]], max_new_tokens=12)
+    steps = [line for line in lines if line["event"] == "step"]
+    assert len(steps) == len(result.steps)
+    assert {"step", "arm", "gamma", "accepted", "emitted", "reward", "draft_ms", "verify_ms", "run_id"} <= set(steps[0])
+    assert len({line["run_id"] for line in lines}) == 1
+    assert [line["event"] for line in lines].count("summary") == 1
+
+
+def test_summary_counts(models: dict[str, Path]) -> None:
+    pipe = build_pipeline(pipeline_dict(models["target"], [models["close"]], "fixed"))
+    s = pipe.generate(PROMPTS, max_new_tokens=10).summary
+    arm = s["arms"]["d0"]
+    assert arm["steps"] == s["steps"]
+    assert 0.0 <= arm["acceptance_rate"] <= 1.0
+    assert len(arm["acceptance_by_position"]) == 3
+    assert s["mean_accepted_length"] >= 1.0

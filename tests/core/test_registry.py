@@ -1,0 +1,65 @@
+"""Plugin discovery: built-ins like third parties, clashes named, listing."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+
+from flashspec_core import ComponentSpec, hookimpl
+from flashspec_core.cli import main
+from flashspec_core.registry import PluginError, build_registry
+
+
+def _plugin(name: str) -> types.SimpleNamespace:
+    @hookimpl
+    def flashspec_arm_selectors():
+        return [ComponentSpec(name=name, kind="selector", factory=lambda c, k: None)]
+
+    mod = types.ModuleType(f"acme_{name}")
+    mod.flashspec_arm_selectors = flashspec_arm_selectors
+    return mod
+
+
+def test_builtins_present() -> None:
+    reg = build_registry()
+    assert {"reference"} <= set(reg.names("verifier"))
+    assert {"fixed", "ucb1", "thompson", "sliding_window_ucb", "discounted_thompson"} <= set(reg.names("selector"))
+    assert {"hf", "prompt_lookup", "none"} <= set(reg.names("draft"))
+    assert reg.names("target") == ["hf"]
+
+
+def test_third_party_component_is_found() -> None:
+    reg = build_registry(extra_plugins=[_plugin("greedy_first")])
+    assert "greedy_first" in reg.names("selector")
+
+
+def test_name_clash_names_both_plugins() -> None:
+    with pytest.raises(PluginError, match=r"'ucb1' is provided by two plugins: 'flashspec_selectors.plugin' \(flashspec\) and 'acme_ucb1'"):
+        build_registry(extra_plugins=[_plugin("ucb1")])
+
+
+def test_entry_points_are_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    plugin = _plugin("from_entry_point")
+
+    class EP:
+        name, value = "acme", "acme.plugin"
+        dist = types.SimpleNamespace(name="flashspec-acme", version="1.2.3")
+
+        def load(self):
+            return plugin
+
+    monkeypatch.setattr("importlib.metadata.entry_points", lambda group: [EP()] if group == "flashspec" else [])
+    reg = build_registry(autoload=True)
+    found = {p.spec.name: p for _, p in reg.all()}
+    assert found["from_entry_point"].distribution == "flashspec-acme"
+    assert found["from_entry_point"].version == "1.2.3"
+
+
+def test_plugins_command_lists_every_component(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plugins", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    names = {(r["kind"], r["name"]) for r in rows}
+    assert ("verifier", "reference") in names and ("draft", "prompt_lookup") in names
+    assert all(r["distribution"].startswith("flashspec ") for r in rows)
