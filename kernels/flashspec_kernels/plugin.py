@@ -1,1 +1,109 @@
-"""Registers the ``triton`` verifier (imports triton lazily)."""
+"""Registers the ``triton`` verifier (imports triton lazily).
+
+``noise = "philox"`` (the default) draws the accept uniforms and the race's
+exponentials inside the kernels from a device ``(seed, counter)`` state: the seed is
+drawn once per device from the step's generator, on the device, and the kernels
+advance the counter, so no step reads anything back to the host and CUDA-graph
+replays get fresh noise. Streams differ from the reference verifier's for the same
+generator; the distribution is the same.
+
+``noise = "exact"`` draws :class:`flashspec_core.sampling.Noise` from the generator
+exactly as the reference verifier does (one ``[B, V]`` float32 exponential tensor per
+step, which the race then reads) and so emits the reference's tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import attrs
+import torch
+
+from flashspec_core import ComponentSpec, SamplingParams, Verdict, Verifier, hookimpl
+from flashspec_core.sampling import Noise
+
+
+@attrs.frozen
+class TritonVerifierConfig:
+    """``[verifier] use = "triton"`` keys."""
+
+    noise: Literal["exact", "philox"] = attrs.field(
+        default="philox", validator=attrs.validators.in_(("exact", "philox"))
+    )
+    programs: int = attrs.field(default=0, converter=int, validator=attrs.validators.ge(0))  # 0 = auto
+
+
+class TritonVerifier:
+    """Rejection sampling in three Triton kernels (see :mod:`flashspec_kernels.verify`)."""
+
+    def __init__(self, config: TritonVerifierConfig, device: torch.device | str | None = None) -> None:
+        from flashspec_kernels import verify as ops  # triton is imported here, not at plugin load
+
+        self._ops = ops
+        self.config = config
+        self.device = torch.device(device) if device is not None else None
+        self._states: dict[torch.device, torch.Tensor] = {}  # [2] int64 (seed, counter) per device
+
+    def _state(self, device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
+        state = self._states.get(device)
+        if state is None:
+            state = self._states[device] = self._ops.new_philox_state(generator, device)
+        return state
+
+    def verify(
+        self,
+        target_logits: torch.Tensor,  # [B, gamma+1, V]
+        draft_tokens: torch.Tensor,  # [B, gamma] int64
+        draft_probs: torch.Tensor | None,  # [B, gamma, V] or None
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Verdict:
+        programs = self.config.programs or None
+        if sampling.greedy:
+            return self._ops.verify_triton(target_logits, draft_tokens, draft_probs, sampling, programs=programs)
+        if self.config.noise == "exact":
+            batch, gamma = draft_tokens.shape
+            noise = Noise.draw(batch, gamma, target_logits.shape[-1], generator, target_logits.device)
+            return self.verify_with_noise(target_logits, draft_tokens, draft_probs, sampling, noise)
+        state = self._state(target_logits.device, generator)
+        return self._ops.verify_triton(
+            target_logits, draft_tokens, draft_probs, sampling, state=state, programs=programs
+        )
+
+    def verify_with_noise(
+        self,
+        target_logits: torch.Tensor,  # [B, gamma+1, V]
+        draft_tokens: torch.Tensor,  # [B, gamma] int64
+        draft_probs: torch.Tensor | None,  # [B, gamma, V] or None
+        sampling: SamplingParams,
+        noise: Noise,
+    ) -> Verdict:
+        """Same as :meth:`verify` with the reference's noise (token-exact comparisons)."""
+        return self._ops.verify_triton(
+            target_logits, draft_tokens, draft_probs, sampling, noise=noise, programs=self.config.programs or None
+        )
+
+
+def _make(config: Any, device: torch.device | str | None = None) -> Verifier:
+    try:
+        import triton  # noqa: F401
+    except ImportError as exc:
+        raise RuntimeError(
+            "the 'triton' verifier needs the triton package (pip install 'flashspec[triton]'); "
+            "use verifier 'reference' without it"
+        ) from exc
+    return TritonVerifier(config if config is not None else TritonVerifierConfig(), device)
+
+
+@hookimpl
+def flashspec_verifiers() -> Iterable[ComponentSpec[Verifier]]:
+    return [
+        ComponentSpec(
+            name="triton",
+            kind="verifier",
+            factory=_make,
+            config_cls=TritonVerifierConfig,
+            description="Triton rejection sampler: one pass over the logits, no host sync",
+        )
+    ]

@@ -1,0 +1,536 @@
+"""Speculative-decoding verification in Triton, beside its plain-torch reference.
+
+Vocabulary (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
+Decoding", Algorithm 1; Chen et al. 2023): the draft proposes ``x_1..x_gamma`` from
+``q``; the target scores ``gamma + 1`` positions with ``p``.
+
+* an *accepted* token is a drafted token with ``log u_i + log q(x_i) < log p(x_i)``
+  (``q = 1`` for deterministic drafts, ``draft_probs is None``);
+* ``n = num_accepted`` counts the leading accepts;
+* the *recovered* token is drawn from ``norm(max(0, p_n - q_n))`` at the first
+  rejection ``n < gamma`` (for deterministic drafts: ``p_n`` with the drafted token
+  removed; if the residual is all zero, which only rounding can cause, from ``p_n``);
+* the *bonus* token is drawn from ``p_gamma`` when all ``gamma`` were accepted.
+
+Every draw is the exponential race ``argmax_v w_v / E_v`` (``E_v ~ Exp(1)``, lowest
+index on ties), so no softmax is ever normalised into memory and no host sync is
+needed. The semantics are exactly those of :func:`flashspec_core.sampling.verify_random`
+and :func:`~flashspec_core.sampling.verify_greedy`; :func:`verify_ref` calls them.
+
+Kernels (random mode), ``R = B * (gamma + 1)`` rows of ``V`` logits:
+
+1. ``_lse_partial_kernel``, grid ``(R, S1)``: each program streams one slice of a row
+   in ``BLOCK_V`` blocks with an online log-sum-exp of ``x * (1 / temperature)`` and
+   writes the slice's ``(max, sum exp)``. This is the one full pass over the logits.
+2. ``_accept_race_kernel``, grid ``(B, S2)``: each program folds the slices into
+   ``lse`` for the ``gamma + 1`` positions, gathers ``log p(x_i) = (x_i - max) - log sum``,
+   runs the accept test and finds ``n`` (every program of a row recomputes the same
+   ``n``: it is a few dozen scalars), then races its slice of row ``n`` only: it
+   re-reads the ``V`` logits of that row (and ``q_n`` and, in exact mode, ``E``).
+3. ``_finalize_kernel``, grid ``(B,)``: picks the winner over the slices and writes
+   ``tokens`` and ``num_accepted``; in philox mode it also advances the counter.
+
+Logits bytes read: ``B * (gamma + 1) * V * s`` (pass 1) ``+ B * V * s`` (the race row),
+``s`` = bytes per logit; plus ``B * V * sq`` for ``q_n`` with draft probs and
+``4 * B * V`` for ``E`` in exact mode. Extra memory is ``O(B * (gamma + 1) * S1)``
+floats: there is no ``[B, gamma + 1, V]`` temporary, except that top-k / top-p
+filtering runs :func:`flashspec_core.sampling.filter_logits` on the device first
+(sort-based, one fp32 ``[B, gamma + 1, V]`` tensor; only when filtering is on).
+
+Greedy mode: ``_argmax_partial_kernel`` (grid ``(R, S1)``, one pass) and
+``_greedy_finalize_kernel`` (grid ``(B,)``): argmax per position, lowest index on ties,
+accept while equal. top-k never changes the argmax, so only top-p filters first.
+
+Noise. *Exact* mode takes :class:`flashspec_core.sampling.Noise` (the reference's
+tensors) and then emits the reference's tokens: both compute the same float32
+quantities, so they can differ only where two candidates are within rounding of each
+other (about one draw in a million). *Philox* mode draws the uniforms and the race's
+exponentials in-kernel (``tl.randint4x``) from a device ``int64[2]`` state
+``(seed, counter)``; ``_finalize_kernel`` increments the counter, so consecutive calls
+and CUDA-graph replays get fresh noise without the host knowing the counter.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from flashspec_core.contracts import SamplingParams, Verdict
+from flashspec_core.sampling import Noise, filter_logits, verify_greedy, verify_random
+
+BLOCK_V = 4096  # logits per block in the one full pass
+RACE_BLOCK_V = 4096  # logits per block in the race (four quarters, one philox call per quad)
+G_PAD = 32  # >= gamma + 1 for gamma <= 16
+S_PAD = 128  # most slices per row
+MAX_GAMMA = 16
+_TINY = tl.constexpr(1.1754943508222875e-38)  # float32 tiny: Exp(1) noise is clamped to it, as in the reference
+_RACE_STREAM = tl.constexpr(1 << 31)  # philox offsets below this race, above it the accept uniforms
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton.jit(do_not_specialize=["blocks_per_split"])
+def _lse_partial_kernel(
+    logits_ptr,  # [R, V] float32 / bfloat16 / float16 logits, R = B * (gamma + 1)
+    part_ptr,  # [2, R, S1] float32: slice max of x, slice sum of exp(x - max)
+    inv_t,  # float32: 1 / temperature (1 when the logits are pre-filtered)
+    V,
+    blocks_per_split,
+    BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    nsplit = tl.num_programs(1)
+    rows = tl.num_programs(0)
+    base = logits_ptr + row * V
+    lo = split * blocks_per_split * BLOCK_V
+    offs0 = tl.arange(0, BLOCK_V)
+    m = tl.full((), float("-inf"), tl.float32)
+    s = tl.zeros((), tl.float32)
+    for blk in range(blocks_per_split):
+        offs = lo + blk * BLOCK_V + offs0
+        x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # an all -inf prefix adds nothing
+        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), axis=0)
+        m = m_new
+    out = row * nsplit + split
+    tl.store(part_ptr + out, m)
+    tl.store(part_ptr + rows * nsplit + out, s)
+
+
+@triton.jit
+def _philox_uniform(seed, counter, local):
+    # One philox call per offset; offsets [0, 2**31) race, [2**31, 2**32) accept.
+    r0, r1, r2, r3 = tl.randint4x(seed, (counter << 32) | local)
+    return tl.uint_to_uniform_float(r0), r1, r2, r3
+
+
+@triton.jit
+def _race_quarter(
+    x,  # [QB] float32 logits * inv_t of row n
+    offs,  # [QB] int32 token ids
+    e,  # [QB] float32 Exp(1) noise
+    m_n,
+    log_s_n,
+    q,  # [QB] float32 q_n (zero at the bonus position)
+    vm,  # [QB] bool: offs < V
+    best_r,
+    idx_r,
+    best_p,
+    idx_p,
+    res_max,
+):
+    p = tl.exp((x - m_n) - log_s_n)
+    res = tl.maximum(p - q, 0.0)
+    score_r = tl.where(vm, tl.math.div_rn(res, e), -1.0)
+    score_p = tl.where(vm, tl.math.div_rn(p, e), -1.0)
+    blk_r, arg_r = tl.max(score_r, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    blk_p, arg_p = tl.max(score_p, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    first = tl.min(offs, axis=0)
+    take_r = blk_r > best_r  # strict: earlier slices and blocks hold lower ids
+    take_p = blk_p > best_p
+    best_r = tl.where(take_r, blk_r, best_r)
+    idx_r = tl.where(take_r, first + arg_r, idx_r)
+    best_p = tl.where(take_p, blk_p, best_p)
+    idx_p = tl.where(take_p, first + arg_p, idx_p)
+    res_max = tl.maximum(res_max, tl.max(tl.where(vm, res, 0.0), axis=0))
+    return best_r, idx_r, best_p, idx_p, res_max
+
+
+@triton.jit
+def _load_quarter(logits_row, q_row, offs, vm, inv_t, tok_n, q_end, HAS_Q: tl.constexpr):
+    # q_end: V when row n was rejected, 0 at the bonus position (q = 0 there)
+    x = tl.load(logits_row + offs, mask=vm, other=float("-inf")).to(tl.float32) * inv_t
+    if HAS_Q:
+        q = tl.load(q_row + offs, mask=offs < q_end, other=0.0).to(tl.float32)
+    else:
+        q = tl.where((offs == tok_n) & (offs < q_end), 1.0, 0.0)
+    return x, q
+
+
+@triton.jit(do_not_specialize=["gamma", "nsplit1", "blocks_per_split"])
+def _accept_race_kernel(
+    logits_ptr,  # [B, gamma+1, V] logits (same tensor as pass 1)
+    draft_ptr,  # [B, gamma] int64 drafted tokens
+    q_ptr,  # [B, gamma, V] float draft probs (HAS_Q) else any pointer
+    u_ptr,  # [B, gamma] float32 uniforms (EXACT) else any pointer
+    e_ptr,  # [B, V] float32 Exp(1) noise (EXACT) else any pointer
+    state_ptr,  # [2] int64 philox (seed, counter) (not EXACT) else any pointer
+    part_ptr,  # [2, B*(gamma+1), nsplit1] float32 from pass 1
+    stats_ptr,  # [B, 2*(gamma+1)] float32 out: lse per position, then log p(x_i)
+    nacc_ptr,  # [B] int64 out: num_accepted
+    race_f_ptr,  # [3, B, S2] float32 out: best residual score, best p score, residual max
+    race_i_ptr,  # [2, B, S2] int32 out: their token ids
+    inv_t,
+    V,
+    gamma,
+    nsplit1,
+    blocks_per_split,
+    HAS_Q: tl.constexpr,
+    EXACT: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    G_PAD: tl.constexpr,
+    S_PAD: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    nb = tl.num_programs(0)
+    nsplit2 = tl.num_programs(1)
+    g1 = gamma + 1
+    j = tl.arange(0, G_PAD)
+    sl = tl.arange(0, S_PAD)
+    # --- fold pass-1 slices into (max, log sum) per position
+    pm_mask = (j[:, None] < g1) & (sl[None, :] < nsplit1)
+    pidx = (b * g1 + j)[:, None] * nsplit1 + sl[None, :]
+    pm = tl.load(part_ptr + pidx, mask=pm_mask, other=float("-inf"))
+    ps = tl.load(part_ptr + nb * g1 * nsplit1 + pidx, mask=pm_mask, other=0.0)
+    m = tl.max(pm, axis=1)  # [G_PAD]
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    log_s = tl.log(tl.sum(ps * tl.exp(pm - m_safe[:, None]), axis=1))
+    # --- accept scan
+    jm = j < gamma
+    tok = tl.load(draft_ptr + b * gamma + j, mask=jm, other=0)
+    x_tok = tl.load(logits_ptr + (b * g1 + j) * V + tok, mask=jm, other=0.0).to(tl.float32) * inv_t
+    logp_x = (x_tok - m) - log_s  # as torch's log_softmax: (x - max) - log(sum)
+    if HAS_Q:
+        logq_x = tl.log(tl.load(q_ptr + (b * gamma + j) * V + tok, mask=jm, other=1.0).to(tl.float32))
+    else:
+        logq_x = tl.zeros((G_PAD,), tl.float32)
+    if EXACT:
+        u = tl.load(u_ptr + b * gamma + j, mask=jm, other=0.5)
+        seed = 0
+        counter = 0
+    else:
+        seed = tl.load(state_ptr)
+        counter = tl.load(state_ptr + 1)
+        u, _r1, _r2, _r3 = _philox_uniform(seed, counter, _RACE_STREAM + b * G_PAD + j)
+    accept = (tl.log(u) + logq_x < logp_x) | (j >= gamma)
+    n = tl.minimum(tl.min(tl.where(accept, G_PAD, j), axis=0), gamma)
+    if split == 0:
+        tl.store(nacc_ptr + b, n.to(tl.int64))
+        tl.store(stats_ptr + b * 2 * g1 + j, m + log_s, mask=j < g1)
+        tl.store(stats_ptr + b * 2 * g1 + g1 + j, logp_x, mask=jm)
+    # --- race over this program's slice of row n
+    m_n = tl.max(tl.where(j == n, m, float("-inf")), axis=0)
+    log_s_n = tl.sum(tl.where(j == n, log_s, 0.0), axis=0)
+    tok_n = tl.sum(tl.where(j == n, tok, 0), axis=0)
+    q_end = tl.where(n < gamma, V, 0)
+    logits_row = logits_ptr + (b * g1 + n) * V
+    q_row = q_ptr + (b * gamma + tl.minimum(n, gamma - 1)) * V
+    QB: tl.constexpr = BLOCK_V // 4
+    qoffs = tl.arange(0, QB)
+    best_r = tl.full((), -1.0, tl.float32)
+    best_p = tl.full((), -1.0, tl.float32)
+    res_max = tl.zeros((), tl.float32)
+    idx_r = tl.zeros((), tl.int32)
+    idx_p = tl.zeros((), tl.int32)
+    quads_per_row = (V + 3) // 4
+    lo = split * blocks_per_split * BLOCK_V
+    for blk in range(blocks_per_split):
+        start = lo + blk * BLOCK_V
+        o0 = start + qoffs
+        o1 = o0 + QB
+        o2 = o1 + QB
+        o3 = o2 + QB
+        if EXACT:
+            e0 = tl.load(e_ptr + b * V + o0, mask=o0 < V, other=1.0)
+            e1 = tl.load(e_ptr + b * V + o1, mask=o1 < V, other=1.0)
+            e2 = tl.load(e_ptr + b * V + o2, mask=o2 < V, other=1.0)
+            e3 = tl.load(e_ptr + b * V + o3, mask=o3 < V, other=1.0)
+        else:
+            # one philox call per 4 tokens; quad ids are unique per (row, counter)
+            r0, r1, r2, r3 = tl.randint4x(seed, (counter << 32) | (b * quads_per_row + start // 4 + qoffs))
+            e0 = tl.maximum(-tl.log(tl.uint_to_uniform_float(r0)), _TINY)
+            e1 = tl.maximum(-tl.log(tl.uint_to_uniform_float(r1)), _TINY)
+            e2 = tl.maximum(-tl.log(tl.uint_to_uniform_float(r2)), _TINY)
+            e3 = tl.maximum(-tl.log(tl.uint_to_uniform_float(r3)), _TINY)
+        x, q = _load_quarter(logits_row, q_row, o0, o0 < V, inv_t, tok_n, q_end, HAS_Q)
+        best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
+            x, o0, e0, m_n, log_s_n, q, o0 < V, best_r, idx_r, best_p, idx_p, res_max
+        )
+        x, q = _load_quarter(logits_row, q_row, o1, o1 < V, inv_t, tok_n, q_end, HAS_Q)
+        best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
+            x, o1, e1, m_n, log_s_n, q, o1 < V, best_r, idx_r, best_p, idx_p, res_max
+        )
+        x, q = _load_quarter(logits_row, q_row, o2, o2 < V, inv_t, tok_n, q_end, HAS_Q)
+        best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
+            x, o2, e2, m_n, log_s_n, q, o2 < V, best_r, idx_r, best_p, idx_p, res_max
+        )
+        x, q = _load_quarter(logits_row, q_row, o3, o3 < V, inv_t, tok_n, q_end, HAS_Q)
+        best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
+            x, o3, e3, m_n, log_s_n, q, o3 < V, best_r, idx_r, best_p, idx_p, res_max
+        )
+    out = b * nsplit2 + split
+    plane = nb * nsplit2
+    tl.store(race_f_ptr + out, best_r)
+    tl.store(race_f_ptr + plane + out, best_p)
+    tl.store(race_f_ptr + 2 * plane + out, res_max)
+    tl.store(race_i_ptr + out, idx_r)
+    tl.store(race_i_ptr + plane + out, idx_p)
+
+
+@triton.jit
+def _write_row(out_ptr, draft_ptr, b, n, last, gamma, G_PAD: tl.constexpr):
+    j = tl.arange(0, G_PAD)
+    drafted = tl.load(draft_ptr + b * gamma + j, mask=j < gamma, other=-1)
+    row = tl.where(j < n, drafted, -1)
+    row = tl.where(j == n, last.to(tl.int64), row)
+    tl.store(out_ptr + b * (gamma + 1) + j, row, mask=j <= gamma)
+
+
+@triton.jit(do_not_specialize=["gamma", "nsplit2"])
+def _finalize_kernel(
+    draft_ptr,  # [B, gamma] int64
+    race_f_ptr,  # [3, B, nsplit2] float32
+    race_i_ptr,  # [2, B, nsplit2] int32
+    nacc_ptr,  # [B] int64
+    tokens_ptr,  # [B, gamma+1] int64 out
+    state_ptr,  # [2] int64 philox (seed, counter) (not EXACT)
+    gamma,
+    nsplit2,
+    EXACT: tl.constexpr,
+    G_PAD: tl.constexpr,
+    S_PAD: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    plane = tl.num_programs(0) * nsplit2
+    sl = tl.arange(0, S_PAD)
+    sm = sl < nsplit2
+    at = b * nsplit2 + sl
+    score_r = tl.load(race_f_ptr + at, mask=sm, other=-2.0)
+    score_p = tl.load(race_f_ptr + plane + at, mask=sm, other=-2.0)
+    res_max = tl.max(tl.load(race_f_ptr + 2 * plane + at, mask=sm, other=0.0), axis=0)
+    win_r = tl.argmax(score_r, axis=0, tie_break_left=True)
+    win_p = tl.argmax(score_p, axis=0, tie_break_left=True)
+    tok_r = tl.sum(tl.where(sl == win_r, tl.load(race_i_ptr + at, mask=sm, other=0), 0), axis=0)
+    tok_p = tl.sum(tl.where(sl == win_p, tl.load(race_i_ptr + plane + at, mask=sm, other=0), 0), axis=0)
+    last = tl.where(res_max > 0.0, tok_r, tok_p)  # all-zero residual: draw from p
+    n = tl.load(nacc_ptr + b)
+    _write_row(tokens_ptr, draft_ptr, b, n, last, gamma, G_PAD)
+    if not EXACT:
+        if b == 0:
+            tl.store(state_ptr + 1, tl.load(state_ptr + 1) + 1)
+
+
+@triton.jit(do_not_specialize=["blocks_per_split"])
+def _argmax_partial_kernel(
+    logits_ptr,  # [R, V] logits (raw, or top-p filtered float32)
+    part_f_ptr,  # [R, S1] float32 out: slice max
+    part_i_ptr,  # [R, S1] int32 out: its lowest token id
+    V,
+    blocks_per_split,
+    BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    nsplit = tl.num_programs(1)
+    base = logits_ptr + row * V
+    lo = split * blocks_per_split * BLOCK_V
+    offs0 = tl.arange(0, BLOCK_V)
+    best = tl.full((), float("-inf"), tl.float32)
+    idx = lo  # an all -inf slice points at its first token, as torch.argmax does
+    for blk in range(blocks_per_split):
+        offs = lo + blk * BLOCK_V + offs0
+        x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        blk_best, arg = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        take = blk_best > best
+        best = tl.where(take, blk_best, best)
+        idx = tl.where(take, lo + blk * BLOCK_V + arg, idx)
+    tl.store(part_f_ptr + row * nsplit + split, best)
+    tl.store(part_i_ptr + row * nsplit + split, idx)
+
+
+@triton.jit(do_not_specialize=["gamma", "nsplit1"])
+def _greedy_finalize_kernel(
+    draft_ptr,  # [B, gamma] int64
+    part_f_ptr,  # [B*(gamma+1), nsplit1] float32
+    part_i_ptr,  # [B*(gamma+1), nsplit1] int32
+    tokens_ptr,  # [B, gamma+1] int64 out
+    nacc_ptr,  # [B] int64 out
+    gamma,
+    nsplit1,
+    G_PAD: tl.constexpr,
+    S_PAD: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    g1 = gamma + 1
+    j = tl.arange(0, G_PAD)
+    sl = tl.arange(0, S_PAD)
+    msk = (j[:, None] < g1) & (sl[None, :] < nsplit1)
+    pidx = (b * g1 + j)[:, None] * nsplit1 + sl[None, :]
+    val = tl.load(part_f_ptr + pidx, mask=msk, other=float("-inf"))
+    ids = tl.load(part_i_ptr + pidx, mask=msk, other=0)
+    # lowest slice among equal maxima = lowest token id (slices are in token order)
+    win = tl.argmax(tl.where(msk, val, float("-inf")), axis=1, tie_break_left=True)
+    best = tl.sum(tl.where(sl[None, :] == win[:, None], ids, 0), axis=1)  # [G_PAD]
+    tok = tl.load(draft_ptr + b * gamma + j, mask=j < gamma, other=-1)
+    accept = (tok == best.to(tl.int64)) | (j >= gamma)
+    n = tl.minimum(tl.min(tl.where(accept, G_PAD, j), axis=0), gamma)
+    last = tl.sum(tl.where(j == n, best, 0), axis=0)
+    tl.store(nacc_ptr + b, n.to(tl.int64))
+    _write_row(tokens_ptr, draft_ptr, b, n, last, gamma, G_PAD)
+
+
+# --------------------------------------------------------------------------- host side
+
+
+@functools.lru_cache(maxsize=16)
+def _programs_wanted(device: torch.device) -> int:
+    """Programs that fill the device a few times over (1 on the CPU interpreter)."""
+    if device.type != "cuda":
+        return 1
+    return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.lru_cache(maxsize=64)
+def _inverse_temperature(temperature: float) -> float:
+    # torch divides by a Python scalar on CUDA as x * (1.0f / t) in float32: do the same
+    return (torch.tensor(1.0, dtype=torch.float32) / torch.tensor(temperature, dtype=torch.float32)).item()
+
+
+def _split(rows: int, vocab: int, block: int, wanted: int) -> tuple[int, int]:
+    """(slices per row, blocks per slice): enough programs to fill the device."""
+    nblocks = triton.cdiv(vocab, block)
+    nsplit = max(1, min(S_PAD, nblocks, triton.cdiv(wanted, rows)))
+    per = triton.cdiv(nblocks, nsplit)
+    return triton.cdiv(nblocks, per), per
+
+
+def _check(target_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> None:
+    if target_logits.dim() != 3 or draft_tokens.dim() != 2:
+        raise ValueError("target_logits must be [B, gamma+1, V] and draft_tokens [B, gamma]")
+    batch, gamma = draft_tokens.shape
+    if not 1 <= gamma <= MAX_GAMMA:
+        raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma}")
+    if tuple(target_logits.shape[:2]) != (batch, gamma + 1):
+        raise ValueError(f"target_logits {tuple(target_logits.shape)} does not match draft_tokens {(batch, gamma)}")
+    if not target_logits.dtype.is_floating_point or draft_tokens.dtype != torch.int64:
+        raise TypeError("target_logits must be a float tensor and draft_tokens int64")
+    if draft_probs is not None and tuple(draft_probs.shape) != (batch, gamma, target_logits.shape[-1]):
+        raise ValueError(f"draft_probs must be [B, gamma, V], got {tuple(draft_probs.shape)}")
+
+
+def _prepare(target_logits: torch.Tensor, sampling: SamplingParams) -> tuple[torch.Tensor, float]:
+    """Logits the kernels read and the factor they scale them by."""
+    if sampling.filtered:
+        return filter_logits(target_logits, sampling).contiguous(), 1.0  # temperature already applied
+    return target_logits.contiguous(), _inverse_temperature(sampling.temperature)
+
+
+def verify_triton(
+    target_logits: torch.Tensor,  # [B, gamma+1, V] float32 / bfloat16 / float16
+    draft_tokens: torch.Tensor,  # [B, gamma] int64
+    draft_probs: torch.Tensor | None,  # [B, gamma, V] float or None (one-hot q)
+    sampling: SamplingParams,
+    *,
+    noise: Noise | None = None,
+    state: torch.Tensor | None = None,  # [2] int64 (seed, counter), advanced in place
+    programs: int | None = None,
+) -> Verdict:
+    """Verify one step on the device. Exactly one of ``noise`` (exact) and ``state``
+    (philox) is needed in random mode; greedy needs neither. ``programs`` overrides the
+    number of programs the launcher aims for (tests use it to force several slices)."""
+    return _verify(target_logits, draft_tokens, draft_probs, sampling, noise, state, programs)[0]
+
+
+def log_probs_at_draft(
+    target_logits: torch.Tensor,  # [B, gamma+1, V]
+    draft_tokens: torch.Tensor,  # [B, gamma] int64
+    sampling: SamplingParams,
+    programs: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels' ``lse`` ([B, gamma+1] float32) and ``log p(x_i)`` ([B, gamma] float32)."""
+    batch, gamma = draft_tokens.shape
+    noise = Noise(
+        uniform=torch.full((batch, gamma), 0.5, device=draft_tokens.device),
+        exponential=torch.ones((batch, target_logits.shape[-1]), device=draft_tokens.device),
+    )
+    stats = _verify(target_logits, draft_tokens, None, sampling, noise, None, programs)[1]
+    return stats[:, : gamma + 1], stats[:, gamma + 1 :]
+
+
+def _verify(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    sampling: SamplingParams,
+    noise: Noise | None,
+    state: torch.Tensor | None,
+    programs: int | None,
+) -> tuple[Verdict, torch.Tensor | None]:
+    _check(target_logits, draft_tokens, draft_probs)
+    batch, gamma = draft_tokens.shape
+    vocab = target_logits.shape[-1]
+    dev = target_logits.device
+    wanted = programs or _programs_wanted(dev)
+    draft_tokens = draft_tokens.contiguous()
+    tokens = torch.empty((batch, gamma + 1), dtype=torch.int64, device=dev)
+    nacc = torch.empty((batch,), dtype=torch.int64, device=dev)
+    rows = batch * (gamma + 1)
+    if sampling.greedy:
+        logits = filter_logits(target_logits, sampling) if sampling.top_p < 1.0 else target_logits.contiguous()
+        nsplit1, per1 = _split(rows, vocab, BLOCK_V, wanted)
+        part_f = torch.empty((rows, nsplit1), dtype=torch.float32, device=dev)
+        part_i = torch.empty((rows, nsplit1), dtype=torch.int32, device=dev)
+        _argmax_partial_kernel[(rows, nsplit1)](logits, part_f, part_i, vocab, per1, BLOCK_V=BLOCK_V, num_warps=8)
+        _greedy_finalize_kernel[(batch,)](
+            draft_tokens, part_f, part_i, tokens, nacc, gamma, nsplit1, G_PAD=G_PAD, S_PAD=S_PAD, num_warps=4
+        )
+        return Verdict(tokens=tokens, num_accepted=nacc), None
+    if (noise is None) == (state is None):
+        raise ValueError("random mode needs exactly one of noise (exact) or state (philox)")
+    logits, inv_t = _prepare(target_logits, sampling)
+    exact = noise is not None
+    if exact:
+        uniform = noise.uniform.contiguous()
+        expo = noise.exponential.contiguous()
+        if tuple(uniform.shape) != (batch, gamma) or tuple(expo.shape) != (batch, vocab):
+            raise ValueError("noise must hold uniform [B, gamma] and exponential [B, V]")
+        state = tokens  # unused pointer
+    else:
+        uniform = expo = tokens  # unused pointers
+    q = draft_probs.contiguous() if draft_probs is not None else tokens
+    nsplit1, per1 = _split(rows, vocab, BLOCK_V, wanted)
+    nsplit2, per2 = _split(batch, vocab, RACE_BLOCK_V, wanted)
+    part = torch.empty((2, rows, nsplit1), dtype=torch.float32, device=dev)
+    stats = torch.empty((batch, 2 * (gamma + 1)), dtype=torch.float32, device=dev)
+    race_f = torch.empty((3, batch, nsplit2), dtype=torch.float32, device=dev)
+    race_i = torch.empty((2, batch, nsplit2), dtype=torch.int32, device=dev)
+    _lse_partial_kernel[(rows, nsplit1)](logits, part, inv_t, vocab, per1, BLOCK_V=BLOCK_V, num_warps=8)
+    _accept_race_kernel[(batch, nsplit2)](
+        logits, draft_tokens, q, uniform, expo, state, part, stats, nacc, race_f, race_i,
+        inv_t, vocab, gamma, nsplit1, per2,
+        HAS_Q=draft_probs is not None, EXACT=exact, BLOCK_V=RACE_BLOCK_V, G_PAD=G_PAD, S_PAD=S_PAD, num_warps=8,
+    )  # fmt: skip
+    _finalize_kernel[(batch,)](
+        draft_tokens, race_f, race_i, nacc, tokens, state, gamma, nsplit2,
+        EXACT=exact, G_PAD=G_PAD, S_PAD=S_PAD, num_warps=4,
+    )  # fmt: skip
+    return Verdict(tokens=tokens, num_accepted=nacc), stats
+
+
+def new_philox_state(generator: torch.Generator | None, device: torch.device | str) -> torch.Tensor:
+    """A device ``[2] int64`` philox state: a seed drawn from ``generator`` (on the
+    device, no host sync) and a zero call counter."""
+    seed = torch.randint(0, 2**62, (1,), generator=generator, device=device, dtype=torch.int64)
+    return torch.cat([seed, torch.zeros_like(seed)])
+
+
+def verify_ref(
+    target_logits: torch.Tensor,  # [B, gamma+1, V]
+    draft_tokens: torch.Tensor,  # [B, gamma] int64
+    draft_probs: torch.Tensor | None,  # [B, gamma, V] or None
+    sampling: SamplingParams,
+    noise: Noise | None = None,
+) -> Verdict:
+    """The plain-torch reference the kernels must match token for token."""
+    if sampling.greedy:
+        return verify_greedy(target_logits, draft_tokens, sampling)
+    if noise is None:
+        raise ValueError("random mode needs noise")
+    return verify_random(target_logits, draft_tokens, draft_probs, sampling, noise)
