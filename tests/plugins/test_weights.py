@@ -15,6 +15,7 @@ import time
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -305,7 +306,7 @@ def test_real_smollm2_builds_and_loads_fast() -> None:
     assert time.perf_counter() - start < 10.0
     assert tokenizer.chat_template and model.config.vocab_size == 49152
     chat = [{"role": "user", "content": "What is the capital of France?"}]
-    ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    ids: Any = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     out = model.generate(**ids, max_new_tokens=12, do_sample=False)
     text = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in text
