@@ -298,6 +298,9 @@ def time_shape(b: int, gamma: int, v: int, dtype: torch.dtype, ctx: dict) -> dic
     row["triton_exact"] = bench(lambda: ctx["exact"].verify(logits, tokens, None, sp, gen))
     row["triton_graph"] = bench(graph_step(ctx["philox"], logits, tokens, sp), wall=False)
     row["reference"] = bench(lambda: ctx["ref"].verify(logits, tokens, None, sp, gen))
+    greedy = SamplingParams(temperature=0)
+    row["triton_greedy"] = bench(lambda: ctx["philox"].verify(logits, tokens, None, greedy, gen), wall=False)
+    row["reference_greedy"] = bench(lambda: ctx["ref"].verify(logits, tokens, None, greedy, gen), wall=False)
     if b >= 8 and ctx["compile"]:
         fn = ctx["compiled"].setdefault(dtype, compiled_reference())
         t = time.time()
@@ -339,6 +342,7 @@ def summary_row(r: dict) -> dict:
         B=r["B"], gamma=r["gamma"], V=r["V"], dtype=r["dtype"],
         triton_ms=get("triton"), triton_exact_ms=get("triton_exact"), triton_graph_ms=get("triton_graph"),
         logits_pass_ms=get("logits_pass"), reference_ms=get("reference"), compile_ms=get("compile"),
+        triton_greedy_ms=get("triton_greedy"), reference_greedy_ms=get("reference_greedy"),
         triton_wall_ms=r["triton"]["wall_ms"], reference_wall_ms=r["reference"]["wall_ms"],
         compile_wall_ms=r["compile"]["wall_ms"] if "compile" in r else None,
         bandwidth_fraction=r["bandwidth_fraction"],

@@ -61,7 +61,8 @@ import triton.language as tl
 from flashspec_core.contracts import SamplingParams, Verdict
 from flashspec_core.sampling import Noise, filter_logits, verify_greedy, verify_random
 
-BLOCK_V = 4096  # logits per block in the one full pass
+BLOCK_V = 8192  # logits per block in the one full pass
+NUM_WARPS = 8  # warps per program of the full pass
 RACE_BLOCK_V = 4096  # logits per block in the race (four quarters, one philox call per quad)
 G_PAD = 32  # >= gamma + 1 for gamma <= 16
 S_PAD = 128  # most slices per row
@@ -89,18 +90,23 @@ def _lse_partial_kernel(
     base = logits_ptr + row * V
     lo = split * blocks_per_split * BLOCK_V
     offs0 = tl.arange(0, BLOCK_V)
-    m = tl.full((), float("-inf"), tl.float32)
-    s = tl.zeros((), tl.float32)
+    # per-lane online log-sum-exp: one exp per logit and no cross-warp reduction in the loop
+    m = tl.full((BLOCK_V,), float("-inf"), tl.float32)
+    s = tl.zeros((BLOCK_V,), tl.float32)
     for blk in range(blocks_per_split):
         offs = lo + blk * BLOCK_V + offs0
         x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # an all -inf prefix adds nothing
-        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), axis=0)
+        m_new = tl.maximum(m, x)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: adds nothing
+        d = tl.exp(tl.minimum(m, x) - m_safe)  # the smaller of (old max, x) relative to the new max
+        s = tl.where(x > m, s * d + 1.0, s + d)
         m = m_new
+    m_row = tl.max(m, axis=0)
+    m_row_safe = tl.where(m_row == float("-inf"), 0.0, m_row)
+    s_row = tl.sum(s * tl.exp(m - m_row_safe), axis=0)
     out = row * nsplit + split
-    tl.store(part_ptr + out, m)
-    tl.store(part_ptr + rows * nsplit + out, s)
+    tl.store(part_ptr + out, m_row)
+    tl.store(part_ptr + rows * nsplit + out, s_row)
 
 
 @triton.jit
@@ -119,27 +125,38 @@ def _race_quarter(
     log_s_n,
     q,  # [QB] float32 q_n (zero at the bonus position)
     vm,  # [QB] bool: offs < V
-    best_r,
+    best_r,  # [QB] per-lane running best residual score, and its token id
     idx_r,
-    best_p,
+    best_p,  # [QB] per-lane running best p score, and its token id
     idx_p,
-    res_max,
+    res_max,  # [QB] per-lane running max of the residual
+    EXACT: tl.constexpr,
 ):
     p = tl.exp((x - m_n) - log_s_n)
     res = tl.maximum(p - q, 0.0)
-    score_r = tl.where(vm, tl.math.div_rn(res, e), -1.0)
-    score_p = tl.where(vm, tl.math.div_rn(p, e), -1.0)
-    blk_r, arg_r = tl.max(score_r, axis=0, return_indices=True, return_indices_tie_break_left=True)
-    blk_p, arg_p = tl.max(score_p, axis=0, return_indices=True, return_indices_tie_break_left=True)
-    first = tl.min(offs, axis=0)
-    take_r = blk_r > best_r  # strict: earlier slices and blocks hold lower ids
-    take_p = blk_p > best_p
-    best_r = tl.where(take_r, blk_r, best_r)
-    idx_r = tl.where(take_r, first + arg_r, idx_r)
-    best_p = tl.where(take_p, blk_p, best_p)
-    idx_p = tl.where(take_p, first + arg_p, idx_p)
-    res_max = tl.maximum(res_max, tl.max(tl.where(vm, res, 0.0), axis=0))
+    if EXACT:  # IEEE division, as torch's weights / exponential
+        score_r = tl.math.div_rn(res, e)
+        score_p = tl.math.div_rn(p, e)
+    else:
+        inv_e = 1.0 / e
+        score_r = res * inv_e
+        score_p = p * inv_e
+    # strict >: each lane sees its token ids in increasing order, so ties keep the lowest
+    take_r = vm & (score_r > best_r)
+    take_p = vm & (score_p > best_p)
+    best_r = tl.where(take_r, score_r, best_r)
+    idx_r = tl.where(take_r, offs, idx_r)
+    best_p = tl.where(take_p, score_p, best_p)
+    idx_p = tl.where(take_p, offs, idx_p)
+    res_max = tl.maximum(res_max, tl.where(vm, res, 0.0))
     return best_r, idx_r, best_p, idx_p, res_max
+
+
+@triton.jit
+def _lowest_argmax(best, idx):
+    """(max, lowest id holding it) over a block of per-lane (score, id)."""
+    top = tl.max(best, axis=0)
+    return top, tl.min(tl.where(best == top, idx, 2147483647), axis=0)
 
 
 @triton.jit
@@ -224,11 +241,11 @@ def _accept_race_kernel(
     q_row = q_ptr + (b * gamma + tl.minimum(n, gamma - 1)) * V
     QB: tl.constexpr = BLOCK_V // 4
     qoffs = tl.arange(0, QB)
-    best_r = tl.full((), -1.0, tl.float32)
-    best_p = tl.full((), -1.0, tl.float32)
-    res_max = tl.zeros((), tl.float32)
-    idx_r = tl.zeros((), tl.int32)
-    idx_p = tl.zeros((), tl.int32)
+    best_r = tl.full((QB,), -1.0, tl.float32)
+    best_p = tl.full((QB,), -1.0, tl.float32)
+    res_max = tl.zeros((QB,), tl.float32)
+    idx_r = tl.zeros((QB,), tl.int32)
+    idx_p = tl.zeros((QB,), tl.int32)
     quads_per_row = (V + 3) // 4
     lo = split * blocks_per_split * BLOCK_V
     for blk in range(blocks_per_split):
@@ -251,27 +268,29 @@ def _accept_race_kernel(
             e3 = tl.maximum(-tl.log(tl.uint_to_uniform_float(r3)), _TINY)
         x, q = _load_quarter(logits_row, q_row, o0, o0 < V, inv_t, tok_n, q_end, HAS_Q)
         best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
-            x, o0, e0, m_n, log_s_n, q, o0 < V, best_r, idx_r, best_p, idx_p, res_max
+            x, o0, e0, m_n, log_s_n, q, o0 < V, best_r, idx_r, best_p, idx_p, res_max, EXACT
         )
         x, q = _load_quarter(logits_row, q_row, o1, o1 < V, inv_t, tok_n, q_end, HAS_Q)
         best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
-            x, o1, e1, m_n, log_s_n, q, o1 < V, best_r, idx_r, best_p, idx_p, res_max
+            x, o1, e1, m_n, log_s_n, q, o1 < V, best_r, idx_r, best_p, idx_p, res_max, EXACT
         )
         x, q = _load_quarter(logits_row, q_row, o2, o2 < V, inv_t, tok_n, q_end, HAS_Q)
         best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
-            x, o2, e2, m_n, log_s_n, q, o2 < V, best_r, idx_r, best_p, idx_p, res_max
+            x, o2, e2, m_n, log_s_n, q, o2 < V, best_r, idx_r, best_p, idx_p, res_max, EXACT
         )
         x, q = _load_quarter(logits_row, q_row, o3, o3 < V, inv_t, tok_n, q_end, HAS_Q)
         best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
-            x, o3, e3, m_n, log_s_n, q, o3 < V, best_r, idx_r, best_p, idx_p, res_max
+            x, o3, e3, m_n, log_s_n, q, o3 < V, best_r, idx_r, best_p, idx_p, res_max, EXACT
         )
+    top_r, tok_r = _lowest_argmax(best_r, idx_r)
+    top_p, tok_p = _lowest_argmax(best_p, idx_p)
     out = b * nsplit2 + split
     plane = nb * nsplit2
-    tl.store(race_f_ptr + out, best_r)
-    tl.store(race_f_ptr + plane + out, best_p)
-    tl.store(race_f_ptr + 2 * plane + out, res_max)
-    tl.store(race_i_ptr + out, idx_r)
-    tl.store(race_i_ptr + plane + out, idx_p)
+    tl.store(race_f_ptr + out, top_r)
+    tl.store(race_f_ptr + plane + out, top_p)
+    tl.store(race_f_ptr + 2 * plane + out, tl.max(res_max, axis=0))
+    tl.store(race_i_ptr + out, tok_r)
+    tl.store(race_i_ptr + plane + out, tok_p)
 
 
 @triton.jit
@@ -332,15 +351,15 @@ def _argmax_partial_kernel(
     base = logits_ptr + row * V
     lo = split * blocks_per_split * BLOCK_V
     offs0 = tl.arange(0, BLOCK_V)
-    best = tl.full((), float("-inf"), tl.float32)
-    idx = lo  # an all -inf slice points at its first token, as torch.argmax does
+    best = tl.full((BLOCK_V,), float("-inf"), tl.float32)
+    idx = lo + offs0  # an all -inf slice points at its first token, as torch.argmax does
     for blk in range(blocks_per_split):
         offs = lo + blk * BLOCK_V + offs0
         x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-        blk_best, arg = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
-        take = blk_best > best
-        best = tl.where(take, blk_best, best)
-        idx = tl.where(take, lo + blk * BLOCK_V + arg, idx)
+        take = x > best  # strict, and each lane sees increasing ids: ties keep the lowest
+        best = tl.where(take, x, best)
+        idx = tl.where(take, offs, idx)
+    best, idx = _lowest_argmax(best, idx)
     tl.store(part_f_ptr + row * nsplit + split, best)
     tl.store(part_i_ptr + row * nsplit + split, idx)
 
@@ -399,6 +418,18 @@ def _split(rows: int, vocab: int, block: int, wanted: int) -> tuple[int, int]:
     nsplit = max(1, min(S_PAD, nblocks, triton.cdiv(wanted, rows)))
     per = triton.cdiv(nblocks, nsplit)
     return triton.cdiv(nblocks, per), per
+
+
+def _carve(dev: torch.device, dtype: torch.dtype, *sizes: int) -> list[torch.Tensor]:
+    """Flat views of one allocation, each starting 16-byte aligned (one allocator call
+    instead of several, and alignment that never changes the kernels' specialisation)."""
+    align = 16 // dtype.itemsize
+    starts, end = [], 0
+    for n in sizes:
+        starts.append(end)
+        end += triton.cdiv(n, align) * align
+    buf = torch.empty((end,), dtype=dtype, device=dev)
+    return [buf[a : a + n] for a, n in zip(starts, sizes, strict=True)]
 
 
 def _check(target_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None) -> None:
@@ -469,15 +500,17 @@ def _verify(
     dev = target_logits.device
     wanted = programs or _programs_wanted(dev)
     draft_tokens = draft_tokens.contiguous()
-    tokens = torch.empty((batch, gamma + 1), dtype=torch.int64, device=dev)
-    nacc = torch.empty((batch,), dtype=torch.int64, device=dev)
+    tokens, nacc = _carve(dev, torch.int64, batch * (gamma + 1), batch)
+    tokens = tokens.view(batch, gamma + 1)
     rows = batch * (gamma + 1)
     if sampling.greedy:
         logits = filter_logits(target_logits, sampling) if sampling.top_p < 1.0 else target_logits.contiguous()
         nsplit1, per1 = _split(rows, vocab, BLOCK_V, wanted)
-        part_f = torch.empty((rows, nsplit1), dtype=torch.float32, device=dev)
-        part_i = torch.empty((rows, nsplit1), dtype=torch.int32, device=dev)
-        _argmax_partial_kernel[(rows, nsplit1)](logits, part_f, part_i, vocab, per1, BLOCK_V=BLOCK_V, num_warps=8)
+        part_f, part_i = _carve(dev, torch.float32, rows * nsplit1, rows * nsplit1)
+        part_i = part_i.view(torch.int32)
+        _argmax_partial_kernel[(rows, nsplit1)](
+            logits, part_f, part_i, vocab, per1, BLOCK_V=BLOCK_V, num_warps=NUM_WARPS
+        )
         _greedy_finalize_kernel[(batch,)](
             draft_tokens, part_f, part_i, tokens, nacc, gamma, nsplit1, G_PAD=G_PAD, S_PAD=S_PAD, num_warps=4
         )
@@ -497,11 +530,12 @@ def _verify(
     q = draft_probs.contiguous() if draft_probs is not None else tokens
     nsplit1, per1 = _split(rows, vocab, BLOCK_V, wanted)
     nsplit2, per2 = _split(batch, vocab, RACE_BLOCK_V, wanted)
-    part = torch.empty((2, rows, nsplit1), dtype=torch.float32, device=dev)
-    stats = torch.empty((batch, 2 * (gamma + 1)), dtype=torch.float32, device=dev)
-    race_f = torch.empty((3, batch, nsplit2), dtype=torch.float32, device=dev)
-    race_i = torch.empty((2, batch, nsplit2), dtype=torch.int32, device=dev)
-    _lse_partial_kernel[(rows, nsplit1)](logits, part, inv_t, vocab, per1, BLOCK_V=BLOCK_V, num_warps=8)
+    part, stats, race_f, race_i = _carve(
+        dev, torch.float32, 2 * rows * nsplit1, 2 * rows, 3 * batch * nsplit2, 2 * batch * nsplit2
+    )
+    stats = stats.view(batch, 2 * (gamma + 1))
+    race_i = race_i.view(torch.int32)
+    _lse_partial_kernel[(rows, nsplit1)](logits, part, inv_t, vocab, per1, BLOCK_V=BLOCK_V, num_warps=NUM_WARPS)
     _accept_race_kernel[(batch, nsplit2)](
         logits, draft_tokens, q, uniform, expo, state, part, stats, nacc, race_f, race_i,
         inv_t, vocab, gamma, nsplit1, per2,
