@@ -243,7 +243,8 @@ def bench(fn, wall: bool = True) -> dict:
     return r
 
 
-def logits_pass_fn(logits: torch.Tensor, block: int = ops.BLOCK_V, warps: int = 8):
+def logits_pass_fn(logits: torch.Tensor, config: tuple[int, int] | None = None):
+    block, warps = config or ops.PASS_CONFIG[logits.element_size()]
     b, g1, v = logits.shape
     rows = b * g1
     nsplit, per = ops._split(rows, v, block, ops._programs_wanted(DEV))
@@ -267,23 +268,51 @@ def graph_step(ver: TritonVerifier, logits, tokens, sp) -> callable:
     return graph.replay
 
 
-def sweep_blocks() -> list[dict]:
-    """The logits pass at a few block sizes / warp counts on one large shape."""
+SWEEP_SHAPES = [(8, 8, 151936), (128, 8, 128256)]  # about the 10M-logit threshold, and well above it
+
+
+def sweep_pass() -> list[dict]:
+    """The full pass at several (block, warps) on two shapes; the fastest (summed)
+    per dtype becomes ops.PASS_CONFIG for the rest of the run."""
     out = []
     for dtype in (torch.bfloat16, torch.float32):
-        logits, _, _ = make_inputs(128, 8, 128256, dtype)
-        nbytes = logits.numel() * logits.element_size()
-        for block in (2048, 4096, 8192, 16384):
-            for warps in (4, 8, 16):
-                if block // (32 * warps) < 4:
-                    continue
-                ms = do_bench(logits_pass_fn(logits, block, warps), warmup=10, rep=40, return_mode="median")
-                out.append(
-                    {"dtype": str(dtype), "BLOCK_V": block, "num_warps": warps, "ms": ms, "gbs": nbytes / ms / 1e6}
-                )
-        del logits
-    best = {d: max((r for r in out if r["dtype"] == d), key=lambda r: r["gbs"]) for d in {r["dtype"] for r in out}}
-    log("sweep best:", best)
+        for b, gamma, v in SWEEP_SHAPES:
+            logits, _, _ = make_inputs(b, gamma, v, dtype)
+            nbytes = logits.numel() * logits.element_size()
+            for block, warps in ((2048, 4), (4096, 4), (4096, 8), (8192, 4), (8192, 8), (16384, 8), (16384, 16)):
+                ms = do_bench(logits_pass_fn(logits, (block, warps)), warmup=10, rep=40, return_mode="median")
+                out.append(dict(dtype=str(dtype), B=b, gamma=gamma, V=v, BLOCK_V=block, num_warps=warps, ms=ms,
+                                gbs=nbytes / ms / 1e6))  # fmt: skip
+            del logits
+    for dtype in (torch.bfloat16, torch.float32):
+        tot = {}
+        for r in out:
+            if r["dtype"] == str(dtype):
+                key = (r["BLOCK_V"], r["num_warps"])
+                tot[key] = tot.get(key, 0.0) + r["ms"]
+        ops.PASS_CONFIG[dtype.itemsize] = min(tot, key=tot.get)
+    log("pass config chosen:", ops.PASS_CONFIG)
+    return out
+
+
+def sweep_race() -> list[dict]:
+    """The whole philox step (graph replay) at several race (block, warps); the
+    fastest (summed over two bf16 shapes) becomes ops.RACE_BLOCK_V / RACE_WARPS."""
+    out = []
+    ver = TritonVerifier(TritonVerifierConfig(noise="philox"), DEV)
+    for b, gamma, v in [(8, 8, 151936), (128, 4, 151936)]:
+        logits, tokens, _ = make_inputs(b, gamma, v, torch.bfloat16)
+        for block, warps in ((2048, 4), (4096, 4), (4096, 8), (8192, 8)):
+            ops.RACE_BLOCK_V, ops.RACE_WARPS = block, warps
+            ms = do_bench(graph_step(ver, logits, tokens, SamplingParams()), warmup=10, rep=40, return_mode="median")
+            out.append(dict(B=b, gamma=gamma, V=v, RACE_BLOCK_V=block, num_warps=warps, step_graph_ms=ms))
+        del logits, tokens
+    tot = {}
+    for r in out:
+        key = (r["RACE_BLOCK_V"], r["num_warps"])
+        tot[key] = tot.get(key, 0.0) + r["step_graph_ms"]
+    ops.RACE_BLOCK_V, ops.RACE_WARPS = min(tot, key=tot.get)
+    log("race config chosen:", ops.RACE_BLOCK_V, ops.RACE_WARPS)
     return out
 
 
@@ -369,8 +398,6 @@ def main() -> None:
         "dtypes": [torch.bfloat16, torch.float32],
         "compile": True,
         "max_bytes": 40 << 30,
-        "BLOCK_V": ops.BLOCK_V,
-        "RACE_BLOCK_V": ops.RACE_BLOCK_V,
         "programs_wanted": ops._programs_wanted(DEV),
         "sampling": "temperature 1, no top-k/top-p, deterministic drafts (draft_probs None)",
         "timer": "triton.testing.do_bench median (L2 cleared before each call), warmup 10 ms, rep 40 ms",
@@ -399,8 +426,12 @@ def main() -> None:
     log(f"copy bandwidth {copy_gbs:.0f} GB/s")
     save()
     if "sweep" not in skip:
-        result["block_sweep"] = sweep_blocks()
+        result["pass_sweep"] = sweep_pass()
+        result["race_sweep"] = sweep_race()
         save()
+    result["config"]["PASS_CONFIG"] = {str(k): list(v) for k, v in ops.PASS_CONFIG.items()}
+    result["config"]["RACE_BLOCK_V"] = ops.RACE_BLOCK_V
+    result["config"]["RACE_WARPS"] = ops.RACE_WARPS
     if "checks" not in skip:
         for name, fn in (
             ("no_sync", check_no_sync),

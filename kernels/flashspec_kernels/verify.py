@@ -61,9 +61,10 @@ import triton.language as tl
 from flashspec_core.contracts import SamplingParams, Verdict
 from flashspec_core.sampling import Noise, filter_logits, verify_greedy, verify_random
 
-BLOCK_V = 8192  # logits per block in the one full pass
-NUM_WARPS = 8  # warps per program of the full pass
+# full pass (and greedy argmax): bytes per logit -> (logits per block, warps per program)
+PASS_CONFIG = {2: (8192, 8), 4: (8192, 8)}
 RACE_BLOCK_V = 4096  # logits per block in the race (four quarters, one philox call per quad)
+RACE_WARPS = 8
 G_PAD = 32  # >= gamma + 1 for gamma <= 16
 S_PAD = 128  # most slices per row
 MAX_GAMMA = 16
@@ -505,12 +506,11 @@ def _verify(
     rows = batch * (gamma + 1)
     if sampling.greedy:
         logits = filter_logits(target_logits, sampling) if sampling.top_p < 1.0 else target_logits.contiguous()
-        nsplit1, per1 = _split(rows, vocab, BLOCK_V, wanted)
+        block, warps = PASS_CONFIG[logits.element_size()]
+        nsplit1, per1 = _split(rows, vocab, block, wanted)
         part_f, part_i = _carve(dev, torch.float32, rows * nsplit1, rows * nsplit1)
         part_i = part_i.view(torch.int32)
-        _argmax_partial_kernel[(rows, nsplit1)](
-            logits, part_f, part_i, vocab, per1, BLOCK_V=BLOCK_V, num_warps=NUM_WARPS
-        )
+        _argmax_partial_kernel[(rows, nsplit1)](logits, part_f, part_i, vocab, per1, BLOCK_V=block, num_warps=warps)
         _greedy_finalize_kernel[(batch,)](
             draft_tokens, part_f, part_i, tokens, nacc, gamma, nsplit1, G_PAD=G_PAD, S_PAD=S_PAD, num_warps=4
         )
@@ -528,18 +528,19 @@ def _verify(
     else:
         uniform = expo = tokens  # unused pointers
     q = draft_probs.contiguous() if draft_probs is not None else tokens
-    nsplit1, per1 = _split(rows, vocab, BLOCK_V, wanted)
+    block, warps = PASS_CONFIG[logits.element_size()]
+    nsplit1, per1 = _split(rows, vocab, block, wanted)
     nsplit2, per2 = _split(batch, vocab, RACE_BLOCK_V, wanted)
     part, stats, race_f, race_i = _carve(
         dev, torch.float32, 2 * rows * nsplit1, 2 * rows, 3 * batch * nsplit2, 2 * batch * nsplit2
     )
     stats = stats.view(batch, 2 * (gamma + 1))
     race_i = race_i.view(torch.int32)
-    _lse_partial_kernel[(rows, nsplit1)](logits, part, inv_t, vocab, per1, BLOCK_V=BLOCK_V, num_warps=NUM_WARPS)
+    _lse_partial_kernel[(rows, nsplit1)](logits, part, inv_t, vocab, per1, BLOCK_V=block, num_warps=warps)
     _accept_race_kernel[(batch, nsplit2)](
         logits, draft_tokens, q, uniform, expo, state, part, stats, nacc, race_f, race_i,
         inv_t, vocab, gamma, nsplit1, per2,
-        HAS_Q=draft_probs is not None, EXACT=exact, BLOCK_V=RACE_BLOCK_V, G_PAD=G_PAD, S_PAD=S_PAD, num_warps=8,
+        HAS_Q=draft_probs is not None, EXACT=exact, BLOCK_V=RACE_BLOCK_V, G_PAD=G_PAD, S_PAD=S_PAD, num_warps=RACE_WARPS,
     )  # fmt: skip
     _finalize_kernel[(batch,)](
         draft_tokens, race_f, race_i, nacc, tokens, state, gamma, nsplit2,
