@@ -225,7 +225,7 @@ def compiled_reference():
     return torch.compile(fn, dynamic=True)
 
 
-def wall_ms(fn, n: int = 30) -> float:
+def wall_ms(fn, n: int = 20) -> float:
     ts = []
     for _ in range(n):
         t = time.perf_counter()
@@ -237,7 +237,7 @@ def wall_ms(fn, n: int = 30) -> float:
 
 def bench(fn, wall: bool = True) -> dict:
     fn()
-    r = {"ms": do_bench(fn, warmup=10, rep=40, return_mode="median")}
+    r = {"ms": do_bench(fn, warmup=10, rep=25, return_mode="median")}
     if wall:
         r["wall_ms"] = wall_ms(fn)
     return r
@@ -400,7 +400,7 @@ def main() -> None:
         "max_bytes": 40 << 30,
         "programs_wanted": ops._programs_wanted(DEV),
         "sampling": "temperature 1, no top-k/top-p, deterministic drafts (draft_probs None)",
-        "timer": "triton.testing.do_bench median (L2 cleared before each call), warmup 10 ms, rep 40 ms",
+        "timer": "triton.testing.do_bench median (L2 cleared before each call), warmup 10 ms, rep 25 ms",
     }
     if args.quick:
         cfg.update(B=[1, 8, 128], gamma=[4], V=[32000, 151936], dtypes=[torch.bfloat16])
