@@ -27,6 +27,7 @@ def tiny_lm(
     dtype: torch.dtype = torch.float64,
     tokenizer_prefix: str = "t",
     embed_vocab: int | None = None,
+    init: float = 0.02,
 ) -> Path:
     """Save a random Qwen2-shaped model (logits scaled by ``scale``) under ``path``."""
     torch.manual_seed(seed)
@@ -39,6 +40,7 @@ def tiny_lm(
         num_key_value_heads=2,
         max_position_embeddings=512,
         tie_word_embeddings=False,
+        initializer_range=init,  # ~0.3 makes the next token depend strongly on the context
     )
     model = Qwen2ForCausalLM(cfg)
     with torch.no_grad():
@@ -69,14 +71,16 @@ def perturbed_lm(src: Path, path: Path, noise: float, seed: int = 0, layers: int
     return path
 
 
-def pipeline_dict(target: Path, drafts: list[Path], selector: str = "fixed", gamma: int = 3, **sel: object) -> dict:
-    """A build_pipeline() dict: float64 target, one hf arm per draft, a lookup arm."""
+def pipeline_dict(
+    target: Path, drafts: list[Path], selector: str = "fixed", gamma: int = 3, dtype: str = "float64", **sel: object
+) -> dict:
+    """A build_pipeline() dict: one hf arm per draft plus a lookup arm, all in ``dtype``."""
     arms: list[dict] = [
-        {"use": "hf", "model": str(d), "gamma": gamma, "dtype": "float64", "name": f"d{i}"} for i, d in enumerate(drafts)
+        {"use": "hf", "model": str(d), "gamma": gamma, "dtype": dtype, "name": f"d{i}"} for i, d in enumerate(drafts)
     ]
     arms.append({"use": "prompt_lookup", "gamma": gamma + 1, "name": "lookup"})
     return {
-        "target": {"model": str(target), "dtype": "float64", "chat_template": False},
+        "target": {"model": str(target), "dtype": dtype, "chat_template": False},
         "arm": arms,
         "verifier": {"use": "reference"},
         "selector": {"use": selector, **sel},
