@@ -27,6 +27,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "flashspec_hf.plugin",
     "flashspec_lookup.plugin",
     "flashspec_kernels.plugin",
+    "flashspec_fast.plugin",
 )
 ENTRY_POINT_GROUP = "flashspec"
 AUTOLOAD_ENV = "FLASHSPEC_DISABLE_PLUGIN_AUTOLOAD"

@@ -1,0 +1,113 @@
+"""The fast draft: a whole ``gamma``-token proposal is one graph replay.
+
+Inside the graph: a 2-token forward over each row's last two tokens (the second
+to last is usually in the cache already; rewriting it with the same token keeps
+the shape fixed whether the previous step accepted everything or not), then
+``gamma - 1`` one-token forwards, each followed by greedy argmax or an
+exponential race on noise drawn outside the graph (so the graph is a
+deterministic function of its inputs). A row that fell further behind (another
+arm ran meanwhile) first catches up with one eager ragged forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from flashspec_core import Draft, SamplingParams
+from flashspec_core.contracts import DraftContext
+from flashspec_core.sampling import filter_logits, probs_from_logits, race
+from flashspec_fast.graphs import GraphCache
+from flashspec_fast.model import Transformer
+from flashspec_fast.options import FastOptions, build_model
+from flashspec_fast.target import HostInputs, check_room, ragged_forward
+
+_TINY = torch.finfo(torch.float32).tiny
+
+
+def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Cut or pad (with -inf) the last dim to the target's vocab ``vocab``."""
+    have = logits.shape[-1]
+    if have >= vocab:
+        return logits[..., :vocab]
+    return torch.cat([logits, logits.new_full((*logits.shape[:-1], vocab - have), float("-inf"))], dim=-1)
+
+
+class FastDraft:
+    """Draft LM over its own static KV cache; rollback is host bookkeeping only."""
+
+    def __init__(self, model: Transformer, vocab: int, opts: FastOptions) -> None:
+        self.model = model
+        self.vocab = vocab
+        self.graphs = GraphCache(model.device, opts.compile)
+        self._stage = HostInputs(model.device)
+        self.seen: list[int] = []  # per row: slots 0..seen-1 hold the row's sequence
+        self._lengths: list[int] = []
+        self._gamma = 0
+
+    def reset(self) -> None:
+        self.seen = []
+
+    def propose(
+        self,
+        tokens: torch.Tensor,  # [B, L] int64 (CPU)
+        lengths: Sequence[int],
+        gamma: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        batch = len(lengths)
+        if len(self.seen) != batch:
+            self.model.allocate(batch)
+            self.seen = [0] * batch
+        check_room(self.model, max(lengths) + gamma, "draft")
+        behind = [max(n - 2, 0) for n in lengths]
+        if any(s < e for s, e in zip(self.seen, behind, strict=True)):
+            ragged_forward(self.model, tokens, [min(s, e) for s, e in zip(self.seen, behind, strict=True)], behind, self._stage)
+        last = torch.tensor(lengths, dtype=torch.long) - 1
+        prev = (last - 1).clamp_min(0)
+        head = tokens[:, : int(last.max()) + 1]
+        host = torch.stack([head.gather(1, prev[:, None]).squeeze(1), head.gather(1, last[:, None]).squeeze(1), prev, last], 1)
+        noise = torch.empty(0, device=self.model.device)
+        if not sampling.greedy:
+            noise = torch.empty((gamma, batch, self.vocab), device=self.model.device).exponential_(generator=generator)
+            noise.clamp_min_(_TINY)
+        key = (batch, gamma, sampling)
+        out_tokens, out_probs = self.graphs(key, lambda h, e: self._loop(h, e, gamma, sampling), self._stage(host), noise)
+        self._lengths, self._gamma = list(lengths), gamma
+        return Draft(tokens=out_tokens, probs=None if sampling.greedy else out_probs)
+
+    def _loop(
+        self, host: torch.Tensor, noise: torch.Tensor, gamma: int, sampling: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """host: [B, 4] (second-to-last and last token, their positions; a one-token row
+        repeats its token at position 0); noise: [gamma, B, V] Exp(1)."""
+        ids, pos = host[:, :2], host[:, 2:]
+        drafted, probs = [], []
+        for i in range(gamma):
+            logits = fit_vocab(self.model.forward(ids, pos, pos, last_only=True)[:, -1], self.vocab)  # [B, V]
+            if sampling.greedy:
+                x = torch.argmax(filter_logits(logits, sampling), dim=-1)
+            else:
+                q = probs_from_logits(logits, sampling)
+                x = race(q, noise[i])
+                probs.append(q)
+            drafted.append(x)
+            ids, pos = x[:, None], pos[:, -1:] + 1
+        tokens = torch.stack(drafted, dim=1)  # [B, gamma]
+        return tokens, torch.stack(probs, dim=1) if probs else tokens
+
+    def rollback(self, num_accepted: Sequence[int]) -> None:
+        """The loop fed the row's last token and ``gamma - 1`` drafts: keep the accepted ones."""
+        fed = self._gamma - 1
+        self.seen = [n + min(k, fed) for n, k in zip(self._lengths, num_accepted, strict=True)]
+
+
+def make_draft(opts: FastOptions, context: DraftContext) -> FastDraft:
+    import attrs
+
+    if opts.device == "auto":
+        opts = attrs.evolve(opts, device=str(context.device))
+    model, _path = build_model(opts)
+    return FastDraft(model, context.vocab, opts)

@@ -1,0 +1,289 @@
+"""A gpt-fast-style Qwen2 / Llama decoder over a static, per-row-positioned KV cache.
+
+One forward takes ``tokens`` and ``pos`` (both ``[B, T]``, on the device) and writes
+each token's key and value at slot ``write[b, t]`` of row ``b``'s cache before the
+attention reads it. A query at position ``p`` attends to the slots ``0..p`` of its
+row, so the cache needs no validity mask: slots below a row's current position
+always hold that row's sequence, and whatever lies above it (a rejected draft
+suffix, say) is never read and is overwritten by the next forward. Rolling back
+rejected tokens is therefore moving the row's position back, with no copy.
+
+Padding slots (a ragged catch-up) write to the cache's last slot, the *scratch*
+slot, which no query can reach because positions stay below it.
+
+Numerics follow transformers' Qwen2/Llama modules (RMSNorm in float32, rotary
+tables computed in float32 and cast to the model dtype), so a float64 model here
+and there produce the same greedy tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+
+@attrs.frozen
+class ModelArgs:
+    vocab: int
+    dim: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    norm_eps: float
+    rope_theta: float
+    qkv_bias: bool
+    tie_embeddings: bool
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> ModelArgs:
+        kind = cfg.get("model_type")
+        if kind not in ("qwen2", "llama"):
+            raise ValueError(f"the fast back-end runs qwen2 and llama checkpoints, not model_type {kind!r}")
+        rope = cfg.get("rope_parameters") or {}
+        scaling = cfg.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
+        if rope_type not in ("default", None):
+            raise ValueError(f"rope_type {rope_type!r} is not supported by the fast back-end (only 'default')")
+        heads = int(cfg["num_attention_heads"])
+        return cls(
+            vocab=int(cfg["vocab_size"]),
+            dim=int(cfg["hidden_size"]),
+            layers=int(cfg["num_hidden_layers"]),
+            heads=heads,
+            kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+            ffn=int(cfg["intermediate_size"]),
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+            qkv_bias=kind == "qwen2" or bool(cfg.get("attention_bias", False)),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        )
+
+    def weight_bytes(self, itemsize: int) -> int:
+        """Bytes of weights one forward reads (embedding rows aside)."""
+        qkv = self.dim * (self.heads + 2 * self.kv_heads) * self.head_dim
+        per_layer = qkv + self.heads * self.head_dim * self.dim + 3 * self.dim * self.ffn + 2 * self.dim
+        return (self.layers * per_layer + self.vocab * self.dim + self.dim) * itemsize
+
+    def kv_bytes_per_token(self, itemsize: int) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * itemsize
+
+
+@attrs.define
+class Layer:
+    attn_norm: torch.Tensor  # [D]
+    wqkv: Any  # [(H + 2 KV) * hd, D] tensor, or an NF4Linear
+    bqkv: torch.Tensor | None  # [(H + 2 KV) * hd]
+    wo: Any  # [D, H * hd]
+    mlp_norm: torch.Tensor  # [D]
+    w_gate_up: Any  # [2 F, D]
+    w_down: Any  # [D, F]
+
+
+@attrs.define
+class Weights:
+    embed: torch.Tensor  # [V, D]
+    layers: list[Layer]
+    norm: torch.Tensor  # [D]
+    lm_head: torch.Tensor  # [V, D]; the embedding itself when tied
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, T, N, hd]; cos/sin: [B, T, 1, hd] (the two halves repeated, as in HF)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def linear(x: torch.Tensor, w: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear``, or a quantized weight's own matmul (see :mod:`flashspec_fast.nf4`)."""
+    return F.linear(x, w, bias) if isinstance(w, torch.Tensor) else w(x, bias)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+class Ops:
+    """The elementwise pieces; ``fuse=True`` compiles each once (shape-generic)."""
+
+    def __init__(self, fuse: bool) -> None:
+        wrap: Callable[[Any], Any] = (lambda f: torch.compile(f, dynamic=True, fullgraph=True)) if fuse else (lambda f: f)
+        self.rms_norm = wrap(rms_norm)
+        self.rotate = wrap(rotate)
+        self.silu_mul = wrap(silu_mul)
+
+
+class Transformer:
+    """Weights, rotary tables and a static KV cache ``[L, B, S, KV, hd]`` for one model."""
+
+    def __init__(self, args: ModelArgs, weights: Weights, max_len: int, fuse: bool = False) -> None:
+        self.args, self.w = args, weights
+        self.device, self.dtype = weights.embed.device, weights.embed.dtype
+        self.max_len = max_len  # slots per row; the last one is the scratch slot
+        self.ops = Ops(fuse)
+        inv_freq = 1.0 / (
+            args.rope_theta
+            ** (torch.arange(0, args.head_dim, 2, dtype=torch.int64, device=self.device).float() / args.head_dim)
+        )
+        freqs = torch.arange(max_len, device=self.device).float()[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = emb.cos().to(self.dtype)  # [S, hd]
+        self.sin = emb.sin().to(self.dtype)  # [S, hd]
+        self.batch = 0
+        self.k_cache = self.v_cache = torch.empty(0)
+
+    @property
+    def scratch(self) -> int:
+        return self.max_len - 1
+
+    def allocate(self, batch: int) -> bool:
+        """Make the cache hold ``batch`` rows; True if it was (re)allocated."""
+        if batch == self.batch:
+            return False
+        a = self.args
+        shape = (a.layers, batch, self.max_len, a.kv_heads, a.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.batch = batch
+        return True
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """tokens, pos, write: [B, T] int64 on the device -> logits [B, T or 1, V] (model dtype)."""
+        a, w, ops = self.args, self.w, self.ops
+        batch, width = tokens.shape
+        x = F.embedding(tokens, w.embed)  # [B, T, D]
+        cos, sin = self.cos[pos][:, :, None], self.sin[pos][:, :, None]  # [B, T, 1, hd]
+        keys = torch.arange(self.max_len, device=self.device)
+        group = a.heads // a.kv_heads
+        # [B, 1, G*T, S]: the query group folded into the length, so K/V are read once per KV head.
+        mask = (keys[None, None, :] <= pos[:, :, None])[:, None, None].expand(batch, 1, group, width, self.max_len)
+        mask = mask.reshape(batch, 1, group * width, self.max_len)
+        rows = torch.arange(batch, device=self.device)[:, None].expand(batch, width)
+        nq, nkv = a.heads * a.head_dim, a.kv_heads * a.head_dim
+        for i, layer in enumerate(w.layers):
+            h = ops.rms_norm(x, layer.attn_norm, a.norm_eps)
+            qkv = linear(h, layer.wqkv, layer.bqkv)
+            q = qkv[..., :nq].view(batch, width, a.heads, a.head_dim)
+            k = qkv[..., nq : nq + nkv].view(batch, width, a.kv_heads, a.head_dim)
+            v = qkv[..., nq + nkv :].view(batch, width, a.kv_heads, a.head_dim)
+            q, k = ops.rotate(q, cos, sin), ops.rotate(k, cos, sin)
+            kc, vc = self.k_cache[i], self.v_cache[i]  # [B, S, KV, hd]
+            kc.index_put_((rows, write), k)
+            vc.index_put_((rows, write), v)
+            q = q.view(batch, width, a.kv_heads, group, a.head_dim).permute(0, 2, 3, 1, 4)
+            q = q.reshape(batch, a.kv_heads, group * width, a.head_dim)
+            o = F.scaled_dot_product_attention(q, kc.transpose(1, 2), vc.transpose(1, 2), attn_mask=mask)
+            o = o.view(batch, a.kv_heads, group, width, a.head_dim).permute(0, 3, 1, 2, 4).reshape(batch, width, nq)
+            x = x + linear(o, layer.wo)
+            h = ops.rms_norm(x, layer.mlp_norm, a.norm_eps)
+            x = x + linear(ops.silu_mul(linear(h, layer.w_gate_up)), layer.w_down)
+        if last_only:
+            x = x[:, -1:]
+        return F.linear(ops.rms_norm(x, w.norm, a.norm_eps), w.lm_head)
+
+
+# --- loading --------------------------------------------------------------------------
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    return dict(json.loads((path / "config.json").read_text()))
+
+
+def load_weights(path: Path, args: ModelArgs, dtype: torch.dtype, device: torch.device) -> Weights:
+    """Read an HF checkpoint's safetensors into fused matrices (QKV, gate-up)."""
+    from safetensors import safe_open
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {path}")
+    raw: dict[str, torch.Tensor] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt", device="cpu") as sf:
+            for key in sf.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                raw[key.removeprefix("model.")] = sf.get_tensor(key)
+
+    def take(key: str) -> torch.Tensor:
+        if key not in raw:
+            raise KeyError(f"{path}: missing tensor {key!r}")
+        return raw.pop(key).to(device=device, dtype=dtype)
+
+    layers = []
+    for i in range(args.layers):
+        p = f"layers.{i}."
+        wqkv = torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+        bqkv = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if args.qkv_bias else None
+        layers.append(
+            Layer(
+                attn_norm=take(p + "input_layernorm.weight"),
+                wqkv=wqkv,
+                bqkv=bqkv,
+                wo=take(p + "self_attn.o_proj.weight"),
+                mlp_norm=take(p + "post_attention_layernorm.weight"),
+                w_gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
+                w_down=take(p + "mlp.down_proj.weight"),
+            )
+        )
+    embed = take("embed_tokens.weight")
+    head = raw.get("lm_head.weight")
+    lm_head = embed if args.tie_embeddings or head is None else head.to(device=device, dtype=dtype)
+    return Weights(embed=embed, layers=layers, norm=take("norm.weight"), lm_head=lm_head)
+
+
+def random_weights(args: ModelArgs, dtype: torch.dtype, device: torch.device, seed: int = 0) -> Weights:
+    """Random weights of the given shapes (for labelled-synthetic timing only)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rnd(*shape: int) -> torch.Tensor:
+        t = torch.empty(shape, dtype=dtype, device=device)
+        return t.normal_(0.0, 0.02, generator=gen)
+
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, dtype=dtype, device=device)
+
+    a = args
+    nqkv = (a.heads + 2 * a.kv_heads) * a.head_dim
+    layers = [
+        Layer(
+            attn_norm=ones(a.dim),
+            wqkv=rnd(nqkv, a.dim),
+            bqkv=rnd(nqkv) if a.qkv_bias else None,
+            wo=rnd(a.dim, a.heads * a.head_dim),
+            mlp_norm=ones(a.dim),
+            w_gate_up=rnd(2 * a.ffn, a.dim),
+            w_down=rnd(a.dim, a.ffn),
+        )
+        for _ in range(a.layers)
+    ]
+    embed = rnd(a.vocab, a.dim)
+    return Weights(embed=embed, layers=layers, norm=ones(a.dim), lm_head=embed if a.tie_embeddings else rnd(a.vocab, a.dim))
+
+
+# Layer shapes of public Qwen2.5 checkpoints (config.json values), for synthetic scaling runs.
+QWEN25_SHAPES: dict[str, dict[str, Any]] = {
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
+    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False),
+    "qwen2.5-14b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=48, num_attention_heads=40, num_key_value_heads=8, tie_word_embeddings=False),
+    "qwen2.5-32b": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40, num_key_value_heads=8, tie_word_embeddings=False),
+}
+
+
+def shape_config(name: str) -> dict[str, Any]:
+    return {"model_type": "qwen2", "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1e6, **QWEN25_SHAPES[name]}

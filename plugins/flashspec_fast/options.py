@@ -1,0 +1,88 @@
+"""Config keys of the ``fast`` target and draft, and building a model from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from flashspec_fast.model import ModelArgs, Transformer, load_weights, random_weights, read_config, shape_config
+from flashspec_fast.nf4 import quantize_weights
+
+DTYPES = {"auto": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float32": torch.float32, "float64": torch.float64}
+QUANTIZATIONS = ("none", "nf4")
+SHAPE_PREFIX = "shape:"  # "shape:qwen2.5-7b": random weights of that shape (synthetic timing only)
+
+
+def _model_ref(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
+    from flashspec_fast.model import QWEN25_SHAPES
+    from flashspec_hf.weights import KNOWN_MODELS, PREFIX
+
+    if value.startswith(SHAPE_PREFIX):
+        if value.removeprefix(SHAPE_PREFIX) not in QWEN25_SHAPES:
+            raise ValueError(f"{attr.name} {value!r}: known shapes are {', '.join(QWEN25_SHAPES)}")
+        return
+    if not (value.removeprefix(PREFIX) in KNOWN_MODELS or Path(value).expanduser().is_dir()):
+        raise ValueError(f"{attr.name} {value!r} is neither an existing directory nor a known model name")
+
+
+def _device(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
+    if value != "auto":
+        try:
+            torch.device(value)
+        except RuntimeError as exc:
+            raise ValueError(f"{attr.name} {value!r} is not a torch device ({exc})") from None
+
+
+@attrs.frozen
+class FastOptions:
+    """Keys of a ``use = "fast"`` table.
+
+    ``compile`` captures CUDA graphs of the draft loop and the verify forward (on
+    CUDA; ignored on CPU); ``fuse`` additionally compiles the elementwise pieces
+    (RMSNorm, rotary, SwiGLU) with Inductor, shape-generic, once each.
+    """
+
+    model: str = attrs.field(validator=_model_ref)
+    dtype: str = attrs.field(default="auto", validator=attrs.validators.in_(tuple(DTYPES)))
+    device: str = attrs.field(default="auto", validator=_device)
+    max_len: int = attrs.field(default=2048, validator=attrs.validators.ge(8))
+    compile: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    fuse: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    quantization: str = attrs.field(default="none", validator=attrs.validators.in_(QUANTIZATIONS))
+    chat_template: bool = True
+    seed: int = 0  # random weights of a "shape:" model
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def torch_dtype(self, device: torch.device) -> torch.dtype:
+        chosen = DTYPES[self.dtype]
+        if chosen is not None:
+            return chosen
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def build_model(opts: FastOptions) -> tuple[Transformer, str | None]:
+    """Return the model and its checkpoint directory (None for a random ``shape:`` model)."""
+    from flashspec_hf.weights import resolve_model
+
+    device = opts.torch_device()
+    dtype = opts.torch_dtype(device)
+    if opts.model.startswith(SHAPE_PREFIX):
+        args = ModelArgs.from_hf(shape_config(opts.model.removeprefix(SHAPE_PREFIX)))
+        weights = random_weights(args, dtype, device, opts.seed)
+        path = None
+    else:
+        path = resolve_model(opts.model)
+        args = ModelArgs.from_hf(read_config(Path(path)))
+        weights = load_weights(Path(path), args, dtype, device)
+    if opts.quantization == "nf4":
+        weights = quantize_weights(weights)
+    fuse = opts.fuse and device.type == "cuda"
+    return Transformer(args, weights, opts.max_len, fuse=fuse), path

@@ -1,0 +1,51 @@
+"""Registers the fast device path: target ``fast``, draft ``fast``, verifier ``synthetic``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from flashspec_core import ComponentSpec, DraftProvider, Verifier, hookimpl
+from flashspec_core.contracts import Target
+from flashspec_fast.draft import make_draft
+from flashspec_fast.options import FastOptions
+from flashspec_fast.synthetic import SyntheticOptions, make_synthetic
+from flashspec_fast.target import make_target
+
+
+@hookimpl
+def flashspec_targets() -> Iterable[ComponentSpec[Target]]:
+    return [
+        ComponentSpec(
+            name="fast",
+            kind="target",
+            factory=make_target,
+            config_cls=FastOptions,
+            description="own Qwen2/Llama decoder: static KV cache, CUDA-graph verify forward",
+        )
+    ]
+
+
+@hookimpl
+def flashspec_draft_providers() -> Iterable[ComponentSpec[DraftProvider]]:
+    return [
+        ComponentSpec(
+            name="fast",
+            kind="draft",
+            factory=make_draft,
+            config_cls=FastOptions,
+            description="own Qwen2/Llama draft: static KV cache, the gamma-token loop as one CUDA graph",
+        )
+    ]
+
+
+@hookimpl
+def flashspec_verifiers() -> Iterable[ComponentSpec[Verifier]]:
+    return [
+        ComponentSpec(
+            name="synthetic",
+            kind="verifier",
+            factory=make_synthetic,
+            config_cls=SyntheticOptions,
+            description="TIMING ONLY: accepts each draft token with a fixed probability",
+        )
+    ]

@@ -1,0 +1,145 @@
+"""The fast target: one graph replay scores a step's ``gamma + 1`` slots per row.
+
+Host traffic per step: one small host-to-device copy (each row's last token and
+position, from a pinned buffer, asynchronous) and no device-to-host read at all;
+the pipeline's single read of the verdict is the step's only sync.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flashspec_fast.graphs import GraphCache
+from flashspec_fast.model import Transformer
+from flashspec_fast.options import FastOptions, build_model
+
+
+def eos_ids(path: str | None, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    sources: list[Any] = [getattr(tokenizer, "eos_token_id", None)]
+    for name in ("generation_config.json", "config.json"):
+        if path is not None and (Path(path) / name).is_file():
+            sources.append(json.loads((Path(path) / name).read_text()).get("eos_token_id"))
+    for eos in sources:
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos is not None:
+            ids.update(int(e) for e in eos)
+    return ids
+
+
+class HostInputs:
+    """Small per-step index tensors, staged in pinned memory on CUDA and copied asynchronously.
+
+    Reusing the pinned buffer is safe because every step ends with the pipeline's
+    sync, after which the previous step's copies have completed.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._pinned: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def __call__(self, host: torch.Tensor) -> torch.Tensor:
+        if self.device.type != "cuda":
+            return host.to(self.device)
+        buf = self._pinned.get(tuple(host.shape))
+        if buf is None:
+            buf = self._pinned[tuple(host.shape)] = torch.empty(host.shape, dtype=host.dtype).pin_memory()
+        buf.copy_(host)
+        return buf.to(self.device, non_blocking=True)
+
+
+def ragged_forward(model: Transformer, tokens: torch.Tensor, starts: Sequence[int], stops: Sequence[int], stage: HostInputs) -> None:
+    """Feed ``tokens[b, starts[b]:stops[b]]`` of every row at their positions (eager; prefill and catch-up).
+
+    Rows are right-aligned in one ``[B, W]`` forward; padding writes go to the scratch slot.
+    """
+    batch = len(starts)
+    width = max(max(e - s for s, e in zip(starts, stops, strict=True)), 0)
+    if width == 0:
+        return
+    ids = torch.zeros((batch, width), dtype=torch.long)
+    pos = torch.zeros((batch, width), dtype=torch.long)
+    write = torch.full((batch, width), model.scratch, dtype=torch.long)
+    for b, (s, e) in enumerate(zip(starts, stops, strict=True)):
+        n = e - s
+        if n > 0:
+            ids[b, width - n :] = tokens[b, s:e]
+            pos[b, width - n :] = torch.arange(s, e)
+            write[b, width - n :] = torch.arange(s, e)
+    dev = stage(torch.stack([ids, pos, write]))
+    model.forward(dev[0], dev[1], dev[2], last_only=True)
+
+
+def check_room(model: Transformer, longest: int, what: str) -> None:
+    if longest >= model.scratch:
+        raise ValueError(
+            f"{what}: a row reaches position {longest} but max_len = {model.max_len} "
+            f"(one slot is scratch): raise max_len in the config"
+        )
+
+
+class FastTarget:
+    """Target over a static KV cache; positions come from ``lengths`` each step."""
+
+    def __init__(self, model: Transformer, tokenizer: Any, path: str | None, opts: FastOptions) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.chat_template = opts.chat_template
+        self.vocab = int(model.w.lm_head.shape[0])
+        self.device = model.device
+        self.eos_token_ids = eos_ids(path, tokenizer)
+        self.graphs = GraphCache(model.device, opts.compile)
+        self._stage = HostInputs(model.device)
+
+    def encode(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this target has no tokenizer: pass prompts as lists of token ids")
+        if self.chat_template and getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(self.tokenizer(prompt)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if self.tokenizer is None:
+            return " ".join(str(i) for i in ids)
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    def prefill(self, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
+        """Write every prompt but its last token into the cache (eager, ragged)."""
+        self.model.allocate(len(lengths))
+        check_room(self.model, max(lengths), "prefill")
+        ragged_forward(self.model, tokens, [0] * len(lengths), [n - 1 for n in lengths], self._stage)
+
+    def score(self, tokens: torch.Tensor, lengths: Sequence[int], draft_tokens: torch.Tensor) -> torch.Tensor:
+        """Logits after each row's last token and after each draft token: [B, gamma+1, V]."""
+        batch, gamma = draft_tokens.shape
+        check_room(self.model, max(lengths) + gamma, "score")
+        last = torch.tensor(lengths, dtype=torch.long) - 1
+        host = torch.stack([tokens[:, : last.max() + 1].gather(1, last[:, None]).squeeze(1), last], dim=1)  # [B, 2]
+        return self.graphs((batch, gamma), self._verify_forward, self._stage(host), draft_tokens)  # type: ignore[no-any-return]
+
+    def _verify_forward(self, host: torch.Tensor, draft_tokens: torch.Tensor) -> torch.Tensor:
+        gamma = draft_tokens.shape[1]
+        ids = torch.cat([host[:, :1], draft_tokens], dim=1)  # [B, gamma+1]
+        pos = host[:, 1:2] + torch.arange(gamma + 1, device=host.device)  # [B, gamma+1]
+        return self.model.forward(ids, pos, pos)
+
+    def rollback(self, num_accepted: Sequence[int]) -> None:
+        """Nothing to do: the next :meth:`score` starts each row at ``lengths[b] - 1``,
+        below any rejected slot, and rewrites what it reads (see :mod:`flashspec_fast.model`)."""
+
+
+def make_target(opts: FastOptions) -> FastTarget:
+    from flashspec_hf.loading import load_tokenizer
+
+    model, path = build_model(opts)
+    tokenizer = load_tokenizer(path) if path is not None else None
+    return FastTarget(model, tokenizer, path, opts)

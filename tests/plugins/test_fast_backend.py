@@ -1,0 +1,146 @@
+"""The fast back-end on tiny random Qwen2 models (CPU, no graphs): exact against hf."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _tiny import perturbed_lm, tiny_lm
+
+from flashspec_core.build import build_pipeline
+from flashspec_core.config import ConfigError
+from flashspec_fast.model import ModelArgs, Transformer, load_weights, read_config
+
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2], [3, 4], [7, 8, 9, 1, 2, 3, 4, 5, 6, 2, 11]]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny_fast")
+    target = tiny_lm(root / "target", vocab=16, seed=0, scale=8.0)
+    return {
+        "target": target,
+        "close": perturbed_lm(target, root / "close", noise=0.05, seed=1),
+        "far": tiny_lm(root / "far", vocab=16, seed=2, scale=8.0, layers=1),
+    }
+
+
+def _config(models: dict[str, Path], backend: str, dtype: str, selector: str = "fixed", arms: Any = None) -> dict:
+    extra = {"max_len": 128} if backend == "fast" else {}
+    if arms is None:
+        arms = [
+            {"use": backend, "model": str(models["close"]), "gamma": 3, "dtype": dtype, "name": "close", **extra},
+            {"use": backend, "model": str(models["far"]), "gamma": 2, "dtype": dtype, "name": "far", **extra},
+            {"use": "prompt_lookup", "gamma": 4, "name": "lookup"},
+            {"use": "none", "name": "none"},
+        ]
+    return {
+        "target": {"use": backend, "model": str(models["target"]), "dtype": dtype, "chat_template": False, **extra},
+        "arm": arms,
+        "verifier": {"use": "reference"},
+        "selector": {"use": selector},
+    }
+
+
+def _target_only(models: dict[str, Path], backend: str, dtype: str) -> Any:
+    return build_pipeline(_config(models, backend, dtype, arms=[{"use": "none", "name": "none"}]))
+
+
+def test_logits_match_hf_forward(models: dict[str, Path]) -> None:
+    from transformers import AutoModelForCausalLM
+
+    path = models["target"]
+    args = ModelArgs.from_hf(read_config(path))
+    model = Transformer(args, load_weights(path, args, torch.float64, torch.device("cpu")), max_len=32)
+    model.allocate(1)
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    pos = torch.arange(6)[None]
+    ours = model.forward(ids, pos, pos)
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).eval()(ids).logits
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("selector", ["fixed", "ucb1"])
+def test_greedy_speculative_equals_target_only_and_hf(models: dict[str, Path], dtype: str, selector: str) -> None:
+    """A ragged batch of 3 with every arm (ucb1 switches arms mid-sequence): same tokens everywhere."""
+    spec = build_pipeline(_config(models, "fast", dtype, selector))
+    plain = _target_only(models, "fast", dtype)
+    hf = _target_only(models, "hf", dtype)
+    for batch in ([PROMPTS[0]], PROMPTS):
+        got = spec.generate(batch, max_new_tokens=24, temperature=0.0)
+        want = plain.generate(batch, max_new_tokens=24, temperature=0.0).token_ids
+        assert got.token_ids == want
+        assert hf.generate(batch, max_new_tokens=24, temperature=0.0).token_ids == want
+    if selector == "ucb1":
+        assert {r.arm_name for r in got.steps} == {"close", "far", "lookup", "none"}
+
+
+def test_fast_spec_equals_hf_spec_sampled(models: dict[str, Path]) -> None:
+    """Same seed, same noise consumption: sampled output of fast and hf back-ends agree (float64)."""
+    arms = lambda b: [{"use": b, "model": str(models["close"]), "gamma": 3, "dtype": "float64", "name": "c",  # noqa: E731
+                       **({"max_len": 128} if b == "fast" else {})}]
+    fast = build_pipeline(_config(models, "fast", "float64", arms=arms("fast")))
+    hf = build_pipeline(_config(models, "hf", "float64", arms=arms("hf")))
+    a = fast.generate(PROMPTS, max_new_tokens=16, temperature=0.8, seed=3).token_ids
+    b = hf.generate(PROMPTS, max_new_tokens=16, temperature=0.8, seed=3).token_ids
+    assert a == b
+
+
+def test_rollback_is_position_only(models: dict[str, Path]) -> None:
+    """After a rejection the draft's bookkeeping keeps the accepted prefix; the cache is untouched."""
+    pipe = build_pipeline(_config(models, "fast", "float64", arms=[
+        {"use": "fast", "model": str(models["far"]), "gamma": 4, "dtype": "float64", "name": "far", "max_len": 128}
+    ]))
+    draft = pipe.arms[0].provider
+    result = pipe.generate([PROMPTS[0]], max_new_tokens=20, temperature=0.0)
+    rejected = [r for r in result.steps if r.accepted[0] < 4]
+    assert rejected, "the far draft should be rejected at least once"
+    last = result.steps[-1]
+    assert draft.seen == [len(PROMPTS[0]) + sum(r.emitted for r in result.steps[:-1]) + min(last.accepted[0], 3)]
+
+
+def test_gamma_zero_arm_runs_on_fast_path(models: dict[str, Path]) -> None:
+    pipe = _target_only(models, "fast", "float64")
+    result = pipe.generate(PROMPTS, max_new_tokens=8, temperature=0.0)
+    assert all(r.gamma == 0 and set(r.accepted) == {0} for r in result.steps)
+    assert all(len(t) == 8 or t[-1] == 15 for t in result.token_ids)
+
+
+def test_max_len_too_small_is_a_clear_error(models: dict[str, Path]) -> None:
+    cfg = _config(models, "fast", "float64", arms=[{"use": "none", "name": "none"}])
+    cfg["target"]["max_len"] = 12
+    with pytest.raises(ValueError, match="max_len"):
+        build_pipeline(cfg).generate([PROMPTS[2]], max_new_tokens=8)
+
+
+def test_unknown_key_fails_at_load(models: dict[str, Path]) -> None:
+    cfg = _config(models, "fast", "float64")
+    cfg["target"]["compiled"] = True
+    with pytest.raises(ConfigError, match="compiled"):
+        build_pipeline(cfg)
+
+
+def test_nf4_runs_or_says_why(models: dict[str, Path]) -> None:
+    cfg = _config(models, "fast", "float32", arms=[{"use": "none", "name": "none"}])
+    cfg["target"]["quantization"] = "nf4"
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        with pytest.raises(RuntimeError, match="bitsandbytes"):
+            build_pipeline(cfg)
+        return
+    result = build_pipeline(cfg).generate(PROMPTS, max_new_tokens=6)
+    assert [len(t) for t in result.token_ids] and all(0 <= x < 16 for t in result.token_ids for x in t)
+
+
+def test_synthetic_verifier_accepts_at_the_given_rate(models: dict[str, Path]) -> None:
+    cfg = _config(models, "fast", "float32", arms=[
+        {"use": "fast", "model": str(models["far"]), "gamma": 4, "dtype": "float32", "name": "far", "max_len": 128}
+    ])
+    cfg["verifier"] = {"use": "synthetic", "acceptance": 1.0}
+    cfg["target"]["max_len"] = 128
+    result = build_pipeline(cfg).generate([PROMPTS[1]], max_new_tokens=25)
+    assert all(r.accepted == (4,) for r in result.steps)
