@@ -199,8 +199,9 @@ def _build(cls: type, keys: dict[str, Any], source: str, where: str, what: str) 
         return cls(**keys)
     except TypeError as exc:
         missing = re.findall(r"'(\w+)'", str(exc))
-        key = missing[0] if missing else None
-        raise ConfigError(source, where, key, f"missing required key for {what}" if missing else str(exc)) from None
+        raise ConfigError(
+            source, where, missing[0] if missing else None, f"missing required key for {what}" if missing else str(exc)
+        ) from None
     except ValueError as exc:
-        key = next((k for k in keys if re.search(rf"\b{re.escape(k)}\b", str(exc))), None)
-        raise ConfigError(source, where, key, str(exc)) from None
+        bad = next((k for k in keys if re.search(rf"\b{re.escape(k)}\b", str(exc))), None)
+        raise ConfigError(source, where, bad, str(exc)) from None

@@ -113,9 +113,15 @@ class Target(Protocol):
     Rows are ragged: ``tokens[b, : lengths[b]]`` is row ``b``'s sequence so far.
     """
 
-    vocab: int
-    device: torch.device
-    eos_token_ids: set[int]
+    @property
+    def vocab(self) -> int:
+        """Width of the logits (may exceed the tokenizer's size: padded embeddings)."""
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def eos_token_ids(self) -> set[int]: ...
 
     def encode(self, prompt: str) -> list[int]: ...
 

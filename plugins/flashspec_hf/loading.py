@@ -76,7 +76,7 @@ def load_model(opts: ModelOptions) -> tuple[Any, Any]:
         kwargs["device_map"] = opts.device_map
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     if opts.device_map is None and opts.quantization == "none":
-        model = model.to(device)
+        model.to(device)  # type: ignore[arg-type]  # transformers types .to oddly; moves in place
     model.eval()
     return model, load_tokenizer(path)
 
