@@ -131,6 +131,7 @@ def parser() -> argparse.ArgumentParser:
     pl.set_defaults(run=_plugins)
     for name, module, text in (
         ("bandit-sim", "flashspec_selectors.sim", "simulate arm selectors on reward environments (no models)"),
+        ("bench", "flashspec_fast.bench", "FlashSpec vs HF generate / compiled / assisted / prompt lookup, one GPU"),
     ):
         d = sub.add_parser(name, help=text, add_help=False)
         d.add_argument("rest", nargs=argparse.REMAINDER)

@@ -1,0 +1,101 @@
+"""Smoke test of ``flashspec bench`` on tiny models, with the HF baselines that run on CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from _tiny import perturbed_lm, tiny_lm
+
+from flashspec_core.cli import main as cli_main
+from flashspec_fast.bench import batches, first_divergence, main, summarize_run
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bench")
+    target = tiny_lm(root / "target", vocab=16, seed=0, scale=8.0)
+    draft = perturbed_lm(target, root / "draft", noise=0.05, seed=1)
+    workload = root / "w.jsonl"
+    workload.write_text("\n".join(json.dumps(r) for r in (
+        {"prompt": "t1 t2 t3 t4 t1 t2", "domain": "code"},
+        {"prompt": "t5 t6", "domain": "prose"},
+        {"prompt": "t7 t8 t9 t1 t2 t3", "domain": "code"},
+    )))
+    config = root / "c.toml"
+    config.write_text(f"""
+[target]
+use = "fast"
+model = "{target}"
+dtype = "float32"
+chat_template = false
+max_len = 128
+
+[[arm]]
+use = "fast"
+model = "{draft}"
+dtype = "float32"
+max_len = 128
+gamma = 3
+name = "draft-g3"
+
+[[arm]]
+use = "prompt_lookup"
+gamma = 4
+name = "lookup"
+
+[[arm]]
+use = "none"
+name = "none"
+
+[verifier]
+use = "reference"
+
+[selector]
+use = "ucb1"
+reward = "throughput"
+""")
+    return {"workload": workload, "config": config, "root": root}
+
+
+def test_bench_writes_json_and_plots(setup: dict[str, Path]) -> None:
+    out = setup["root"] / "out"
+    rc = main([
+        "--workload", str(setup["workload"]), "--config", str(setup["config"]), "--out", str(out),
+        "--max-new-tokens", "12", "--systems", "flashspec,target_only,hf_eager,hf_assisted,hf_lookup",
+        "--exactness", "2",
+    ])
+    assert rc == 0
+    data = json.loads((out / "bench.json").read_text())
+    s = data["summaries"]
+    assert {"target_only", "fixed:draft-g3", "fixed:lookup", "hf_eager", "hf_assisted", "hf_lookup"} <= set(s)
+    assert any(k.startswith("bandit:") for k in s)
+    assert all(v.get("tokens_per_s", 0) > 0 for v in s.values()), s
+    assert data["exactness"]["greedy_identical"] is True
+    # Greedy: every FlashSpec system and HF's own greedy baselines emit the same tokens.
+    want = {r["prompt"]: r["tokens"] for r in data["runs"]["target_only"]["requests"]}
+    for name in ("fixed:draft-g3", "fixed:lookup", "hf_eager", "hf_assisted", "hf_lookup"):
+        assert {r["prompt"]: r["tokens"] for r in data["runs"][name]["requests"]} == want, name
+    summary = data["summary"]
+    assert summary["speedup_vs_hf_generate"] > 0 and "mean_accepted_length" in summary
+    steps = data["runs"]["fixed:draft-g3"]["steps"]
+    assert steps and {"draft_ms", "target_ms", "verify_ms", "host_ms", "accepted"} <= set(steps[0])
+    assert len(s["fixed:draft-g3"]["arms"]["draft-g3"]["acceptance_by_position"]) == 3
+    pytest.importorskip("matplotlib")
+    assert (out / "tokens_per_s.png").is_file() and (out / "step_breakdown.png").is_file()
+
+
+def test_cli_has_bench_with_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["bench", "--", "--help"])  # the core CLI passes on what follows "--"
+    assert exc.value.code == 0
+    assert "--workload" in capsys.readouterr().out
+
+
+def test_helpers() -> None:
+    assert batches(5, 2) == [[0, 1], [2, 3], [4, 0]]
+    assert first_divergence([1, 2, 3], [1, 2, 4]) == 2 and first_divergence([1], [1]) is None
+    run = {"requests": [{"prompt": 0, "domain": "x", "new_tokens": 10, "wall_s": 2.0, "batch": [0, 1], "batch_id": 7},
+                        {"prompt": 1, "domain": "x", "new_tokens": 6, "wall_s": 2.0, "batch": [0, 1], "batch_id": 7}]}
+    assert summarize_run(run)["tokens_per_s"] == 8.0
