@@ -1,0 +1,233 @@
+"""End-to-end benchmark on one H200: writes docs/benchmarks/e2e-h200.json (into --out).
+
+    python benchmarks/e2e_h200.py smoke --out DIR          # tiny + random-shape checks (~1 min)
+    python benchmarks/e2e_h200.py full --gguf DIR --out DIR --budget 480
+
+``full`` converts the carried GGUF files once to bf16 safetensors under /tmp, then runs
+``flashspec bench`` sections in priority order, each with what is left of the budget:
+(1) real pair, batch 1, greedy, every system; (2) batch 8 greedy; (3) batch 1 at
+temperature 0.7; (4) labelled-synthetic scaling with Qwen2.5-7B/14B/32B layer shapes.
+A section that does not fit is skipped and recorded as skipped, never estimated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOAD = ROOT / "benchmarks" / "workloads" / "mixed.jsonl"
+MODELS = {"target": "qwen2.5-coder-1.5b-instruct", "draft": "qwen2.5-coder-0.5b-instruct"}
+
+CONFIG = """
+[target]
+use = "fast"
+model = "{target}"
+dtype = "bf16"
+max_len = {max_len}
+fuse = {fuse}
+
+[[arm]]
+use = "fast"
+model = "{draft}"
+dtype = "bf16"
+max_len = {max_len}
+fuse = {fuse}
+gamma = 3
+name = "d0.5b-g3"
+
+[[arm]]
+use = "fast"
+model = "{draft}"
+dtype = "bf16"
+max_len = {max_len}
+fuse = {fuse}
+gamma = 5
+name = "d0.5b-g5"
+
+[[arm]]
+use = "prompt_lookup"
+gamma = 6
+name = "lookup-g6"
+
+[[arm]]
+use = "none"
+name = "none"
+
+[selector]
+use = "thompson"
+reward = "throughput"
+"""
+
+
+def say(msg: str) -> None:
+    print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def convert(gguf_dir: Path, dest: Path) -> dict[str, str]:
+    """GGUF (Q4_K_M) -> dense bf16 safetensors, once per machine (reloads in about a second)."""
+    from flashspec_hf.weights import KNOWN_MODELS, _convert
+
+    out = {}
+    for role, name in MODELS.items():
+        target = dest / f"{name}-bf16"
+        if not (target / "model.safetensors").is_file():
+            t0 = time.perf_counter()
+            gguf = gguf_dir / KNOWN_MODELS[name].gguf_file
+            tmp = dest / f"{name}-bf16.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            _convert(gguf, tmp, "bfloat16", progress=False)
+            tmp.rename(target)
+            say(f"converted {name} in {time.perf_counter() - t0:.0f} s")
+        out[role] = str(target)
+    return out
+
+
+def bench(out: Path, config: Path, deadline: float, *extra: str) -> dict[str, Any] | None:
+    left = deadline - time.time()
+    if left < 30:
+        say(f"skipped {out.name}: {left:.0f} s left")
+        return None
+    cmd = [sys.executable, "-m", "flashspec_fast.bench", "--workload", str(WORKLOAD), "--config", str(config),
+           "--out", str(out), "--deadline", str(max(left - 60, 10)), *extra]
+    say(" ".join(cmd[2:]))
+    try:
+        subprocess.run(cmd, check=False, timeout=left)
+    except subprocess.TimeoutExpired:
+        say(f"{out.name}: killed at the deadline")
+    path = out / "bench.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def full(args: argparse.Namespace) -> int:
+    deadline = time.time() + args.budget
+    paths = convert(args.gguf, Path("/tmp/fsbf16"))
+    config = Path("/tmp/fs_e2e.toml")
+    config.write_text(CONFIG.format(max_len=1024, fuse=str(args.fuse).lower(), **paths))
+    work = Path("/tmp/fs_e2e")
+    shutil.rmtree(work, ignore_errors=True)
+    sections: dict[str, Any] = {}
+    common = ["--max-new-tokens", str(args.max_new_tokens)]
+    sections["b1_greedy"] = bench(work / "b1_greedy", config, deadline, *common, "--hf-prompts", str(args.hf_prompts),
+                                  "--exactness", "3", "--warmup", "1")
+    sections["b8_greedy"] = bench(work / "b8_greedy", config, deadline, *common, "--batch-size", "8",
+                                  "--systems", "flashspec,target_only,hf_eager", "--hf-prompts", "8", "--no-fixed-arms")
+    sections["b1_t07"] = bench(work / "b1_t07", config, deadline, *common, "--temperature", "0.7",
+                               "--systems", "flashspec,target_only")
+    sections["synthetic"] = bench(work / "synthetic", config, deadline, "--systems", "target_only", "--prompts", "1",
+                                  "--max-new-tokens", "8", "--synthetic-shapes", "qwen2.5-7b,qwen2.5-14b,qwen2.5-32b",
+                                  "--synthetic-acceptance", "0.6,0.8", "--synthetic-gammas", "4")
+    write(args.out, sections, work)
+    return 0
+
+
+def write(out: Path, sections: dict[str, Any], work: Path) -> None:
+    b1 = sections.get("b1_greedy") or {}
+    summary: dict[str, Any] = dict(b1.get("summary", {}))
+    summary["label"] = "real pair: Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft (bf16, dequantized Q4_K_M GGUF)"
+    for key in ("b8_greedy", "b1_t07"):
+        s = (sections.get(key) or {}).get("summary")
+        if s:
+            summary[key] = {k: v for k, v in s.items() if k.startswith(("speedup_vs_own", "best_flashspec", "mean_acc",
+                                                                            "target_only_tokens", "host_fraction"))}
+    syn = (sections.get("synthetic") or {}).get("synthetic_scaling")
+    if syn:
+        summary["scaling_synthetic"] = syn
+    summary["skipped_sections"] = [k for k, v in sections.items() if v is None]
+    result = {"summary": summary, "sections": sections}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "e2e-h200.json").write_text(json.dumps(result, indent=1))
+    for png in sorted((work / "b1_greedy").glob("*.png")):
+        shutil.copy(png, out / f"e2e-h200-{png.name}")
+    say(f"wrote {out / 'e2e-h200.json'}")
+    print(json.dumps(summary, indent=1)[:6000])
+
+
+def smoke(args: argparse.Namespace) -> int:
+    """Graph-captured fast path on random 1.5B/0.5B shapes vs eager, and HF compile on a tiny model."""
+    import torch
+
+    from flashspec_fast.bench import Always, run_pipeline, summarize_run
+    from flashspec_core.pipeline import Arm, Pipeline
+    from flashspec_core.rewards import make_reward
+    from flashspec_fast.draft import FastDraft
+    from flashspec_fast.options import FastOptions, build_model
+    from flashspec_fast.synthetic import SyntheticVerifier
+    from flashspec_fast.target import FastTarget
+    from flashspec_lookup.lookup import NoDraft
+
+    res: dict[str, Any] = {}
+    prompts = [list(range(100, 164)), list(range(200, 250))]
+    ns = argparse.Namespace(max_new_tokens=64, temperature=0.0, seed=0)
+    for fuse in (False, True):
+        topts = FastOptions(model="shape:qwen2.5-1.5b", dtype="bf16", max_len=512, fuse=fuse)
+        dopts = FastOptions(model="shape:qwen2.5-0.5b", dtype="bf16", max_len=512, fuse=fuse)
+        target = FastTarget(build_model(topts)[0], None, None, topts)
+        draft = FastDraft(build_model(dopts)[0], target.vocab, dopts)
+        for name, arms, ver in (("target_only", [Arm("none", NoDraft(), 0)], SyntheticVerifier(1.0)),
+                                ("spec_g4_a0.8", [Arm("d", draft, 4)], SyntheticVerifier(0.8))):
+            pipe = Pipeline(target, arms, ver, Always(0, 1), make_reward("acceptance"))
+            run_pipeline(pipe, prompts, [[0]], ns, ["x", "x"])
+            s = summarize_run(run_pipeline(pipe, prompts, [[0], [1]], ns, ["x", "x"]))
+            res[f"fuse={fuse}:{name}"] = {k: s.get(k) for k in ("tokens_per_s", "step_ms_p50", "breakdown_ms", "host_fraction")}
+            say(f"fuse={fuse} {name}: {res[f'fuse={fuse}:{name}']}")
+        # graphs vs eager on the same random model and shapes: identical greedy tokens
+        eager = FastTarget(target.model, None, None, FastOptions(model="shape:qwen2.5-1.5b", compile=False))
+        a = Pipeline(target, [Arm("none", NoDraft(), 0)], SyntheticVerifier(1.0), Always(0, 1), make_reward("acceptance"))
+        b = Pipeline(eager, [Arm("none", NoDraft(), 0)], SyntheticVerifier(1.0), Always(0, 1), make_reward("acceptance"))
+        ta = a.generate([prompts[0]], max_new_tokens=32).token_ids
+        tb = b.generate([prompts[0]], max_new_tokens=32).token_ids
+        res[f"fuse={fuse}:graph_vs_eager_identical"] = ta == tb
+        say(f"fuse={fuse} graphs vs eager identical: {ta == tb}")
+        del target, draft, eager
+        torch.cuda.empty_cache()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "smoke.json").write_text(json.dumps(res, indent=1))
+    tiny_bench(args.out)
+    return 0
+
+
+def tiny_bench(out: Path) -> None:
+    """The bench on tiny models with the auto (Triton) verifier and HF's compiled baseline."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from _tiny import perturbed_lm, tiny_lm
+
+    root = Path("/tmp/fs_tiny")
+    target = tiny_lm(root / "target", vocab=16, seed=0, scale=8.0)
+    draft = perturbed_lm(target, root / "draft", noise=0.05, seed=1)
+    (root / "w.jsonl").write_text('{"prompt": "t1 t2 t3 t4 t1 t2", "domain": "code"}\n{"prompt": "t5 t6", "domain": "prose"}\n')
+    arm = f'use = "fast"\nmodel = "{draft}"\ndtype = "float32"\nmax_len = 128\n'
+    (root / "c.toml").write_text(
+        f'[target]\nuse = "fast"\nmodel = "{target}"\ndtype = "float32"\nchat_template = false\nmax_len = 128\n'
+        f'[[arm]]\n{arm}gamma = 3\nname = "g3"\n[[arm]]\nuse = "prompt_lookup"\ngamma = 4\nname = "lookup"\n'
+        '[[arm]]\nuse = "none"\nname = "none"\n[selector]\nuse = "ucb1"\n')
+    from flashspec_fast.bench import main as bench_main
+
+    bench_main(["--workload", str(root / "w.jsonl"), "--config", str(root / "c.toml"), "--out", str(out / "tiny"),
+                "--max-new-tokens", "16", "--systems", "flashspec,target_only,hf_eager,hf_compiled", "--exactness", "2"])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="mode", required=True)
+    s = sub.add_parser("smoke")
+    s.add_argument("--out", type=Path, required=True)
+    f = sub.add_parser("full")
+    f.add_argument("--gguf", type=Path, required=True, help="folder with the two GGUF files")
+    f.add_argument("--out", type=Path, required=True)
+    f.add_argument("--budget", type=float, default=480, help="seconds for all sections")
+    f.add_argument("--max-new-tokens", type=int, default=128)
+    f.add_argument("--hf-prompts", type=int, default=4)
+    f.add_argument("--fuse", action="store_true")
+    args = p.parse_args()
+    return full(args) if args.mode == "full" else smoke(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
