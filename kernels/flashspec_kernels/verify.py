@@ -68,7 +68,6 @@ RACE_WARPS = 8
 G_PAD = 32  # >= gamma + 1 for gamma <= 16
 S_PAD = 128  # most slices per row
 MAX_GAMMA = 16
-_TINY = tl.constexpr(1.1754943508222875e-38)  # float32 tiny: Exp(1) noise is clamped to it, as in the reference
 _RACE_STREAM = tl.constexpr(1 << 31)  # philox offsets below this race, above it the accept uniforms
 
 
@@ -91,20 +90,21 @@ def _lse_partial_kernel(
     base = logits_ptr + row * V
     lo = split * blocks_per_split * BLOCK_V
     offs0 = tl.arange(0, BLOCK_V)
-    # per-lane online log-sum-exp: one exp per logit and no cross-warp reduction in the loop
-    m = tl.full((BLOCK_V,), float("-inf"), tl.float32)
+    # online log-sum-exp: the running max is a scalar (one max-reduction per block), the
+    # sum stays per lane (reduced once at the end); one exp2 per logit. Maxima are kept
+    # in raw-logit units: max(x) * inv_t == max(x * inv_t) exactly, as inv_t > 0.
+    scale = inv_t * 1.4426950408889634  # log2(e) / temperature
+    m = tl.full((), float("-inf"), tl.float32)
     s = tl.zeros((BLOCK_V,), tl.float32)
     for blk in range(blocks_per_split):
         offs = lo + blk * BLOCK_V + offs0
-        x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
-        m_new = tl.maximum(m, x)
+        x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: adds nothing
-        d = tl.exp(tl.minimum(m, x) - m_safe)  # the smaller of (old max, x) relative to the new max
-        s = tl.where(x > m, s * d + 1.0, s + d)
+        s = s * tl.math.exp2((m - m_safe) * scale) + tl.math.exp2((x - m_safe) * scale)
         m = m_new
-    m_row = tl.max(m, axis=0)
-    m_row_safe = tl.where(m_row == float("-inf"), 0.0, m_row)
-    s_row = tl.sum(s * tl.exp(m - m_row_safe), axis=0)
+    m_row = m * inv_t
+    s_row = tl.sum(s, axis=0)
     out = row * nsplit + split
     tl.store(part_ptr + out, m_row)
     tl.store(part_ptr + rows * nsplit + out, s_row)
@@ -125,7 +125,6 @@ def _race_quarter(
     m_n,
     log_s_n,
     q,  # [QB] float32 q_n (zero at the bonus position)
-    vm,  # [QB] bool: offs < V
     best_r,  # [QB] per-lane running best residual score, and its token id
     idx_r,
     best_p,  # [QB] per-lane running best p score, and its token id
@@ -142,14 +141,15 @@ def _race_quarter(
         inv_e = 1.0 / e
         score_r = res * inv_e
         score_p = p * inv_e
-    # strict >: each lane sees its token ids in increasing order, so ties keep the lowest
-    take_r = vm & (score_r > best_r)
-    take_p = vm & (score_p > best_p)
+    # strict >: each lane sees its token ids in increasing order, so ties keep the lowest.
+    # Lanes past V score exactly 0 (p = 0) with ids >= V, so they lose every tie.
+    take_r = score_r > best_r
+    take_p = score_p > best_p
     best_r = tl.where(take_r, score_r, best_r)
     idx_r = tl.where(take_r, offs, idx_r)
     best_p = tl.where(take_p, score_p, best_p)
     idx_p = tl.where(take_p, offs, idx_p)
-    res_max = tl.maximum(res_max, tl.where(vm, res, 0.0))
+    res_max = tl.maximum(res_max, res)
     return best_r, idx_r, best_p, idx_p, res_max
 
 
@@ -162,12 +162,13 @@ def _lowest_argmax(best, idx):
 
 @triton.jit
 def _load_quarter(logits_row, q_row, offs, vm, inv_t, tok_n, q_end, HAS_Q: tl.constexpr):
-    # q_end: V when row n was rejected, 0 at the bonus position (q = 0 there)
+    # q_end: V when row n was rejected, 0 at the bonus position (q = 0 there);
+    # tok_n: the rejected draft token, -1 at the bonus position
     x = tl.load(logits_row + offs, mask=vm, other=float("-inf")).to(tl.float32) * inv_t
     if HAS_Q:
         q = tl.load(q_row + offs, mask=offs < q_end, other=0.0).to(tl.float32)
     else:
-        q = tl.where((offs == tok_n) & (offs < q_end), 1.0, 0.0)
+        q = tl.where(offs == tok_n, 1.0, 0.0)
     return x, q
 
 
@@ -237,6 +238,7 @@ def _accept_race_kernel(
     m_n = tl.max(tl.where(j == n, m, float("-inf")), axis=0)
     log_s_n = tl.sum(tl.where(j == n, log_s, 0.0), axis=0)
     tok_n = tl.sum(tl.where(j == n, tok, 0), axis=0)
+    tok_n = tl.where(n < gamma, tok_n, -1)  # one-hot q_n, none at the bonus position
     q_end = tl.where(n < gamma, V, 0)
     logits_row = logits_ptr + (b * g1 + n) * V
     q_row = q_ptr + (b * gamma + tl.minimum(n, gamma - 1)) * V
@@ -263,25 +265,26 @@ def _accept_race_kernel(
         else:
             # one philox call per 4 tokens; quad ids are unique per (row, counter)
             r0, r1, r2, r3 = tl.randint4x(seed, (counter << 32) | (b * quads_per_row + start // 4 + qoffs))
-            e0 = tl.maximum(-tl.log(tl.uint_to_uniform_float(r0)), _TINY)
-            e1 = tl.maximum(-tl.log(tl.uint_to_uniform_float(r1)), _TINY)
-            e2 = tl.maximum(-tl.log(tl.uint_to_uniform_float(r2)), _TINY)
-            e3 = tl.maximum(-tl.log(tl.uint_to_uniform_float(r3)), _TINY)
+            # E = -log(u) may round to 0 for u near 1: its score is then inf (or NaN, never taken)
+            e0 = -tl.log(tl.uint_to_uniform_float(r0))
+            e1 = -tl.log(tl.uint_to_uniform_float(r1))
+            e2 = -tl.log(tl.uint_to_uniform_float(r2))
+            e3 = -tl.log(tl.uint_to_uniform_float(r3))
         x, q = _load_quarter(logits_row, q_row, o0, o0 < V, inv_t, tok_n, q_end, HAS_Q)
         best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
-            x, o0, e0, m_n, log_s_n, q, o0 < V, best_r, idx_r, best_p, idx_p, res_max, EXACT
+            x, o0, e0, m_n, log_s_n, q, best_r, idx_r, best_p, idx_p, res_max, EXACT
         )
         x, q = _load_quarter(logits_row, q_row, o1, o1 < V, inv_t, tok_n, q_end, HAS_Q)
         best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
-            x, o1, e1, m_n, log_s_n, q, o1 < V, best_r, idx_r, best_p, idx_p, res_max, EXACT
+            x, o1, e1, m_n, log_s_n, q, best_r, idx_r, best_p, idx_p, res_max, EXACT
         )
         x, q = _load_quarter(logits_row, q_row, o2, o2 < V, inv_t, tok_n, q_end, HAS_Q)
         best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
-            x, o2, e2, m_n, log_s_n, q, o2 < V, best_r, idx_r, best_p, idx_p, res_max, EXACT
+            x, o2, e2, m_n, log_s_n, q, best_r, idx_r, best_p, idx_p, res_max, EXACT
         )
         x, q = _load_quarter(logits_row, q_row, o3, o3 < V, inv_t, tok_n, q_end, HAS_Q)
         best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
-            x, o3, e3, m_n, log_s_n, q, o3 < V, best_r, idx_r, best_p, idx_p, res_max, EXACT
+            x, o3, e3, m_n, log_s_n, q, best_r, idx_r, best_p, idx_p, res_max, EXACT
         )
     top_r, tok_r = _lowest_argmax(best_r, idx_r)
     top_p, tok_p = _lowest_argmax(best_p, idx_p)
@@ -483,7 +486,7 @@ def log_probs_at_draft(
         exponential=torch.ones((batch, target_logits.shape[-1]), device=draft_tokens.device),
     )
     stats = _verify(target_logits, draft_tokens, None, sampling, noise, None, programs)[1]
-    return stats[:, : gamma + 1], stats[:, gamma + 1 :]
+    return stats[:, : gamma + 1], stats[:, gamma + 1 : 2 * gamma + 1]
 
 
 def _verify(
