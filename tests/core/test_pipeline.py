@@ -12,7 +12,11 @@ from scipy import stats
 from structlog.testing import capture_logs
 from transformers import AutoModelForCausalLM
 
+from flashspec_core import ComponentSpec, hookimpl
 from flashspec_core.build import build_pipeline
+from flashspec_core.registry import build_registry
+from flashspec_lookup.lookup import LookupConfig, PromptLookupDraft
+from flashspec_reference.plugin import ReferenceVerifier
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +108,55 @@ def test_summary_counts(models: dict[str, Path]) -> None:
     assert 0.0 <= arm["acceptance_rate"] <= 1.0
     assert len(arm["acceptance_by_position"]) == 3
     assert s["mean_accepted_length"] >= 1.0
+
+
+class _Observer:
+    def __init__(self) -> None:
+        self.built: list[object] = []
+        self.records: list[object] = []
+
+    @hookimpl
+    def flashspec_pipeline_built(self, pipeline: object) -> None:
+        self.built.append(pipeline)
+
+    @hookimpl
+    def flashspec_step_end(self, record: object) -> None:
+        self.records.append(record)
+
+
+def test_observer_hooks_see_build_and_every_step(models: dict[str, Path]) -> None:
+    observer = _Observer()
+    registry = build_registry(extra_plugins=[observer])
+    pipe = build_pipeline(pipeline_dict(models["target"], [models["close"]], "ucb1"), registry)
+    assert observer.built == [pipe]
+    result = pipe.generate(PROMPTS, max_new_tokens=8)
+    assert observer.records == result.steps
+
+
+class _Acme:
+    """A third-party style plugin offering every component kind through its hooks."""
+
+    @hookimpl
+    def flashspec_targets(self):
+        return []
+
+    @hookimpl
+    def flashspec_draft_providers(self):
+        return [ComponentSpec("acme_lookup", "draft", lambda config, context: PromptLookupDraft(LookupConfig()))]
+
+    @hookimpl
+    def flashspec_verifiers(self):
+        return [ComponentSpec("acme_ref", "verifier", lambda config, device: ReferenceVerifier())]
+
+    @hookimpl
+    def flashspec_arm_selectors(self):
+        return []
+
+
+def test_third_party_components_run_in_a_pipeline(models: dict[str, Path]) -> None:
+    registry = build_registry(extra_plugins=[_Acme()])
+    config = pipeline_dict(models["target"], [], "fixed")
+    config["arm"] = [{"use": "acme_lookup", "gamma": 3}]
+    config["verifier"] = {"use": "acme_ref"}
+    result = build_pipeline(config, registry).generate([PROMPTS[0]], max_new_tokens=6)
+    assert result.token_ids[0] == _greedy_target(models["target"], PROMPTS[0], 6, eos=15)

@@ -1,0 +1,59 @@
+"""The Hugging Face back-end: ragged KV cache, rollback, NF4 loading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from _tiny import pipeline_dict, tiny_lm
+from transformers import AutoModelForCausalLM
+
+from flashspec_core.build import build_pipeline
+from flashspec_hf.lm import CachedLM
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_lm(tmp_path_factory.mktemp("hf") / "target", vocab=16, hidden=64, init=0.3)
+
+
+def test_holes_and_rollback_match_a_fresh_forward(target: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float64).eval()
+    lm = CachedLM(model)
+    lm.reset(2)
+    tokens = torch.tensor([[1, 2, 3, 4, 0], [5, 6, 0, 0, 0]])
+    lm.catch_up(tokens, [4, 2])  # ragged: row 1 is left-padded
+    lm.forward(torch.tensor([[9, 9], [8, 8]]), torch.ones(2, 2, dtype=torch.bool))
+    lm.drop_last([2, 1])  # reject both drafts of row 0, one of row 1
+    lm.seen = [4, 3]
+    tokens = torch.tensor([[1, 2, 3, 4, 7], [5, 6, 8, 11, 0]])
+    got = lm.catch_up(tokens, [5, 4])[:, -1]
+    with torch.no_grad():
+        want0 = model(tokens[:1, :5]).logits[0, -1]
+        want1 = model(tokens[1:, :4]).logits[0, -1]
+    torch.testing.assert_close(got[0], want0)
+    torch.testing.assert_close(got[1], want1)
+
+
+def test_batch_one_never_keeps_holes(target: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float64).eval()
+    lm = CachedLM(model)
+    lm.reset(1)
+    lm.catch_up(torch.tensor([[1, 2, 3]]), [3])
+    lm.forward(torch.tensor([[4, 5, 6]]), torch.ones(1, 3, dtype=torch.bool))
+    lm.drop_last([2])
+    assert lm.valid.shape[1] == 4 and bool(lm.valid.all())
+    assert lm.cache.get_seq_length() == 4
+
+
+def test_nf4_target_and_draft_run_on_cpu(target: Path, tmp_path: Path) -> None:
+    pytest.importorskip("bitsandbytes")
+    config = pipeline_dict(target, [target], "fixed", dtype="float32")
+    config["target"]["quantization"] = "nf4"
+    config["arm"][0]["quantization"] = "nf4"
+    spec = build_pipeline(config).generate([[1, 2, 3, 4]], max_new_tokens=10)
+    config["arm"] = [{"use": "none"}]
+    plain = build_pipeline(config).generate([[1, 2, 3, 4]], max_new_tokens=10)
+    assert spec.token_ids == plain.token_ids
+    assert spec.summary["arms"]["d0"]["acceptance_rate"] > 0.5  # the draft is the target itself
