@@ -60,6 +60,9 @@ name = "lookup-g6"
 use = "none"
 name = "none"
 
+[verifier]
+use = "reference"  # flashspec_kernels' triton verifier refuses gamma = 0 (the "none" arm) for now
+
 [selector]
 use = "thompson"
 reward = "throughput"
@@ -94,8 +97,20 @@ def bench(out: Path, config: Path, deadline: float, *extra: str) -> dict[str, An
     if left < 30:
         say(f"skipped {out.name}: {left:.0f} s left")
         return None
-    cmd = [sys.executable, "-m", "flashspec_fast.bench", "--workload", str(WORKLOAD), "--config", str(config),
-           "--out", str(out), "--deadline", str(max(left - 60, 10)), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "flashspec_fast.bench",
+        "--workload",
+        str(WORKLOAD),
+        "--config",
+        str(config),
+        "--out",
+        str(out),
+        "--deadline",
+        str(max(left - 60, 10)),
+        *extra,
+    ]
     say(" ".join(cmd[2:]))
     try:
         subprocess.run(cmd, check=False, timeout=left)
@@ -114,15 +129,51 @@ def full(args: argparse.Namespace) -> int:
     shutil.rmtree(work, ignore_errors=True)
     sections: dict[str, Any] = {}
     common = ["--max-new-tokens", str(args.max_new_tokens)]
-    sections["b1_greedy"] = bench(work / "b1_greedy", config, deadline, *common, "--hf-prompts", str(args.hf_prompts),
-                                  "--exactness", "3", "--warmup", "1")
-    sections["b8_greedy"] = bench(work / "b8_greedy", config, deadline, *common, "--batch-size", "8",
-                                  "--systems", "flashspec,target_only,hf_eager", "--hf-prompts", "8", "--no-fixed-arms")
-    sections["b1_t07"] = bench(work / "b1_t07", config, deadline, *common, "--temperature", "0.7",
-                               "--systems", "flashspec,target_only")
-    sections["synthetic"] = bench(work / "synthetic", config, deadline, "--systems", "target_only", "--prompts", "1",
-                                  "--max-new-tokens", "8", "--synthetic-shapes", "qwen2.5-7b,qwen2.5-14b,qwen2.5-32b",
-                                  "--synthetic-acceptance", "0.6,0.8", "--synthetic-gammas", "4")
+    sections["b1_greedy"] = bench(
+        work / "b1_greedy",
+        config,
+        deadline,
+        *common,
+        "--hf-prompts",
+        str(args.hf_prompts),
+        "--exactness",
+        "3",
+        "--warmup",
+        "1",
+    )
+    sections["b8_greedy"] = bench(
+        work / "b8_greedy",
+        config,
+        deadline,
+        *common,
+        "--batch-size",
+        "8",
+        "--systems",
+        "flashspec,target_only,hf_eager",
+        "--hf-prompts",
+        "8",
+        "--no-fixed-arms",
+    )
+    sections["b1_t07"] = bench(
+        work / "b1_t07", config, deadline, *common, "--temperature", "0.7", "--systems", "flashspec,target_only"
+    )
+    sections["synthetic"] = bench(
+        work / "synthetic",
+        config,
+        deadline,
+        "--systems",
+        "target_only",
+        "--prompts",
+        "1",
+        "--max-new-tokens",
+        "8",
+        "--synthetic-shapes",
+        "qwen2.5-7b,qwen2.5-14b,qwen2.5-32b",
+        "--synthetic-acceptance",
+        "0.6,0.8",
+        "--synthetic-gammas",
+        "4",
+    )
     write(args.out, sections, work)
     return 0
 
@@ -134,8 +185,11 @@ def write(out: Path, sections: dict[str, Any], work: Path) -> None:
     for key in ("b8_greedy", "b1_t07"):
         s = (sections.get(key) or {}).get("summary")
         if s:
-            summary[key] = {k: v for k, v in s.items() if k.startswith(("speedup_vs_own", "best_flashspec", "mean_acc",
-                                                                            "target_only_tokens", "host_fraction"))}
+            summary[key] = {
+                k: v
+                for k, v in s.items()
+                if k.startswith(("speedup_vs_own", "best_flashspec", "mean_acc", "target_only_tokens", "host_fraction"))
+            }
     syn = (sections.get("synthetic") or {}).get("synthetic_scaling")
     if syn:
         summary["scaling_synthetic"] = syn
@@ -165,22 +219,30 @@ def smoke(args: argparse.Namespace) -> int:
     res: dict[str, Any] = {}
     prompts = [list(range(100, 164)), list(range(200, 250))]
     ns = argparse.Namespace(max_new_tokens=64, temperature=0.0, seed=0)
-    for fuse in (False, True):
+    for fuse in (True,) if args.quick else (False, True):
         topts = FastOptions(model="shape:qwen2.5-1.5b", dtype="bf16", max_len=512, fuse=fuse)
         dopts = FastOptions(model="shape:qwen2.5-0.5b", dtype="bf16", max_len=512, fuse=fuse)
         target = FastTarget(build_model(topts)[0], None, None, topts)
         draft = FastDraft(build_model(dopts)[0], target.vocab, dopts)
-        for name, arms, ver in (("target_only", [Arm("none", NoDraft(), 0)], SyntheticVerifier(1.0)),
-                                ("spec_g4_a0.8", [Arm("d", draft, 4)], SyntheticVerifier(0.8))):
+        for name, arms, ver in (
+            ("target_only", [Arm("none", NoDraft(), 0)], SyntheticVerifier(1.0)),
+            ("spec_g4_a0.8", [Arm("d", draft, 4)], SyntheticVerifier(0.8)),
+        ):
             pipe = Pipeline(target, arms, ver, Always(0, 1), make_reward("acceptance"))
             run_pipeline(pipe, prompts, [[0]], ns, ["x", "x"])
             s = summarize_run(run_pipeline(pipe, prompts, [[0], [1]], ns, ["x", "x"]))
-            res[f"fuse={fuse}:{name}"] = {k: s.get(k) for k in ("tokens_per_s", "step_ms_p50", "breakdown_ms", "host_fraction")}
+            res[f"fuse={fuse}:{name}"] = {
+                k: s.get(k) for k in ("tokens_per_s", "step_ms_p50", "breakdown_ms", "host_fraction")
+            }
             say(f"fuse={fuse} {name}: {res[f'fuse={fuse}:{name}']}")
         # graphs vs eager on the same random model and shapes: identical greedy tokens
         eager = FastTarget(target.model, None, None, FastOptions(model="shape:qwen2.5-1.5b", compile=False))
-        a = Pipeline(target, [Arm("none", NoDraft(), 0)], SyntheticVerifier(1.0), Always(0, 1), make_reward("acceptance"))
-        b = Pipeline(eager, [Arm("none", NoDraft(), 0)], SyntheticVerifier(1.0), Always(0, 1), make_reward("acceptance"))
+        a = Pipeline(
+            target, [Arm("none", NoDraft(), 0)], SyntheticVerifier(1.0), Always(0, 1), make_reward("acceptance")
+        )
+        b = Pipeline(
+            eager, [Arm("none", NoDraft(), 0)], SyntheticVerifier(1.0), Always(0, 1), make_reward("acceptance")
+        )
         ta = a.generate([prompts[0]], max_new_tokens=32).token_ids
         tb = b.generate([prompts[0]], max_new_tokens=32).token_ids
         res[f"fuse={fuse}:graph_vs_eager_identical"] = ta == tb
@@ -189,7 +251,8 @@ def smoke(args: argparse.Namespace) -> int:
         torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "smoke.json").write_text(json.dumps(res, indent=1))
-    tiny_bench(args.out)
+    if not args.quick:
+        tiny_bench(args.out)
     return 0
 
 
@@ -201,16 +264,33 @@ def tiny_bench(out: Path) -> None:
     root = Path("/tmp/fs_tiny")
     target = tiny_lm(root / "target", vocab=16, seed=0, scale=8.0)
     draft = perturbed_lm(target, root / "draft", noise=0.05, seed=1)
-    (root / "w.jsonl").write_text('{"prompt": "t1 t2 t3 t4 t1 t2", "domain": "code"}\n{"prompt": "t5 t6", "domain": "prose"}\n')
+    (root / "w.jsonl").write_text(
+        '{"prompt": "t1 t2 t3 t4 t1 t2", "domain": "code"}\n{"prompt": "t5 t6", "domain": "prose"}\n'
+    )
     arm = f'use = "fast"\nmodel = "{draft}"\ndtype = "float32"\nmax_len = 128\n'
     (root / "c.toml").write_text(
         f'[target]\nuse = "fast"\nmodel = "{target}"\ndtype = "float32"\nchat_template = false\nmax_len = 128\n'
         f'[[arm]]\n{arm}gamma = 3\nname = "g3"\n[[arm]]\nuse = "prompt_lookup"\ngamma = 4\nname = "lookup"\n'
-        '[[arm]]\nuse = "none"\nname = "none"\n[selector]\nuse = "ucb1"\n')
+        '[[arm]]\nuse = "none"\nname = "none"\n[selector]\nuse = "ucb1"\n'
+    )
     from flashspec_fast.bench import main as bench_main
 
-    bench_main(["--workload", str(root / "w.jsonl"), "--config", str(root / "c.toml"), "--out", str(out / "tiny"),
-                "--max-new-tokens", "16", "--systems", "flashspec,target_only,hf_eager,hf_compiled", "--exactness", "2"])
+    bench_main(
+        [
+            "--workload",
+            str(root / "w.jsonl"),
+            "--config",
+            str(root / "c.toml"),
+            "--out",
+            str(out / "tiny"),
+            "--max-new-tokens",
+            "16",
+            "--systems",
+            "flashspec,target_only,hf_eager,hf_compiled",
+            "--exactness",
+            "2",
+        ]
+    )
 
 
 def main() -> int:
@@ -218,6 +298,7 @@ def main() -> int:
     sub = p.add_subparsers(dest="mode", required=True)
     s = sub.add_parser("smoke")
     s.add_argument("--out", type=Path, required=True)
+    s.add_argument("--quick", action="store_true", help="fused random-shape timing only")
     f = sub.add_parser("full")
     f.add_argument("--gguf", type=Path, required=True, help="folder with the two GGUF files")
     f.add_argument("--out", type=Path, required=True)

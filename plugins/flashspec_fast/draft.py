@@ -59,7 +59,8 @@ class FastDraft:
     ) -> Draft:
         batch = len(lengths)
         if len(self.seen) != batch:
-            self.model.allocate(batch)
+            if self.model.allocate(batch):
+                self.graphs.clear()
             self.seen = [0] * batch
         check_room(self.model, max(lengths) + gamma, "draft")
         behind = [max(n - 2, 0) for n in lengths]

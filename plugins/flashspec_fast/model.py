@@ -114,6 +114,11 @@ def linear(x: torch.Tensor, w: Any, bias: torch.Tensor | None = None) -> torch.T
     return F.linear(x, w, bias) if isinstance(w, torch.Tensor) else w(x, bias)
 
 
+def linear_add(x: torch.Tensor, inp: torch.Tensor, w: Any) -> torch.Tensor:
+    """``x + inp @ w.T`` with the residual add in the GEMM's epilogue (x, inp: 2-D)."""
+    return torch.addmm(x, inp, w.t()) if isinstance(w, torch.Tensor) else x + w(inp, None)
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
@@ -130,7 +135,7 @@ class Ops:
 
 
 class Transformer:
-    """Weights, rotary tables and a static KV cache ``[L, B, S, KV, hd]`` for one model."""
+    """Weights, rotary tables and a static KV cache ``[L, B, S, KV*hd]`` for one model."""
 
     def __init__(self, args: ModelArgs, weights: Weights, max_len: int, fuse: bool = False) -> None:
         self.args, self.w = args, weights
@@ -153,47 +158,56 @@ class Transformer:
         return self.max_len - 1
 
     def allocate(self, batch: int) -> bool:
-        """Make the cache hold ``batch`` rows; True if it was (re)allocated."""
-        if batch == self.batch:
+        """Make the cache hold at least ``batch`` rows; True if it was reallocated
+        (graphs captured over the old cache must then be dropped)."""
+        if batch <= self.batch:
             return False
         a = self.args
-        shape = (a.layers, batch, self.max_len, a.kv_heads, a.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        shape = (a.layers, batch, self.max_len, a.kv_heads * a.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)  # [L, B, S, KV*hd]
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.batch = batch
         return True
+
+    def _mask(self, pos: torch.Tensor, group: int) -> torch.Tensor:
+        """Additive mask [B, 1, G*T, S]: a query at position p sees slots 0..p. The query
+        group is folded into the length, so K/V are read once per KV head."""
+        batch, width = pos.shape
+        keys = torch.arange(self.max_len, device=self.device)
+        allowed = (keys[None, None, :] <= pos[:, :, None])[:, None, None].expand(batch, 1, group, width, self.max_len)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(allowed.logical_not(), float("-inf"))
+        return mask.view(batch, 1, group * width, self.max_len)
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """tokens, pos, write: [B, T] int64 on the device -> logits [B, T or 1, V] (model dtype)."""
         a, w, ops = self.args, self.w, self.ops
         batch, width = tokens.shape
-        x = F.embedding(tokens, w.embed)  # [B, T, D]
+        group, hd = a.heads // a.kv_heads, a.head_dim
+        nq, nkv = a.heads * hd, a.kv_heads * hd
+        x = F.embedding(tokens, w.embed).view(batch * width, a.dim)  # [B*T, D]
         cos, sin = self.cos[pos][:, :, None], self.sin[pos][:, :, None]  # [B, T, 1, hd]
-        keys = torch.arange(self.max_len, device=self.device)
-        group = a.heads // a.kv_heads
-        # [B, 1, G*T, S]: the query group folded into the length, so K/V are read once per KV head.
-        mask = (keys[None, None, :] <= pos[:, :, None])[:, None, None].expand(batch, 1, group, width, self.max_len)
-        mask = mask.reshape(batch, 1, group * width, self.max_len)
-        rows = torch.arange(batch, device=self.device)[:, None].expand(batch, width)
-        nq, nkv = a.heads * a.head_dim, a.kv_heads * a.head_dim
+        mask = self._mask(pos, group)
+        slots = (torch.arange(batch, device=self.device)[:, None] * self.max_len + write).view(-1)  # [B*T]
         for i, layer in enumerate(w.layers):
             h = ops.rms_norm(x, layer.attn_norm, a.norm_eps)
-            qkv = linear(h, layer.wqkv, layer.bqkv)
-            q = qkv[..., :nq].view(batch, width, a.heads, a.head_dim)
-            k = qkv[..., nq : nq + nkv].view(batch, width, a.kv_heads, a.head_dim)
-            v = qkv[..., nq + nkv :].view(batch, width, a.kv_heads, a.head_dim)
-            q, k = ops.rotate(q, cos, sin), ops.rotate(k, cos, sin)
-            kc, vc = self.k_cache[i], self.v_cache[i]  # [B, S, KV, hd]
-            kc.index_put_((rows, write), k)
-            vc.index_put_((rows, write), v)
-            q = q.view(batch, width, a.kv_heads, group, a.head_dim).permute(0, 2, 3, 1, 4)
-            q = q.reshape(batch, a.kv_heads, group * width, a.head_dim)
-            o = F.scaled_dot_product_attention(q, kc.transpose(1, 2), vc.transpose(1, 2), attn_mask=mask)
-            o = o.view(batch, a.kv_heads, group, width, a.head_dim).permute(0, 3, 1, 2, 4).reshape(batch, width, nq)
-            x = x + linear(o, layer.wo)
+            qkv = linear(h, layer.wqkv, layer.bqkv).view(batch, width, a.heads + 2 * a.kv_heads, hd)
+            qk = ops.rotate(qkv[:, :, : a.heads + a.kv_heads], cos, sin)  # q and k in one pass
+            kc = self.k_cache[i, :batch].view(batch * self.max_len, nkv)
+            vc = self.v_cache[i, :batch].view(batch * self.max_len, nkv)
+            kc.index_copy_(0, slots, qk[:, :, a.heads :].reshape(batch * width, nkv))
+            vc.index_copy_(0, slots, qkv[:, :, a.heads + a.kv_heads :].reshape(batch * width, nkv))
+            q = qk[:, :, : a.heads].reshape(batch, width, a.kv_heads, group, hd).permute(0, 2, 3, 1, 4)
+            q = q.reshape(batch, a.kv_heads, group * width, hd)
+            keys = kc.view(batch, self.max_len, a.kv_heads, hd).transpose(1, 2)
+            values = vc.view(batch, self.max_len, a.kv_heads, hd).transpose(1, 2)
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, KV, G*T, hd]
+            o = o.view(batch, a.kv_heads, group, width, hd).permute(0, 3, 1, 2, 4).reshape(batch * width, nq)
+            x = linear_add(x, o, layer.wo)
             h = ops.rms_norm(x, layer.mlp_norm, a.norm_eps)
-            x = x + linear(ops.silu_mul(linear(h, layer.w_gate_up)), layer.w_down)
+            x = linear_add(x, ops.silu_mul(linear(h, layer.w_gate_up)), layer.w_down)
+        x = x.view(batch, width, a.dim)
         if last_only:
             x = x[:, -1:]
         return F.linear(ops.rms_norm(x, w.norm, a.norm_eps), w.lm_head)

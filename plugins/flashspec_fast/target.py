@@ -114,7 +114,8 @@ class FastTarget:
 
     def prefill(self, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
         """Write every prompt but its last token into the cache (eager, ragged)."""
-        self.model.allocate(len(lengths))
+        if self.model.allocate(len(lengths)):
+            self.graphs.clear()
         check_room(self.model, max(lengths), "prefill")
         ragged_forward(self.model, tokens, [0] * len(lengths), [n - 1 for n in lengths], self._stage)
 
