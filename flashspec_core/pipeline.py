@@ -17,7 +17,7 @@ import attrs
 import torch
 
 from flashspec_core.contracts import ArmSelector, DraftProvider, SamplingParams, StepRecord, Target, Verifier
-from flashspec_core.rewards import Reward
+from flashspec_core.rewards import StepReward
 from flashspec_core.stats import summarize
 
 OnTokens = Callable[[int, list[int]], None]
@@ -67,7 +67,7 @@ class Pipeline:
         arms: Sequence[Arm],
         verifier: Verifier,
         selector: ArmSelector,
-        reward: Reward,
+        reward: StepReward,
         logger: Any = None,
         on_step: Callable[[StepRecord], None] | None = None,
         config: Any = None,
@@ -175,7 +175,7 @@ class Pipeline:
         emitted = [host[b, 1 : 2 + n].tolist() for b, n in enumerate(accepted)]
         rows = [b for b in range(len(active)) if active[b]]
         acc = tuple(accepted[b] for b in rows)
-        reward = self.reward(index, arm.gamma, acc, sum(n + 1 for n in acc), step_s)
+        reward = self.reward(arm.gamma, acc, sum(n + 1 for n in acc), max(step_s, 1e-9))
         self.selector.update(index, reward)
         record = StepRecord(
             step=self._step,

@@ -1,6 +1,6 @@
 """flashspec_selectors plugin: bandit arm selectors, step rewards and a bandit simulator."""
 
-from flashspec_selectors.rewards import ThroughputReward, acceptance_reward
+from flashspec_core.rewards import ThroughputReward, acceptance_reward
 from flashspec_selectors.selectors import (
     UCB1,
     DiscountedThompson,

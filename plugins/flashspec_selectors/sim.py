@@ -24,7 +24,7 @@ Environments:
 * ``costed``: as ``acceptance``, but a step with arm ``k`` takes ``cost_k`` time
   units and emits ``N + 1`` tokens; the objective is tokens per time unit
   ``E[N + 1] / cost_k``. The selector is fed either the acceptance fraction or
-  :class:`~flashspec_selectors.rewards.ThroughputReward` (``--reward``).
+  :class:`~flashspec_core.rewards.ThroughputReward` (``--reward``).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ import attrs
 import numpy as np
 
 from flashspec_core import ArmSelector, ComponentSpec
+from flashspec_core.rewards import ThroughputReward
 from flashspec_selectors.plugin import selector_specs
-from flashspec_selectors.rewards import ThroughputReward
 
 SelectorFactory = Callable[[int], ArmSelector]  # seed -> fresh selector
 DEFAULT_SELECTORS = ("ucb1", "thompson", "sliding_window_ucb", "discounted_thompson")

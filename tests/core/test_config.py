@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 from _tiny import tiny_lm
-from flashspec_hf.draft import TokenizerMismatch
 
 from flashspec_core.build import build_pipeline
 from flashspec_core.config import ConfigError, load_config, parse_config
 from flashspec_core.registry import build_registry
+from flashspec_hf.draft import TokenizerMismatch
 
 
 @pytest.fixture(scope="module")

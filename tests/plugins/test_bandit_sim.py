@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from flashspec_selectors.sim import (
     PiecewiseBernoulli,
     SpecDecodeArms,

@@ -6,8 +6,13 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flashspec_core import ArmSelector
+from flashspec_core.registry import build_registry
+from flashspec_core.rewards import ThroughputReward, acceptance_reward
 from flashspec_selectors.plugin import selector_specs
-from flashspec_selectors.rewards import ThroughputReward, acceptance_reward
 from flashspec_selectors.selectors import (
     UCB1,
     DiscountedThompson,
@@ -19,11 +24,6 @@ from flashspec_selectors.selectors import (
     ThompsonConfig,
     UCB1Config,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from flashspec_core import ArmSelector
-from flashspec_core.registry import build_registry
 
 NAMES = ["fixed", "ucb1", "thompson", "sliding_window_ucb", "discounted_thompson"]
 

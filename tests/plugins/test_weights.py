@@ -19,6 +19,7 @@ from typing import Any
 
 import attrs
 import pytest
+
 from flashspec_hf import weights
 from flashspec_hf.weights import (
     MARKER,

@@ -9,11 +9,11 @@ import pytest
 import torch
 from _law import ALPHA, gate, law_of
 from _tiny import pipeline_dict
-from flashspec_hf.lm import CachedLM
 
 from flashspec_core import Draft, DraftProvider, SamplingParams
 from flashspec_core.build import build_pipeline
 from flashspec_core.pipeline import Arm
+from flashspec_hf.lm import CachedLM
 
 pytestmark = pytest.mark.stats
 SAMPLING = {"temperature": 1.0}

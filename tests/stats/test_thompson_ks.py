@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flashspec_selectors.selectors import DiscountedThompson, DiscountedThompsonConfig, Thompson, ThompsonConfig
 from scipy import stats
+
+from flashspec_selectors.selectors import DiscountedThompson, DiscountedThompsonConfig, Thompson, ThompsonConfig
 
 pytestmark = pytest.mark.stats
 
