@@ -38,13 +38,12 @@ from triton.testing import do_bench
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / p) for p in ("", "kernels", "plugins")]
 
-from flashspec_kernels import verify as ops  # noqa: E402
-from flashspec_kernels.plugin import TritonVerifier, TritonVerifierConfig  # noqa: E402
-from flashspec_reference.plugin import ReferenceVerifier  # noqa: E402
-
 from flashspec_core import sampling  # noqa: E402
 from flashspec_core.contracts import SamplingParams  # noqa: E402
 from flashspec_core.sampling import Noise, verify_random  # noqa: E402
+from flashspec_kernels import verify as ops  # noqa: E402
+from flashspec_kernels.plugin import TritonVerifier, TritonVerifierConfig  # noqa: E402
+from flashspec_reference.plugin import ReferenceVerifier  # noqa: E402
 
 DEV = torch.device("cuda")
 T0 = time.time()

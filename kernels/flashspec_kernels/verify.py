@@ -61,10 +61,12 @@ import triton.language as tl
 from flashspec_core.contracts import SamplingParams, Verdict
 from flashspec_core.sampling import Noise, filter_logits, verify_greedy, verify_random
 
+# Block sizes: the fastest in benchmarks/verify_kernels.py's sweeps on an H200
+# (docs/benchmarks/verify-kernels-h200.json, "pass_sweep" and "race_sweep").
 # full pass (and greedy argmax): bytes per logit -> (logits per block, warps per program)
 PASS_CONFIG = {2: (8192, 8), 4: (8192, 8)}
-RACE_BLOCK_V = 4096  # logits per block in the race (four quarters, one philox call per quad)
-RACE_WARPS = 8
+RACE_BLOCK_V = 2048  # logits per block in the race (four quarters, one philox call per quad)
+RACE_WARPS = 4
 G_PAD = 32  # >= gamma + 1 for gamma <= 16
 S_PAD = 128  # most slices per row
 MAX_GAMMA = 16
