@@ -127,15 +127,30 @@ def draft(
     return draft_tokens, draft_probs, models.target.next_logits(path)
 
 
+@attrs.frozen
+class Rng:
+    """The harness's CPU generator (drafts, states) and the verifier's on its device."""
+
+    host: torch.Generator
+    device: torch.Generator
+
+    @classmethod
+    def seeded(cls, seed: int, device: torch.device | str) -> Rng:
+        host = torch.Generator().manual_seed(seed)
+        return cls(host, torch.Generator(device=device).manual_seed(seed ^ 0x5EED))
+
+
 def step(
-    verify: VerifyFn, models: Models, case: Case, state: torch.Tensor, gen: torch.Generator, report: Report | None = None
+    verify: VerifyFn, models: Models, case: Case, state: torch.Tensor, rng: Rng, report: Report | None = None
 ) -> Step:
-    """Draft from q and verify, in chunks of rows; each row is one independent trial."""
+    """Draft from q and verify on ``rng.device``'s device, in chunks of rows; each row is one trial."""
     rows = max(1, _CHUNK_ELEMENTS // ((case.gamma + 1) * case.vocab))
+    dev = rng.device.device
     parts = []
     for chunk in state.split(rows):
-        draft_tokens, draft_probs, logits = draft(models, chunk, case.gamma, case.sampling, gen, report)
-        verdict = verify(logits, draft_tokens, None if case.deterministic else draft_probs, case.sampling, gen)
+        draft_tokens, draft_probs, logits = draft(models, chunk, case.gamma, case.sampling, rng.host, report)
+        probs = None if case.deterministic else draft_probs.to(dev)
+        verdict = verify(logits.to(dev), draft_tokens.to(dev), probs, case.sampling, rng.device)
         parts.append(Step(chunk, draft_tokens, verdict.tokens.cpu().long(), verdict.num_accepted.cpu().long()))
     return Step(*(torch.cat([getattr(p, f.name) for p in parts]) for f in attrs.fields(Step)))
 
@@ -153,13 +168,19 @@ class CaseResult:
         return {k: t.pvalue for k, t in self.tests.items()}
 
 
-def run_case(verifier: Verifier | VerifyFn, case: Case, seed: int, report: Report | None = None) -> CaseResult:
+def run_case(
+    verifier: Verifier | VerifyFn,
+    case: Case,
+    seed: int,
+    report: Report | None = None,
+    device: torch.device | str = "cpu",
+) -> CaseResult:
     """Run one case with trial seed ``seed`` and test every law listed in the module doc."""
     verify = verifier.verify if hasattr(verifier, "verify") else verifier
     models = make_models(case)
-    gen = torch.Generator().manual_seed(seed)
-    state = torch.randint(0, case.vocab, (case.trials,), generator=gen)
-    first = step(verify, models, case, state, gen, report)
+    rng = Rng.seeded(seed, device)
+    state = torch.randint(0, case.vocab, (case.trials,), generator=rng.host)
+    first = step(verify, models, case, state, rng, report)
     if case.sampling.greedy:
         return CaseResult(case.name, {}, greedy_mismatches(models, case.sampling, first))
     tests = {"first": _conditional(models.target, case.sampling, first.state, first.tokens[:, 0])}
@@ -168,7 +189,7 @@ def run_case(verifier: Verifier | VerifyFn, case: Case, seed: int, report: Repor
         tests[f"pos{i + 1}"] = _conditional(
             models.target, case.sampling, first.tokens[emitted, i - 1], first.tokens[emitted, i]
         )
-    tests["joint"] = _joint(verify, models, case, first, gen, report)
+    tests["joint"] = _joint(verify, models, case, first, rng, report)
     law = markov_accept_law(
         models.target.law(case.sampling),
         probs_from_logits(models.draft.logits, case.sampling),
@@ -196,14 +217,12 @@ def _with_impossible_cell(law: torch.Tensor) -> torch.Tensor:
     return torch.cat([law, torch.zeros_like(law[..., :1])], dim=-1)
 
 
-def _joint(
-    verify: VerifyFn, models: Models, case: Case, first: Step, gen: torch.Generator, report: Report | None
-) -> ChiSquare:
+def _joint(verify: VerifyFn, models: Models, case: Case, first: Step, rng: Rng, report: Report | None) -> ChiSquare:
     """Test ``(y1, y2) ~ p(y1 | s) p(y2 | y1)``; a second step supplies y2 when N = 0."""
     y1, y2 = first.tokens[:, 0], first.tokens[:, 1].clone()
     again = first.num_accepted == 0
     if again.any():
-        y2[again] = step(verify, models, case, y1[again].clamp(0, case.vocab - 1), gen, report).tokens[:, 0]
+        y2[again] = step(verify, models, case, y1[again].clamp(0, case.vocab - 1), rng, report).tokens[:, 0]
     vocab, law = case.vocab, models.target.law(case.sampling)  # [S, V]
     pair_law = law[:, :, None] * law[models.target.context(torch.arange(vocab))][None]  # [S, V, V]
     pair_law = _with_impossible_cell(pair_law.reshape(models.target.contexts, vocab * vocab))
@@ -238,14 +257,19 @@ class GateResult:
 
 
 def gate(
-    verifier: Verifier | VerifyFn, case: Case, seed: int, alpha: float = GATE_ALPHA, report: Report | None = None
+    verifier: Verifier | VerifyFn,
+    case: Case,
+    seed: int,
+    alpha: float = GATE_ALPHA,
+    report: Report | None = None,
+    device: torch.device | str = "cpu",
 ) -> GateResult:
     """Reject ``verifier`` on ``case`` if any law is off (Holm over the case's tests at ``alpha``).
 
     Tests with no degrees of freedom (too few rows reached a deep position) are left
     out of the family.
     """
-    result = run_case(verifier, case, seed, report)
+    result = run_case(verifier, case, seed, report, device)
     if case.sampling.greedy:
         return GateResult(result.mismatches > 0, ("greedy",) if result.mismatches else (), result)
     names = [n for n, t in result.tests.items() if t.dof > 0 or t.impossible]
@@ -272,16 +296,22 @@ def transition_test(
 
 
 def run_chain(
-    verifier: Verifier | VerifyFn, case: Case, steps: int, rows: int, seed: int, report: Report | None = None
+    verifier: Verifier | VerifyFn,
+    case: Case,
+    steps: int,
+    rows: int,
+    seed: int,
+    report: Report | None = None,
+    device: torch.device | str = "cpu",
 ) -> tuple[list[torch.Tensor], Models]:
     """Decode ``steps`` consecutive steps for ``rows`` independent sequences; return the streams."""
     verify = verifier.verify if hasattr(verifier, "verify") else verifier
     models = make_models(case)
-    gen = torch.Generator().manual_seed(seed)
-    state = torch.randint(0, case.vocab, (rows,), generator=gen)
+    rng = Rng.seeded(seed, device)
+    state = torch.randint(0, case.vocab, (rows,), generator=rng.host)
     emitted = [[int(t)] for t in state]
     for _ in range(steps):
-        result = step(verify, models, case, state, gen, report)
+        result = step(verify, models, case, state, rng, report)
         for row, (toks, n) in enumerate(zip(result.tokens.tolist(), result.num_accepted.tolist(), strict=True)):
             emitted[row].extend(toks[: n + 1])
         state = result.tokens.gather(1, result.num_accepted[:, None]).squeeze(1).clamp(0, case.vocab - 1)

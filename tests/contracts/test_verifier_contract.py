@@ -1,0 +1,90 @@
+"""The Verifier contract, for every registered verifier (see flashspec_core.testing.verifier_contract)."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flashspec_core.contracts import SamplingParams, Verifier
+from flashspec_core.testing import verifier_contract as vc
+
+NAMES = vc.verifier_names()
+
+sampling_params = st.builds(
+    SamplingParams,
+    temperature=st.sampled_from([0.0, 0.6, 1.0, 1.7]),
+    top_k=st.sampled_from([0, 1, 3, 50]),
+    top_p=st.sampled_from([1.0, 0.9, 0.3]),
+)
+
+
+@st.composite
+def verify_inputs(draw: st.DrawFn, max_batch: int, max_gamma: int) -> tuple[vc.Inputs, list[str]]:
+    gamma = draw(st.integers(1, max_gamma))
+    vocab = draw(st.sampled_from([1, 2, 3, 7, 64, 1271]))
+    kinds = [vc.ACCEPT, vc.RANDOM] + ([vc.REJECT] if vocab > 1 else [])
+    pattern = draw(st.lists(st.sampled_from(kinds), min_size=gamma, max_size=gamma))
+    inputs = vc.random_inputs(
+        batch=draw(st.integers(1, max_batch)),
+        gamma=gamma,
+        vocab=vocab,
+        seed=draw(st.integers(0, 2**31 - 1)),
+        sampling=draw(sampling_params),
+        deterministic=draw(st.booleans()),
+        pattern=pattern,
+    )
+    return inputs, pattern
+
+
+@functools.cache
+def _budget(name: str) -> tuple[int, int, int]:
+    """(examples, max batch, max gamma): fewer and smaller for a slow verifier, such as a
+    Triton kernel in the CPU interpreter (about 0.1 s per row)."""
+    verifier = vc.load_verifier(name)
+    start = time.perf_counter()
+    vc.random_inputs(4, 2, 64, 0, SamplingParams()).run(verifier, 0)
+    return (60, 9, 6) if time.perf_counter() - start < 0.2 else (8, 3, 4)
+
+
+@pytest.fixture(params=NAMES)
+def name(request: pytest.FixtureRequest) -> str:
+    vc.load_verifier_or_skip(request.param)
+    return request.param
+
+
+def test_verdict_contract(name: str) -> None:
+    verifier = vc.load_verifier(name)
+    examples, max_batch, max_gamma = _budget(name)
+    exact = vc.is_exact(verifier)
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(case=verify_inputs(max_batch, max_gamma), seed=st.integers(0, 2**31 - 1))
+    def check(case: tuple[vc.Inputs, list[str]], seed: int) -> None:
+        inputs, pattern = case
+        verdict = inputs.run(verifier, seed)
+        vc.check_verdict(verdict, inputs)
+        if exact:
+            vc.check_pattern(verdict, pattern)
+
+    check()
+
+
+def test_same_seed_same_verdict(name: str) -> None:
+    examples, max_batch, max_gamma = _budget(name)
+
+    @settings(max_examples=max(4, examples // 3), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(case=verify_inputs(max_batch, max_gamma), seed=st.integers(0, 2**31 - 1))
+    def check(case: tuple[vc.Inputs, list[str]], seed: int) -> None:
+        vc.check_deterministic(lambda: vc.load_verifier(name), case[0], seed)
+
+    check()
+
+
+@pytest.mark.parametrize("check", vc.EDGE_CASES, ids=lambda f: f.__name__.removeprefix("check_"))
+def test_edge_case(name: str, check: object) -> None:
+    verifier: Verifier = vc.load_verifier_or_skip(name, exact=True)
+    check(verifier)  # type: ignore[operator]
