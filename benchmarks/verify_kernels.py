@@ -152,17 +152,20 @@ def check_graph() -> dict:
     philox = TritonVerifier(TritonVerifierConfig(noise="philox"), DEV)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
+    state = ops.new_philox_state(None, DEV)  # a caller-held state: the kernels advance its counter
     with torch.cuda.stream(side):
         for _ in range(2):
             exact.verify_with_noise(logits, tokens, q, sp, noise)
             philox.verify(logits, tokens, q, sp, None)
+            ops.verify_triton(logits, tokens, q, sp, state=state)
     torch.cuda.current_stream().wait_stream(side)
-    g_exact, g_philox = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    g_exact, g_philox, g_state = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
     with torch.cuda.graph(g_exact):
         out_e = exact.verify_with_noise(logits, tokens, q, sp, noise)
     with torch.cuda.graph(g_philox):
-        out_p = philox.verify(logits, tokens, q, sp, None)
-    state = next(iter(philox._states.values()))
+        out_p = philox.verify(logits, tokens, q, sp, None)  # draws its state from the default generator
+    with torch.cuda.graph(g_state):
+        ops.verify_triton(logits, tokens, q, sp, state=state)
     res = {"exact_replays_equal": [], "philox_counter": [], "philox_rows_valid": [], "philox_tokens_changed": []}
     prev = None
     for trial in range(4):
@@ -179,9 +182,10 @@ def check_graph() -> dict:
             bool(torch.equal(out_e.tokens, want.tokens) and torch.equal(out_e.num_accepted, want.num_accepted))
         )
         before = int(state[1])
-        g_philox.replay()
+        g_state.replay()
         torch.cuda.synchronize()
         res["philox_counter"].append([before, int(state[1])])
+        g_philox.replay()
         n = out_p.num_accepted
         pos = torch.arange(gamma + 1, device=DEV)
         padded = torch.cat([tokens, tokens.new_full((b, 1), -1)], 1)

@@ -1,11 +1,12 @@
 """Registers the ``triton`` verifier (imports triton lazily).
 
 ``noise = "philox"`` (the default) draws the accept uniforms and the race's
-exponentials inside the kernels from a device ``(seed, counter)`` state: the seed is
-drawn once per device from the step's generator, on the device, and the kernels
-advance the counter, so no step reads anything back to the host and CUDA-graph
-replays get fresh noise. Streams differ from the reference verifier's for the same
-generator; the distribution is the same.
+exponentials inside the kernels from a device ``(seed, counter)`` state that each step
+draws from its generator with one ``torch.randint`` on the device: the same generator
+seed gives the same verdict (the Verifier contract), nothing is read back to the host,
+and CUDA-graph replays with the default generator get fresh noise (torch advances the
+captured generator on every replay). Streams differ from the reference verifier's for
+the same generator; the distribution is the same.
 
 ``noise = "exact"`` draws :class:`flashspec_core.sampling.Noise` from the generator
 exactly as the reference verifier does (one ``[B, V]`` float32 exponential tensor per
@@ -43,13 +44,6 @@ class TritonVerifier:
         self._ops = ops
         self.config = config
         self.device = torch.device(device) if device is not None else None
-        self._states: dict[torch.device, torch.Tensor] = {}  # [2] int64 (seed, counter) per device
-
-    def _state(self, device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
-        state = self._states.get(device)
-        if state is None:
-            state = self._states[device] = self._ops.new_philox_state(generator, device)
-        return state
 
     def verify(
         self,
@@ -66,7 +60,7 @@ class TritonVerifier:
             batch, gamma = draft_tokens.shape
             noise = Noise.draw(batch, gamma, target_logits.shape[-1], generator, target_logits.device)
             return self.verify_with_noise(target_logits, draft_tokens, draft_probs, sampling, noise)
-        state = self._state(target_logits.device, generator)
+        state = self._ops.new_philox_state(generator, target_logits.device)
         return self._ops.verify_triton(
             target_logits, draft_tokens, draft_probs, sampling, state=state, programs=programs
         )

@@ -46,8 +46,10 @@ tensors) and then emits the reference's tokens: both compute the same float32
 quantities, so they can differ only where two candidates are within rounding of each
 other (about one draw in a million). *Philox* mode draws the uniforms and the race's
 exponentials in-kernel (``tl.randint4x``) from a device ``int64[2]`` state
-``(seed, counter)``; ``_finalize_kernel`` increments the counter, so consecutive calls
-and CUDA-graph replays get fresh noise without the host knowing the counter.
+``(seed, counter)``; ``_finalize_kernel`` increments the counter, so a caller that keeps
+one state gets fresh noise on every call and CUDA-graph replay without the host knowing
+the counter (the ``triton`` verifier instead draws a new state from the step's generator
+each call: see :mod:`flashspec_kernels.plugin`).
 """
 
 from __future__ import annotations
@@ -555,10 +557,10 @@ def _verify(
 
 
 def new_philox_state(generator: torch.Generator | None, device: torch.device | str) -> torch.Tensor:
-    """A device ``[2] int64`` philox state: a seed drawn from ``generator`` (on the
-    device, no host sync) and a zero call counter."""
-    seed = torch.randint(0, 2**62, (1,), generator=generator, device=device, dtype=torch.int64)
-    return torch.cat([seed, torch.zeros_like(seed)])
+    """A device ``[2] int64`` philox state ``(seed, counter)``, both drawn from
+    ``generator`` by one ``torch.randint`` on the device (no host sync; graph-safe with
+    the default generator)."""
+    return torch.randint(0, 2**31, (2,), generator=generator, device=device, dtype=torch.int64)
 
 
 def verify_ref(
