@@ -124,9 +124,8 @@ def full(args: argparse.Namespace) -> int:
     deadline = time.time() + args.budget
     paths = convert(args.gguf, Path("/tmp/fsbf16"))
     config = Path("/tmp/fs_e2e.toml")
-    config.write_text(CONFIG.format(max_len=1024, fuse=str(args.fuse).lower(), **paths))
-    work = Path("/tmp/fs_e2e")
-    shutil.rmtree(work, ignore_errors=True)
+    config.write_text(CONFIG.format(max_len=768, fuse=str(args.fuse).lower(), **paths))
+    work = args.out  # each section's bench.json lands in --out/<section>/ as soon as it is written
     sections: dict[str, Any] = {}
     common = ["--max-new-tokens", str(args.max_new_tokens)]
     sections["b1_greedy"] = bench(
@@ -197,8 +196,6 @@ def write(out: Path, sections: dict[str, Any], work: Path) -> None:
     result = {"summary": summary, "sections": sections}
     out.mkdir(parents=True, exist_ok=True)
     (out / "e2e-h200.json").write_text(json.dumps(result, indent=1))
-    for png in sorted((work / "b1_greedy").glob("*.png")):
-        shutil.copy(png, out / f"e2e-h200-{png.name}")
     say(f"wrote {out / 'e2e-h200.json'}")
     print(json.dumps(summary, indent=1)[:6000])
 
