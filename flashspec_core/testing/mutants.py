@@ -26,6 +26,7 @@ import torch
 
 from flashspec_core.contracts import SamplingParams, Verdict
 from flashspec_core.sampling import Noise, emit, filter_logits, first_rejection, race, verify_greedy
+from flashspec_core.testing.exactness import Case
 
 MUTANTS: dict[str, str] = {
     "temperature_after_softmax": "temperature applied to the target's probabilities after the softmax "
@@ -132,3 +133,8 @@ def mutant(bug: str | None) -> tuple[MutantVerifier, Callable[[SamplingParams], 
     if bug is not None and bug not in MUTANTS:
         raise KeyError(f"unknown mutant {bug!r}; known: {', '.join(MUTANTS)}")
     return MutantVerifier(bug), report_sampling(bug)
+
+
+# The case every mutant is measured on: temperature != 1, top-k cutting real mass from
+# q, gamma >= 2 and position-dependent p and q, so that each bug above is active.
+POWER_CASE = Case("power_v24_g4_t0.6_topk5", 24, 4, SamplingParams(temperature=0.6, top_k=5), contexts=4)
