@@ -1,0 +1,729 @@
+"""A real domain-shifting workload for the bandit selectors, replayed from exact traces.
+
+    python benchmarks/bandit_workload.py trace      # CPU, models cached; checkpoints per prompt
+    python benchmarks/bandit_workload.py costs      # CPU step timings of the real models
+    python benchmarks/bandit_workload.py simulate   # replays every policy over the traces
+    python benchmarks/bandit_workload.py render     # the tables in docs/bandits.md, from the JSON
+
+``trace`` runs the Qwen2.5-Coder-1.5B target greedily on every prompt of
+``benchmarks/workloads/domains.jsonl`` (code, prose, edit) and records the tokens. Greedy
+speculative decoding emits exactly the target's greedy tokens whichever arm drafts, so
+every arm's acceptance follows from the trace by teacher forcing, without generating
+again: at position ``t`` (``t`` tokens emitted so far) an arm with a greedy or
+deterministic proposer accepts ``min(gamma, run[t])`` tokens, where ``run[t]`` counts the
+consecutive positions ``j >= t`` at which the proposer's token equals the target's.
+
+* 0.5B draft: one forward over prompt + continuation; ``match[j]`` is whether its argmax
+  after ``j`` emitted tokens equals the target's token ``j``.
+* prompt lookup (``flashspec_lookup.lookup`` with its default config): its gamma-8
+  proposal at each ``t`` compared with the next 8 target tokens. The proposal for a
+  smaller gamma is a prefix of it, so ``min(gamma, run)`` holds there too.
+
+``simulate`` replays fixed arms, the selectors (acceptance and throughput rewards) and the
+per-domain oracle over the traces with a per-arm step-cost model. Its tokens/s are
+*modelled* (emitted tokens / modelled time), never measured end to end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOAD = ROOT / "benchmarks" / "workloads" / "domains.jsonl"
+OUT = ROOT / "docs" / "benchmarks"
+TRACES = OUT / "bandit-workload-traces.json"
+RESULT = OUT / "bandit-workload.json"
+COSTS_CPU = OUT / "bandit-workload-costs-cpu.json"
+TARGET = "qwen2.5-coder-1.5b-instruct"
+DRAFT = "qwen2.5-coder-0.5b-instruct"
+LOOKUP_GAMMA = 8  # the largest lookup gamma any arm uses; smaller ones are prefixes
+DOMAINS = ("code", "prose", "edit")
+
+
+@attrs.frozen
+class Arm:
+    name: str
+    source: str  # "draft" | "lookup" | "none": which run array the arm reads
+    gamma: int
+
+
+ARMS = (
+    Arm("draft0.5b-g3", "draft", 3),
+    Arm("draft0.5b-g6", "draft", 6),
+    Arm("lookup-g8", "lookup", 8),
+    Arm("none", "none", 0),
+)
+
+
+def say(msg: str) -> None:
+    print(f"[bandit-workload {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _dirty(path: str) -> bool:
+    """Whether ``path`` differs from HEAD (or is untracked): then ``commit`` alone does not pin it."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--", path], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return True
+    return bool(out.strip())
+
+
+def versions() -> dict[str, str]:
+    import torch
+
+    out = {"python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__}
+    try:
+        import transformers
+
+        out["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    return out
+
+
+def load_prompts(path: Path = WORKLOAD) -> list[dict[str, str]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def round_robin(prompts: Sequence[dict[str, str]]) -> list[dict[str, str]]:
+    """code, prose, edit, code, ...: a trace cut short still covers every domain evenly."""
+    by = {d: [p for p in prompts if p["domain"] == d] for d in DOMAINS}
+    out = []
+    for i in range(max(len(v) for v in by.values())):
+        out += [by[d][i] for d in DOMAINS if i < len(by[d])]
+    return out
+
+
+# ---------------------------------------------------------------- trace phase
+
+
+def match_runs(matches: Sequence[bool]) -> list[int]:
+    """``run[t]`` = number of consecutive ``True`` in ``matches`` starting at ``t``."""
+    runs = [0] * len(matches)
+    nxt = 0
+    for t in range(len(matches) - 1, -1, -1):
+        nxt = nxt + 1 if matches[t] else 0
+        runs[t] = nxt
+    return runs
+
+
+def lookup_runs(prompt: Sequence[int], cont: Sequence[int], gamma: int) -> list[int]:
+    """Accepted tokens of a prompt-lookup proposal of ``gamma`` tokens at each position."""
+    import torch
+
+    from flashspec_lookup.lookup import LookupConfig, lookup
+
+    cfg = LookupConfig()
+    seq = torch.tensor(list(prompt) + list(cont), dtype=torch.long)
+    runs = []
+    for t in range(len(cont)):
+        proposal = lookup(seq[: len(prompt) + t], gamma, cfg)
+        k = 0
+        while k < gamma and t + k < len(cont) and proposal[k] == cont[t + k]:
+            k += 1
+        runs.append(k)
+    return runs
+
+
+def load_models(dtype: str) -> tuple[Any, Any, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from flashspec_hf.weights import ensure_model
+
+    tpath, dpath = ensure_model(TARGET), ensure_model(DRAFT)
+    tok = AutoTokenizer.from_pretrained(tpath)
+    dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    target = AutoModelForCausalLM.from_pretrained(tpath, dtype=dt).eval()
+    draft = AutoModelForCausalLM.from_pretrained(dpath, dtype=dt).eval()
+    return tok, target, draft
+
+
+def encode(tok: Any, prompt: str) -> list[int]:
+    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, Mapping):
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+def trace_one(tok: Any, target: Any, draft: Any, prompt: list[int], max_new: int) -> dict[str, Any]:
+    import torch
+
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    ids = torch.tensor([prompt], dtype=torch.long)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = target.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos,
+            top_p=None,
+            top_k=None,
+            temperature=None,
+        )
+    gen_s = time.perf_counter() - t0
+    cont = [int(x) for x in out[0, len(prompt) :]]
+    if eos in cont:
+        cont = cont[: cont.index(eos) + 1]
+    with torch.inference_mode():
+        logits = draft(torch.tensor([prompt + cont], dtype=torch.long)).logits[0]  # [P+N, V]
+    guesses = logits[len(prompt) - 1 : len(prompt) - 1 + len(cont)].argmax(-1).tolist()  # [N]
+    return {
+        "prompt_len": len(prompt),
+        "tokens": cont,
+        "text": tok.decode(cont),
+        "draft_run": match_runs([g == c for g, c in zip(guesses, cont, strict=True)]),
+        "lookup_run": lookup_runs(prompt, cont, LOOKUP_GAMMA),
+        "target_generate_s": round(gen_s, 2),
+    }
+
+
+def run_trace(args: argparse.Namespace) -> int:
+    import torch
+    from tqdm import tqdm
+
+    torch.set_num_threads(args.threads)
+    prompts = round_robin(load_prompts(args.workload))
+    data: dict[str, Any] = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    old = data.get("config", {})
+    if (old.get("max_new_tokens", args.max_new_tokens), old.get("dtype", args.dtype)) != (args.max_new_tokens, args.dtype):
+        raise SystemExit(f"{args.out} was traced with other settings; remove it or pass the same ones")
+    data.setdefault("config", {}).update(
+        {
+            "target": TARGET,
+            "draft": DRAFT,
+            "dtype": args.dtype,
+            "device": "cpu",
+            "decoding": "greedy",
+            "max_new_tokens": args.max_new_tokens,
+            "lookup": "flashspec_lookup.lookup, default LookupConfig",
+            "lookup_gamma": LOOKUP_GAMMA,
+            "workload": str(args.workload.relative_to(ROOT)),
+        }
+    )
+    data.setdefault("traces", {})
+    tok, target, draft = load_models(args.dtype)
+    todo = [p for p in prompts if p["id"] not in data["traces"]]
+    say(f"{len(prompts) - len(todo)} prompts traced already, {len(todo)} to go")
+    for p in tqdm(todo, desc="trace", unit="prompt"):
+        rec = trace_one(tok, target, draft, encode(tok, p["prompt"]), args.max_new_tokens)
+        data["traces"][p["id"]] = {"domain": p["domain"], **rec}
+        data.update(versions=versions(), commit=commit())
+        tmp = args.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, separators=(",", ":")))
+        tmp.replace(args.out)  # checkpoint: a crash loses at most the prompt in flight
+    say(f"wrote {args.out}")
+    return 0
+
+
+# ---------------------------------------------------------------- cost phase
+
+
+def _timed_medians(fns: Mapping[str, Callable[[], object]], reps: int) -> dict[str, dict[str, float]]:
+    """Median and min seconds of each callable, timed round-robin so that load from other
+    jobs on a shared host drifts over all of them alike instead of over one at a time."""
+    for fn in fns.values():
+        fn()  # warm-up: first call of a shape picks kernels
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: {"median": statistics.median(v), "min": min(v)} for k, v in times.items()}
+
+
+def _forward(model: Any, context: int, width: int) -> Callable[[], None]:
+    """One KV-cached forward of ``width`` tokens after ``context`` tokens, cache restored after."""
+    import torch
+
+    ids = torch.randint(100, 20_000, (1, context + width))
+    with torch.inference_mode():
+        cache = model(ids[:, :context], use_cache=True).past_key_values
+
+    def step() -> None:
+        with torch.inference_mode():
+            model(ids[:, context:], past_key_values=cache, use_cache=True)
+        cache.crop(-width)
+
+    return step
+
+
+def run_costs(args: argparse.Namespace) -> int:
+    """CPU step costs of the real models here: what ``simulate`` reads."""
+    import torch
+
+    from flashspec_lookup.lookup import LookupConfig, lookup
+
+    torch.set_num_threads(args.threads)
+    _, target, draft = load_models(args.dtype)
+    ctx = args.context
+    widths = sorted({a.gamma + 1 for a in ARMS})
+    logits = torch.randn(max(widths), 151_936)
+    seq = torch.randint(100, 20_000, (ctx,))
+    fns: dict[str, Callable[[], object]] = {f"target_{w}": _forward(target, ctx, w) for w in widths}
+    fns["draft_1"] = _forward(draft, ctx, 1)
+    fns["verify"] = lambda: logits.argmax(-1).tolist()  # greedy verify: argmax + compare
+    fns["lookup"] = lambda: lookup(seq, LOOKUP_GAMMA, LookupConfig())
+    t = _timed_medians(fns, args.reps)
+    say(f"timings (s): {t}")
+    target_s = {str(w): t[f"target_{w}"]["median"] for w in widths}
+    draft_s, verify_s, lookup_s = t["draft_1"]["median"], t["verify"]["median"], t["lookup"]["median"]
+    costs = {
+        "label": "measured on CPU here", "dtype": args.dtype,
+        "how": (
+            f"median of {args.reps} KV-cached forwards after a {ctx}-token context, {args.dtype}, "
+            f"{args.threads} threads, on a shared {platform.machine()} host with other jobs running"
+        ),
+        "target_forward_s": target_s,
+        "draft_forward_s": draft_s,
+        "verify_s": verify_s,
+        "lookup_propose_s": lookup_s,
+        "raw_s": t,
+        "versions": versions(),
+        "commit": commit(),
+    }
+    args.out.write_text(json.dumps(costs, indent=1))
+    say(f"wrote {args.out}")
+    return 0
+
+
+# ---------------------------------------------------------------- simulate phase
+
+
+@attrs.frozen
+class Step:
+    prompt: str
+    domain: str
+    arm: int
+    accepted: int
+    emitted: int
+    seconds: float
+
+
+def step_costs(costs: Mapping[str, Any], arms: Sequence[Arm] = ARMS) -> list[float]:
+    """Modelled seconds of one step of each arm: target forward of ``gamma + 1`` tokens,
+    ``gamma`` one-token draft forwards (draft arms), the lookup search (lookup arms), verify."""
+    out = []
+    for a in arms:
+        s = float(costs["target_forward_s"][str(a.gamma + 1)]) + float(costs["verify_s"])
+        if a.source == "draft":
+            s += a.gamma * float(costs["draft_forward_s"])
+        if a.source == "lookup":
+            s += float(costs.get("lookup_propose_s", 0.0))
+        out.append(s)
+    return out
+
+
+def order_prompts(traces: Mapping[str, Mapping[str, Any]], order: str) -> list[str]:
+    """Prompt ids in serving order: ``interleaved`` (domains round-robin) or ``blocked``."""
+    by = {d: sorted(k for k, v in traces.items() if v["domain"] == d) for d in DOMAINS}
+    if order == "blocked":
+        return [k for d in DOMAINS for k in by[d]]
+    if order == "interleaved":
+        return [p["id"] for p in round_robin([{"id": k, "domain": d} for d in DOMAINS for k in by[d]])]
+    raise ValueError(f"unknown order {order!r}")
+
+
+def accepted_at(arm: Arm, trace: Mapping[str, Any], t: int) -> int:
+    if arm.source == "none":
+        return 0
+    return min(arm.gamma, int(trace[f"{arm.source}_run"][t]))
+
+
+def replay(selector: Any, reward: str, traces: Mapping[str, Mapping[str, Any]], order: Sequence[str],
+           costs: Sequence[float], arms: Sequence[Arm] = ARMS) -> list[Step]:
+    """Serve every prompt in ``order`` with one selector that keeps its state throughout."""
+    from flashspec_core.rewards import make_reward
+
+    score = make_reward(reward)  # what the pipeline feeds its selector, one instance per run
+    steps = []
+    for pid in order:
+        tr = traces[pid]
+        n, t = len(tr["tokens"]), 0
+        while t < n:
+            k = selector.select()
+            acc = accepted_at(arms[k], tr, t)
+            emitted = min(acc + 1, n - t)  # the last step may stop at max_new_tokens / EOS
+            selector.update(k, score(arms[k].gamma, [acc], emitted, costs[k]))
+            steps.append(Step(pid, tr["domain"], k, acc, emitted, costs[k]))
+            t += emitted
+    return steps
+
+
+def tally(steps: Sequence[Step], arms: Sequence[Arm] = ARMS) -> dict[str, Any]:
+    """tokens/s (modelled), mean accepted length, acceptance and arm shares of some steps."""
+    emitted = sum(s.emitted for s in steps)
+    seconds = sum(s.seconds for s in steps)
+    drafted = sum(arms[s.arm].gamma for s in steps)
+    accepted = sum(s.accepted for s in steps)
+    return {
+        "tps": emitted / seconds if seconds else 0.0, "emitted": emitted, "seconds": seconds, "steps": len(steps),
+        "mean_accepted": accepted / len(steps) if steps else 0.0,
+        "tokens_per_step": emitted / len(steps) if steps else 0.0,
+        "acceptance": accepted / drafted if drafted else None,
+        "arm_share": {a.name: sum(s.arm == i for s in steps) / max(1, len(steps)) for i, a in enumerate(arms)},
+    }
+
+
+def tally_domains(steps: Sequence[Step]) -> dict[str, Any]:
+    out = {"overall": tally(steps)}
+    for d in DOMAINS:
+        out[d] = tally([s for s in steps if s.domain == d])
+    return out
+
+
+def selector_makers() -> dict[str, tuple[Callable[[int], Any], bool]]:
+    """name -> (make(seed), randomised), every selector with its default config."""
+    from flashspec_selectors import (
+        UCB1,
+        DiscountedThompson,
+        DiscountedThompsonConfig,
+        SlidingWindowUCB,
+        SlidingWindowUCBConfig,
+        Thompson,
+        ThompsonConfig,
+        UCB1Config,
+    )
+
+    k = len(ARMS)
+    return {
+        "ucb1": (lambda seed: UCB1(UCB1Config(), k), False),
+        "thompson": (lambda seed: Thompson(ThompsonConfig(seed=seed), k), True),
+        "sliding_window_ucb": (lambda seed: SlidingWindowUCB(SlidingWindowUCBConfig(), k), False),
+        "discounted_thompson": (lambda seed: DiscountedThompson(DiscountedThompsonConfig(seed=seed), k), True),
+    }
+
+
+def mean_ci(values: Sequence[float]) -> dict[str, Any]:
+    v = np.asarray(values, dtype=float)
+    half = 1.96 * v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else 0.0
+    return {"mean": float(v.mean()), "ci95": [float(v.mean() - half), float(v.mean() + half)], "n": len(v)}
+
+
+def simulate(traces: Mapping[str, Mapping[str, Any]], costs: Sequence[float], seeds: int) -> dict[str, Any]:
+    """Every policy over both orders: fixed arms, selectors x rewards (seed-averaged), oracle."""
+    from flashspec_selectors import FixedConfig, FixedSelector
+
+    policies: dict[str, Any] = {}
+    examples: dict[str, list[int]] = {}
+    fixed = {}
+    for i, a in enumerate(ARMS):
+        steps = replay(FixedSelector(FixedConfig(arm=i), len(ARMS)), "acceptance", traces,
+                       order_prompts(traces, "blocked"), costs)
+        fixed[a.name] = tally_domains(steps)
+        policies[f"fixed:{a.name}"] = {"kind": "fixed", "order": "any", **_flat(fixed[a.name])}
+    best = {d: max(fixed, key=lambda name: fixed[name][d]["tps"]) for d in DOMAINS}
+    emitted = sum(fixed[best[d]][d]["emitted"] for d in DOMAINS)
+    seconds = sum(fixed[best[d]][d]["seconds"] for d in DOMAINS)
+    policies["oracle:per-domain"] = {
+        "kind": "oracle", "order": "any", "arm_per_domain": best, "tps": emitted / seconds,
+        "per_domain": {d: {**fixed[best[d]][d], "arm": best[d]} for d in DOMAINS},
+    }
+    for name, (make, randomised) in selector_makers().items():
+        for reward in ("acceptance", "throughput"):
+            for order in ("interleaved", "blocked"):
+                runs = [tally_domains(replay(make(seed), reward, traces, order_prompts(traces, order), costs))
+                        for seed in range(seeds if randomised else 1)]
+                key = f"{name}+{reward}@{order}"
+                policies[key] = {"kind": "selector", "selector": name, "reward": reward, "order": order,
+                                 "seeds": len(runs), "randomised": randomised, **_seed_mean(runs)}
+                if order == "blocked":
+                    ex = replay(make(0), reward, traces, order_prompts(traces, order), costs)
+                    examples[f"{name}+{reward}"] = [s.arm for s in ex]
+    return {"policies": policies, "blocked_arm_choices_seed0": examples}
+
+
+def _flat(dom: Mapping[str, Any]) -> dict[str, Any]:
+    return {"tps": dom["overall"]["tps"], "overall": dom["overall"], "per_domain": {d: dom[d] for d in DOMAINS}}
+
+
+def _seed_mean(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    def avg(part: str) -> dict[str, Any]:
+        keys = ("tps", "mean_accepted", "tokens_per_step", "steps", "emitted", "seconds")
+        out: dict[str, Any] = {k: float(np.mean([r[part][k] for r in runs])) for k in keys}
+        out["tps_ci95"] = mean_ci([r[part]["tps"] for r in runs])["ci95"]
+        out["arm_share"] = {a.name: float(np.mean([r[part]["arm_share"][a.name] for r in runs])) for a in ARMS}
+        return out
+
+    overall = avg("overall")
+    return {"tps": overall["tps"], "tps_ci95": overall["tps_ci95"], "overall": overall,
+            "per_domain": {d: avg(d) for d in DOMAINS}}
+
+
+def load_costs(path: Path) -> dict[str, Any]:
+    """The step-cost table written by ``costs``, with its label."""
+    if not path.is_file():
+        raise SystemExit(f"{path} missing: run `python benchmarks/bandit_workload.py costs` first")
+    return json.loads(path.read_text())
+
+
+def headline(policies: Mapping[str, Any], order: str) -> dict[str, Any]:
+    sel = {k: v for k, v in policies.items() if v["kind"] == "selector" and v["order"] == order}
+    fixed = {k: v for k, v in policies.items() if v["kind"] == "fixed"}
+    best_sel, best_fix = max(sel, key=lambda k: sel[k]["tps"]), max(fixed, key=lambda k: fixed[k]["tps"])
+    oracle = policies["oracle:per-domain"]["tps"]
+    return {
+        "best_selector": best_sel, "best_selector_tps": sel[best_sel]["tps"],
+        "best_fixed": best_fix, "best_fixed_tps": fixed[best_fix]["tps"], "oracle_tps": oracle,
+        "selector_ge_fixed": sel[best_sel]["tps"] >= fixed[best_fix]["tps"],
+        "selector_within_5pct_of_oracle": sel[best_sel]["tps"] >= 0.95 * oracle,
+        "selector_vs_oracle": sel[best_sel]["tps"] / oracle,
+        "selector_vs_best_fixed": sel[best_sel]["tps"] / fixed[best_fix]["tps"],
+    }
+
+
+def arm_stats(traces: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Acceptance per arm per domain, position by position (every t, independent of policy)."""
+    out: dict[str, Any] = {}
+    for a in ARMS[:-1]:
+        out[a.name] = {}
+        for d in ("overall", *DOMAINS):
+            acc = [accepted_at(a, tr, t) for tr in traces.values() if d in ("overall", tr["domain"])
+                   for t in range(len(tr["tokens"]))]
+            out[a.name][d] = {"acceptance": float(np.mean(acc)) / a.gamma, "mean_accepted": float(np.mean(acc)),
+                              "positions": len(acc)}
+    return out
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    data = json.loads(args.traces.read_text())
+    traces = data["traces"]
+    costs = load_costs(args.costs)
+    per_arm = step_costs(costs)
+    say(f"{len(traces)} traces; step costs (s): {dict(zip([a.name for a in ARMS], per_arm, strict=True))}")
+    sim = simulate(traces, per_arm, args.seeds)
+    policies = sim["policies"]
+    by_order = {o: headline(policies, o) for o in ("interleaved", "blocked")}
+    counts = {d: sum(tr["domain"] == d for tr in traces.values()) for d in DOMAINS}
+    result = {
+        "summary": {"workload": {
+            **by_order["interleaved"], "by_order": by_order,
+            "cost_model": costs["label"],
+            "note": "tokens/s are modelled (emitted tokens / modelled step time, replayed over exact greedy "
+                    "traces), not measured end-to-end throughput",
+            "prompts_per_domain": counts,
+            "policies": {k: {"tps": v["tps"], "per_domain": {d: v["per_domain"][d]["tps"] for d in DOMAINS}}
+                         for k, v in policies.items()},
+        }},
+        "config": {
+            "arms": [attrs.asdict(a) for a in ARMS], "seeds": args.seeds,
+            "selectors": "flashspec_selectors defaults (UCB1Config(), ThompsonConfig(seed), SlidingWindowUCBConfig(),"
+                         " DiscountedThompsonConfig(seed)); ucb1 and sliding_window_ucb are deterministic: one run",
+            "rewards": "flashspec_core.rewards.make_reward: acceptance = accepted / gamma (0 for gamma 0); "
+                       "throughput = emitted / modelled step s over the running max",
+            "step_cost_s": dict(zip([a.name for a in ARMS], per_arm, strict=True)),
+            "cost_model": costs, "trace_config": data["config"],
+        },
+        "arm_acceptance": arm_stats(traces),
+        "policies": policies,
+        "blocked_arm_choices_seed0": sim["blocked_arm_choices_seed0"],
+        "domain_boundaries_blocked": _boundaries(traces),
+        "versions": versions(), "commit": commit(), "traces_commit": data.get("commit"),
+        "script_modified_since_commit": _dirty("benchmarks/bandit_workload.py"),
+    }
+    args.out.write_text(json.dumps(result, indent=1))
+    say(f"wrote {args.out}")
+    if not args.no_plots:
+        plot(result, traces, args.out.parent)
+    print(json.dumps(result["summary"]["workload"]["by_order"], indent=1))
+    return 0
+
+
+def _boundaries(traces: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The blocked serving order; step indices of domain changes depend on the policy."""
+    order = order_prompts(traces, "blocked")
+    return {"order": order, "first_prompt_of": {d: next(p for p in order if traces[p]["domain"] == d)
+                                                for d in DOMAINS if any(traces[p]["domain"] == d for p in order)}}
+
+
+def plot(result: Mapping[str, Any], traces: Mapping[str, Any], outdir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    label = result["summary"]["workload"]["cost_model"]
+    names = [a.name for a in ARMS]
+    choices = result["blocked_arm_choices_seed0"]
+    pick = result["summary"]["workload"]["by_order"]["blocked"]["best_selector"].split("@")[0]  # best on blocked
+    arms = choices[pick]
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    ax.scatter(range(len(arms)), arms, s=4, c=arms, cmap="tab10", vmin=0, vmax=9)
+    for x, d in _step_boundaries(result, traces, pick):
+        ax.axvline(x, color="k", lw=0.8, ls="--")
+        ax.text(x + 3, len(names) - 0.6, d, fontsize=9)
+    ax.set_yticks(range(len(names)), names)
+    ax.set_ylim(-0.5, len(names) - 0.2)
+    ax.set_xlabel("decode step (blocked order: code, then prose, then edit)")
+    ax.set_title(f"arm chosen by {pick}, seed 0 (replay; {label})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(outdir / "bandit-workload-arms.png", dpi=120)
+    plt.close(fig)
+
+    pol = result["policies"]
+    keys = [k for k in pol if pol[k]["order"] in ("any", "interleaved")]
+    keys += [k for k in pol if pol[k]["order"] == "blocked"]
+    tps = [pol[k]["tps"] for k in keys]
+    err = [[0, 0] if "tps_ci95" not in pol[k] else [pol[k]["tps"] - pol[k]["tps_ci95"][0],
+                                                     pol[k]["tps_ci95"][1] - pol[k]["tps"]] for k in keys]
+    colours = {"fixed": "tab:gray", "oracle": "tab:green", "selector": "tab:blue"}
+    fig, ax = plt.subplots(figsize=(10, 0.28 * len(keys) + 1.2))
+    ax.barh(range(len(keys)), tps, xerr=np.array(err).T, color=[colours[pol[k]["kind"]] for k in keys])
+    ax.set_yticks(range(len(keys)), keys, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"modelled tokens/s ({label}; not measured end to end)")
+    ax.set_title("tokens/s by policy on the domain-shifting workload (95% CI over seeds)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(outdir / "bandit-workload-tps.png", dpi=120)
+    plt.close(fig)
+
+
+def _step_boundaries(result: Mapping[str, Any], traces: Mapping[str, Any], pick: str) -> list[tuple[int, str]]:
+    """Re-derive the step index where each domain starts in the seed-0 blocked replay."""
+    order = result["domain_boundaries_blocked"]["order"]
+    arms = result["blocked_arm_choices_seed0"][pick]
+    out, i, seen = [], 0, set()
+    for pid in order:
+        tr = traces[pid]
+        if tr["domain"] not in seen:
+            seen.add(tr["domain"])
+            out.append((i, tr["domain"]))
+        t = 0
+        while t < len(tr["tokens"]):
+            t += min(accepted_at(ARMS[arms[i]], tr, t) + 1, len(tr["tokens"]) - t)
+            i += 1
+    return out
+
+
+# ---------------------------------------------------------------- docs tables
+
+PAGE = ROOT / "docs" / "bandits.md"
+BEGIN = "<!-- BEGIN bandit-workload-tables (benchmarks/bandit_workload.py render) -->"
+END = "<!-- END bandit-workload-tables -->"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def render(result: Mapping[str, Any]) -> str:
+    """Markdown tables of the workload section; every number comes from ``result``."""
+    w, pol = result["summary"]["workload"], result["policies"]
+    cfg = result["config"]
+    n = w["prompts_per_domain"]
+    lines = [
+        f"Cost model: **{w['cost_model']}**. Prompts traced: " + ", ".join(f"{d} {n[d]}" for d in DOMAINS)
+        + f"; greedy, at most {cfg['trace_config']['max_new_tokens']} new tokens each, "
+        f"{cfg['trace_config']['dtype']} on {cfg['trace_config']['device']}. Results commit "
+        f"`{result['commit'][:10]}`.",
+        "",
+        "Modelled step cost per arm (seconds): "
+        + ", ".join(f"`{k}` {v:.3g}" for k, v in cfg["step_cost_s"].items()) + ".",
+        "",
+        "**Acceptance per arm** (every position of every trace; acceptance = accepted / gamma):",
+        "",
+        "| arm | " + " | ".join(f"{d} acc. | {d} mean acc. len" for d in ("overall", *DOMAINS)) + " |",
+        "|---|" + "---:|---:|" * (1 + len(DOMAINS)),
+    ]
+    for arm, by in result["arm_acceptance"].items():
+        cells = [f"{_pct(by[d]['acceptance'])} | {by[d]['mean_accepted']:.2f}" for d in ("overall", *DOMAINS)]
+        lines.append(f"| `{arm}` | " + " | ".join(cells) + " |")
+    lines += ["", "**Modelled tokens/s by policy** (mean over seeds for Thompson variants; per-domain columns are "
+              "that domain's tokens / that domain's modelled time within the same run):", "",
+              "| policy | order | overall tok/s | 95% CI | " + " | ".join(DOMAINS) + " | mean acc. len |",
+              "|---|---|---:|---|" + "---:|" * len(DOMAINS) + "---:|"]
+    for k, v in sorted(pol.items(), key=lambda kv: -kv[1]["tps"]):
+        ci = v.get("tps_ci95")
+        ci_s = f"[{ci[0]:.3g}, {ci[1]:.3g}]" if ci and v.get("seeds", 1) > 1 else "-"
+        mal = v["overall"]["mean_accepted"] if "overall" in v else None
+        doms = " | ".join(f"{v['per_domain'][d]['tps']:.3g}" for d in DOMAINS)
+        name = k.split("@")[0] + (f" ({v['arm_per_domain']})" if v["kind"] == "oracle" else "")
+        lines.append(f"| `{name}` | {v['order']} | {v['tps']:.3g} | {ci_s} | {doms} | "
+                     + ("-" if mal is None else f"{mal:.2f}") + " |")
+    lines += ["", "**Goals** (best selector per order against the best single fixed arm and the per-domain oracle):",
+              "", "| order | best selector | tok/s | best fixed arm | tok/s | oracle tok/s | selector / oracle | "
+              ">= best fixed? | within 5% of oracle? |", "|---|---|---:|---|---:|---:|---:|---|---|"]
+    for order, h in w["by_order"].items():
+        lines.append(f"| {order} | `{h['best_selector'].split('@')[0]}` | {h['best_selector_tps']:.3g} | "
+                     f"`{h['best_fixed'].removeprefix('fixed:')}` | {h['best_fixed_tps']:.3g} | {h['oracle_tps']:.3g} | "
+                     f"{_pct(h['selector_vs_oracle'])} | {'yes' if h['selector_ge_fixed'] else 'no'} | "
+                     f"{'yes' if h['selector_within_5pct_of_oracle'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def run_render(args: argparse.Namespace) -> int:
+    block = f"{BEGIN}\n{render(json.loads(args.result.read_text()))}\n{END}"
+    page = PAGE.read_text()
+    if BEGIN not in page:
+        raise SystemExit(f"{PAGE} has no {BEGIN} marker")
+    new = page[: page.index(BEGIN)] + block + page[page.index(END) + len(END):]
+    if args.check:
+        return int(new != page)
+    PAGE.write_text(new)
+    say(f"updated {PAGE}")
+    return 0
+
+
+# ---------------------------------------------------------------- command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    tr = sub.add_parser("trace", help="greedy target traces + per-position match runs (CPU)")
+    tr.add_argument("--workload", type=Path, default=WORKLOAD)
+    tr.add_argument("--out", type=Path, default=TRACES)
+    tr.add_argument("--max-new-tokens", type=int, default=64)
+    tr.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    tr.add_argument("--threads", type=int, default=2)
+    co = sub.add_parser("costs", help="CPU step timings of the real models")
+    co.add_argument("--out", type=Path, default=COSTS_CPU)
+    co.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    co.add_argument("--threads", type=int, default=2)
+    co.add_argument("--context", type=int, default=300)
+    co.add_argument("--reps", type=int, default=9)
+    si = sub.add_parser("simulate", help="replay every policy over the traces")
+    si.add_argument("--traces", type=Path, default=TRACES)
+    si.add_argument("--out", type=Path, default=RESULT)
+    si.add_argument("--costs", type=Path, default=COSTS_CPU, help="step-cost table (from `costs`)")
+    si.add_argument("--seeds", type=int, default=10)
+    si.add_argument("--no-plots", action="store_true")
+    re_ = sub.add_parser("render", help="rewrite the workload tables in docs/bandits.md from the JSON")
+    re_.add_argument("--result", type=Path, default=RESULT)
+    re_.add_argument("--check", action="store_true", help="exit 1 if the page is out of date")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return {"trace": run_trace, "costs": run_costs, "simulate": run_simulate, "render": run_render}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
