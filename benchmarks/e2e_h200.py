@@ -200,6 +200,69 @@ def write(out: Path, sections: dict[str, Any], work: Path) -> None:
     print(json.dumps(summary, indent=1)[:6000])
 
 
+def floor_table(bench: dict[str, Any]) -> list[dict[str, Any]]:
+    """Measured step time next to the bandwidth-bound one, per configuration.
+
+    floor = bytes read per step (weights + the KV slots attended, per forward: ``floor``'s
+    ``*_bytes`` fields) / the copy bandwidth measured in the same run (reads + writes)."""
+    bw = bench.get("bandwidth_bytes_per_s")
+    fl = bench.get("floor") or {}
+    if not bw or "target_forward_bytes" not in fl:
+        return []
+    target_ms = fl["target_forward_bytes"] / bw * 1e3
+    rows = []
+    for name, s in bench["summaries"].items():
+        if not s.get("step_ms_p50") or name.startswith("bandit"):
+            continue
+        arm = name.removeprefix("fixed:")
+        draft_bytes = (fl["arms"].get(arm) or {}).get("draft_forward_bytes")
+        gamma = next(iter(s["arms"].values()))["gamma"] if s.get("arms") else 0
+        if draft_bytes is None and (fl["arms"].get(arm) or {}).get("draft_forward_floor_ms") is not None:
+            draft_bytes = fl["arms"][arm]["draft_forward_floor_ms"] / 1e3 * bw / 2  # bench at e167dbf stored ms at bw/2
+        step = target_ms + gamma * (draft_bytes or 0) / bw * 1e3
+        rows.append({"config": name, "gamma": gamma, "measured_step_ms_p50": s["step_ms_p50"],
+                     "floor_step_ms": step, "measured_over_floor": s["step_ms_p50"] / step,
+                     "mean_accepted_length": s["mean_accepted_length"],
+                     "floor_tokens_per_s": s["mean_accepted_length"] / step * 1e3,
+                     "measured_tokens_per_s": s["tokens_per_s"]})
+    return rows
+
+
+def summarize_dir(args: argparse.Namespace) -> int:
+    """Rebuild e2e-h200.json (+ plots) from the sections a ``full`` run left in --from."""
+    sections = {k: (json.loads((args.src / k / "bench.json").read_text()) if (args.src / k / "bench.json").is_file()
+                    else None) for k in ("b1_greedy", "b8_greedy", "b1_t07", "synthetic")}
+    b1 = sections["b1_greedy"] or {}
+    summary: dict[str, Any] = {k: v for k, v in (b1.get("summary") or {}).items()}
+    summary["label"] = "real pair: Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft (bf16, dequantized Q4_K_M GGUF)"
+    if b1:
+        s = b1["summaries"]
+        summary["tokens_per_s"] = {n: v["tokens_per_s"] for n, v in s.items() if v.get("tokens_per_s")}
+        summary["floor"] = floor_table(b1)
+        div = [r for rows in (b1.get("bf16_divergence") or {}).values() for r in rows]
+        hit = [r for r in div if r.get("top2_gap") is not None]
+        summary["bf16_divergence"] = {
+            "prompt_runs": len(div), "diverged": sum(r["first_divergence"] is not None for r in div),
+            "max_top2_gap_over_bf16_spacing": max((r["top2_gap"] / r["bf16_spacing"] for r in hit), default=None)}
+        summary["not_measured"] = sorted(
+            [k for k, v in s.items() if v.get("error")] +
+            [f"{x} (skipped: run budget)" for x in ("hf_eager", "hf_compiled", "hf_assisted", "hf_lookup")
+             if x not in s] + (["greedy_identical (float32 check skipped: run budget)"] if "exactness" not in b1 else []))
+    for key in ("b8_greedy", "b1_t07"):
+        if sections[key]:
+            summary[key] = sections[key]["summary"]
+    if sections["synthetic"] and sections["synthetic"].get("synthetic_scaling"):
+        summary["scaling_synthetic"] = sections["synthetic"]["synthetic_scaling"]
+    summary["skipped_sections"] = [k for k, v in sections.items() if v is None]
+    summary["measured_at_commit"] = args.commit
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "e2e-h200.json").write_text(json.dumps({"summary": summary, "sections": sections}, indent=1))
+    for png in sorted((args.src / "b1_greedy").glob("*.png")):
+        shutil.copy(png, args.out / f"e2e-h200-{png.name}")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
 def smoke(args: argparse.Namespace) -> int:
     """Graph-captured fast path on random 1.5B/0.5B shapes vs eager, and HF compile on a tiny model."""
     import torch
@@ -303,8 +366,12 @@ def main() -> int:
     f.add_argument("--max-new-tokens", type=int, default=128)
     f.add_argument("--hf-prompts", type=int, default=4)
     f.add_argument("--fuse", action="store_true")
+    m = sub.add_parser("summarize", help="rebuild e2e-h200.json from a full run's --out folder")
+    m.add_argument("--from", dest="src", type=Path, required=True)
+    m.add_argument("--out", type=Path, required=True)
+    m.add_argument("--commit", required=True, help="the commit the run measured (the GPU copy has no .git)")
     args = p.parse_args()
-    return full(args) if args.mode == "full" else smoke(args)
+    return {"full": full, "smoke": smoke, "summarize": summarize_dir}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -389,7 +389,8 @@ def forward_bytes(model: Any, batch: int) -> int:
 
 
 def floor_ms(bytes_read: int, bandwidth: float | None) -> float | None:
-    return None if not bandwidth else bytes_read / (bandwidth / 2) * 1e3  # copy moves each byte twice
+    """Time to stream ``bytes_read`` at the copy's rate (its reads and writes both counted)."""
+    return None if not bandwidth else bytes_read / bandwidth * 1e3
 
 
 def synthetic_scaling(args: argparse.Namespace, record: Callable[[str, dict[str, Any]], None], bandwidth: float | None,
@@ -572,7 +573,7 @@ def floors(pipeline: Any, batch: int, bandwidth: float | None) -> dict[str, Any]
         model = getattr(arm.provider, "model", None)
         if model is not None and arm.gamma:
             d = floor_ms(forward_bytes(model, batch), bandwidth)
-            out["arms"][arm.name] = {"draft_forward_floor_ms": d,
+            out["arms"][arm.name] = {"draft_forward_bytes": forward_bytes(model, batch), "draft_forward_floor_ms": d,
                                      "step_floor_ms": None if d is None else arm.gamma * d + out["target_forward_floor_ms"]}
         elif arm.gamma:
             out["arms"][arm.name] = {"step_floor_ms": out["target_forward_floor_ms"]}
