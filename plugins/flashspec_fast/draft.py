@@ -6,7 +6,8 @@ the shape fixed whether the previous step accepted everything or not), then
 ``gamma - 1`` one-token forwards, each followed by greedy argmax or an
 exponential race on noise drawn outside the graph (so the graph is a
 deterministic function of its inputs). A row that fell further behind (another
-arm ran meanwhile) first catches up with one eager ragged forward.
+arm ran meanwhile) first catches up with one ragged forward, padded to a power-of-two
+width and graph-captured per width like the rest.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ class FastDraft:
         check_room(self.model, max(lengths) + gamma, "draft")
         behind = [max(n - 2, 0) for n in lengths]
         if any(s < e for s, e in zip(self.seen, behind, strict=True)):
-            ragged_forward(self.model, tokens, [min(s, e) for s, e in zip(self.seen, behind, strict=True)], behind, self._stage)
+            starts = [min(s, e) for s, e in zip(self.seen, behind, strict=True)]
+            ragged_forward(self.model, tokens, starts, behind, self._stage, self.graphs)
         last = torch.tensor(lengths, dtype=torch.long) - 1
         prev = (last - 1).clamp_min(0)
         head = tokens[:, : int(last.max()) + 1]

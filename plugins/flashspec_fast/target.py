@@ -54,26 +54,42 @@ class HostInputs:
         return buf.to(self.device, non_blocking=True)
 
 
-def ragged_forward(model: Transformer, tokens: torch.Tensor, starts: Sequence[int], stops: Sequence[int], stage: HostInputs) -> None:
-    """Feed ``tokens[b, starts[b]:stops[b]]`` of every row at their positions (eager; prefill and catch-up).
+def bucket(width: int) -> int:
+    """Widths are padded to a power of two (>= 4), so a few captured graphs serve every prefill."""
+    return max(4, 1 << (width - 1).bit_length())
 
-    Rows are right-aligned in one ``[B, W]`` forward; padding writes go to the scratch slot.
+
+def ragged_forward(
+    model: Transformer,
+    tokens: torch.Tensor,
+    starts: Sequence[int],
+    stops: Sequence[int],
+    stage: HostInputs,
+    graphs: GraphCache | None = None,
+) -> None:
+    """Feed ``tokens[b, starts[b]:stops[b]]`` of every row at their positions (prefill and catch-up).
+
+    Rows are right-aligned in one ``[B, W]`` forward, W a :func:`bucket`; padding writes go to
+    the scratch slot. With ``graphs``, each (batch, W) is captured once and replayed.
     """
     batch = len(starts)
-    width = max(max(e - s for s, e in zip(starts, stops, strict=True)), 0)
-    if width == 0:
+    need = max(max(e - s for s, e in zip(starts, stops, strict=True)), 0)
+    if need == 0:
         return
-    ids = torch.zeros((batch, width), dtype=torch.long)
-    pos = torch.zeros((batch, width), dtype=torch.long)
-    write = torch.full((batch, width), model.scratch, dtype=torch.long)
+    width = bucket(need) if bucket(need) < model.scratch else need
+    host = torch.zeros((3, batch, width), dtype=torch.long)  # ids, positions, write slots
+    host[2] = model.scratch
     for b, (s, e) in enumerate(zip(starts, stops, strict=True)):
-        n = e - s
-        if n > 0:
-            ids[b, width - n :] = tokens[b, s:e]
-            pos[b, width - n :] = torch.arange(s, e)
-            write[b, width - n :] = torch.arange(s, e)
-    dev = stage(torch.stack([ids, pos, write]))
-    model.forward(dev[0], dev[1], dev[2], last_only=True)
+        if e > s:
+            host[0, b, width - (e - s) :] = tokens[b, s:e]
+            host[1, b, width - (e - s) :] = torch.arange(s, e)
+            host[2, b, width - (e - s) :] = torch.arange(s, e)
+    dev = stage(host)
+    run = lambda d: model.forward(d[0], d[1], d[2], last_only=True)  # noqa: E731
+    if graphs is None:
+        run(dev)
+    else:
+        graphs(("ragged", batch, width), run, dev)
 
 
 def check_room(model: Transformer, longest: int, what: str) -> None:
@@ -117,7 +133,7 @@ class FastTarget:
         if self.model.allocate(len(lengths)):
             self.graphs.clear()
         check_room(self.model, max(lengths), "prefill")
-        ragged_forward(self.model, tokens, [0] * len(lengths), [n - 1 for n in lengths], self._stage)
+        ragged_forward(self.model, tokens, [0] * len(lengths), [n - 1 for n in lengths], self._stage, self.graphs)
 
     def score(self, tokens: torch.Tensor, lengths: Sequence[int], draft_tokens: torch.Tensor) -> torch.Tensor:
         """Logits after each row's last token and after each draft token: [B, gamma+1, V]."""
