@@ -232,12 +232,18 @@ def summarize_dir(args: argparse.Namespace) -> int:
     """Rebuild e2e-h200.json (+ plots) from the sections a ``full`` run left in --from."""
     sections = {k: (json.loads((args.src / k / "bench.json").read_text()) if (args.src / k / "bench.json").is_file()
                     else None) for k in ("b1_greedy", "b8_greedy", "b1_t07", "synthetic")}
+    from flashspec_fast.bench import summarize_run
+
+    for sec in sections.values():  # recomputed from the raw rows, so newer summary fields appear too
+        if sec:
+            sec["summaries"] = {n: summarize_run(r) if r["requests"] else sec["summaries"][n] for n, r in sec["runs"].items()}
     b1 = sections["b1_greedy"] or {}
     summary: dict[str, Any] = {k: v for k, v in (b1.get("summary") or {}).items()}
     summary["label"] = "real pair: Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft (bf16, dequantized Q4_K_M GGUF)"
     if b1:
         s = b1["summaries"]
         summary["tokens_per_s"] = {n: v["tokens_per_s"] for n, v in s.items() if v.get("tokens_per_s")}
+        summary["outside_steps_ms_per_request"] = {n: v.get("outside_steps_ms_per_batch") for n, v in s.items()}
         summary["floor"] = floor_table(b1)
         div = [r for rows in (b1.get("bf16_divergence") or {}).values() for r in rows]
         hit = [r for r in div if r.get("top2_gap") is not None]

@@ -168,6 +168,8 @@ def summarize_run(run: dict[str, Any]) -> dict[str, Any]:
         parts = {k: sum(s[k] for s in steps) / len(steps) for k in ("draft_ms", "target_ms", "verify_ms", "host_ms")}
         out["breakdown_ms"] = parts
         out["host_fraction"] = parts["host_ms"] / (sum(step_ms) / len(steps))
+        # Wall time outside the decode steps: prefill, catching the draft up on a new prompt, setup.
+        out["outside_steps_ms_per_batch"] = (wall - sum(step_ms) / 1e3) * 1e3 / max(len(walls), 1)
         arms: dict[str, dict[str, Any]] = {}
         for s in steps:
             a = arms.setdefault(s["arm_name"], {"steps": 0, "gamma": s["gamma"], "row_steps": 0, "accepted": 0, "at": []})
