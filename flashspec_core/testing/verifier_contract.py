@@ -226,12 +226,12 @@ def check_neg_inf_logits(verifier: Verifier, device: torch.device | str = "cpu",
     """Tokens whose target logit is ``-inf`` are never emitted (accepted, recovered or bonus)."""
     for temperature in (0.0, 1.0):
         sampling = SamplingParams(temperature=temperature)
-        inputs = random_inputs(32, gamma, vocab, seed=5, sampling=sampling)
+        inputs = random_inputs(32, gamma, vocab, seed=5, sampling=sampling, device=device)
         logits = inputs.target_logits.clone()
         banned = torch.zeros(vocab, dtype=torch.bool)
         banned[::2] = True  # even tokens: -inf at every position
-        logits[..., banned] = float("-inf")
-        inputs = attrs.evolve(inputs, target_logits=logits.to(device))
+        logits[..., banned.to(logits.device)] = float("-inf")
+        inputs = attrs.evolve(inputs, target_logits=logits)
         verdict = inputs.run(verifier, 0)
         check_verdict(verdict, inputs)
         tokens = verdict.tokens.cpu()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+import os
 import time
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +15,7 @@ from flashspec_core.contracts import SamplingParams, Verifier
 from flashspec_core.testing import verifier_contract as vc
 
 NAMES = vc.verifier_names()
+DEVICE = os.environ.get("FLASHSPEC_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
 
 sampling_params = st.builds(
     SamplingParams,
@@ -36,6 +39,7 @@ def verify_inputs(draw: st.DrawFn, max_batch: int, max_gamma: int) -> tuple[vc.I
         sampling=draw(sampling_params),
         deterministic=draw(st.booleans()),
         pattern=pattern,
+        device=DEVICE,
     )
     return inputs, pattern
 
@@ -44,20 +48,22 @@ def verify_inputs(draw: st.DrawFn, max_batch: int, max_gamma: int) -> tuple[vc.I
 def _budget(name: str) -> tuple[int, int, int]:
     """(examples, max batch, max gamma): fewer and smaller for a slow verifier, such as a
     Triton kernel in the CPU interpreter (about 0.1 s per row)."""
-    verifier = vc.load_verifier(name)
+    verifier = vc.load_verifier(name, DEVICE)
+    inputs = vc.random_inputs(4, 2, 64, 0, SamplingParams(), device=DEVICE)
+    inputs.run(verifier, 0)  # compile / warm up
     start = time.perf_counter()
-    vc.random_inputs(4, 2, 64, 0, SamplingParams()).run(verifier, 0)
+    inputs.run(verifier, 1)
     return (60, 9, 6) if time.perf_counter() - start < 0.2 else (8, 3, 4)
 
 
 @pytest.fixture(params=NAMES)
 def name(request: pytest.FixtureRequest) -> str:
-    vc.load_verifier_or_skip(request.param)
+    vc.load_verifier_or_skip(request.param, DEVICE)
     return request.param
 
 
 def test_verdict_contract(name: str) -> None:
-    verifier = vc.load_verifier(name)
+    verifier = vc.load_verifier(name, DEVICE)
     examples, max_batch, max_gamma = _budget(name)
     exact = vc.is_exact(verifier)
 
@@ -79,12 +85,12 @@ def test_same_seed_same_verdict(name: str) -> None:
     @settings(max_examples=max(4, examples // 3), deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(case=verify_inputs(max_batch, max_gamma), seed=st.integers(0, 2**31 - 1))
     def check(case: tuple[vc.Inputs, list[str]], seed: int) -> None:
-        vc.check_deterministic(lambda: vc.load_verifier(name), case[0], seed)
+        vc.check_deterministic(lambda: vc.load_verifier(name, DEVICE), case[0], seed)
 
     check()
 
 
 @pytest.mark.parametrize("check", vc.EDGE_CASES, ids=lambda f: f.__name__.removeprefix("check_"))
 def test_edge_case(name: str, check: object) -> None:
-    verifier: Verifier = vc.load_verifier_or_skip(name, exact=True)
-    check(verifier)  # type: ignore[operator]
+    verifier: Verifier = vc.load_verifier_or_skip(name, DEVICE, exact=True)
+    check(verifier, DEVICE)  # type: ignore[operator]
