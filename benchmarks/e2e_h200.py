@@ -128,51 +128,20 @@ def full(args: argparse.Namespace) -> int:
     work = args.out  # each section's bench.json lands in --out/<section>/ as soon as it is written
     sections: dict[str, Any] = {}
     common = ["--max-new-tokens", str(args.max_new_tokens)]
-    sections["b1_greedy"] = bench(
-        work / "b1_greedy",
-        config,
-        deadline,
-        *common,
-        "--hf-prompts",
-        str(args.hf_prompts),
-        "--exactness",
-        "3",
-        "--warmup",
-        "1",
-    )
-    sections["b8_greedy"] = bench(
-        work / "b8_greedy",
-        config,
-        deadline,
-        *common,
-        "--batch-size",
-        "8",
-        "--systems",
-        "flashspec,target_only,hf_eager",
-        "--hf-prompts",
-        "8",
-        "--no-fixed-arms",
-    )
-    sections["b1_t07"] = bench(
-        work / "b1_t07", config, deadline, *common, "--temperature", "0.7", "--systems", "flashspec,target_only"
-    )
-    sections["synthetic"] = bench(
-        work / "synthetic",
-        config,
-        deadline,
-        "--systems",
-        "target_only",
-        "--prompts",
-        "1",
-        "--max-new-tokens",
-        "8",
-        "--synthetic-shapes",
-        "qwen2.5-7b,qwen2.5-14b,qwen2.5-32b",
-        "--synthetic-acceptance",
-        "0.6,0.8",
-        "--synthetic-gammas",
-        "4",
-    )
+    fuse = ["--fuse"] if args.fuse else []
+    plan = {
+        "b1_greedy": [*common, "--hf-prompts", str(args.hf_prompts), "--exactness", "2", "--warmup", "1", *fuse],
+        "b8_greedy": [*common, "--batch-size", "8", "--systems", "flashspec,target_only,hf_eager", "--hf-prompts", "8",
+                      "--no-fixed-arms", *fuse],
+        "b1_t07": [*common, "--temperature", "0.7", "--systems", "flashspec,target_only", *fuse],
+        "synthetic": ["--systems", "target_only", "--prompts", "1", "--max-new-tokens", "8", "--synthetic-shapes",
+                      "qwen2.5-7b,qwen2.5-14b,qwen2.5-32b", "--synthetic-acceptance", "0.6,0.8", "--synthetic-gammas",
+                      "4", *fuse],
+    }
+    for name, extra in plan.items():
+        if args.sections == "all" or name in args.sections.split(","):
+            sections[name] = bench(work / name, config, deadline, *extra)
+            write(args.out, sections, work)
     write(args.out, sections, work)
     return 0
 
@@ -372,6 +341,9 @@ def main() -> int:
     f.add_argument("--max-new-tokens", type=int, default=128)
     f.add_argument("--hf-prompts", type=int, default=4)
     f.add_argument("--fuse", action="store_true")
+    f.add_argument("--sections", default="all",
+                   help="comma list of b1_greedy,b8_greedy,b1_t07,synthetic, or 'none' to convert only "
+                        "(split a run over several calls on a warm machine; /tmp/fsbf16 is reused)")
     m = sub.add_parser("summarize", help="rebuild e2e-h200.json from a full run's --out folder")
     m.add_argument("--from", dest="src", type=Path, required=True)
     m.add_argument("--out", type=Path, required=True)

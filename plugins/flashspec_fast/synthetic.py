@@ -22,6 +22,8 @@ class SyntheticOptions:
 
 
 class SyntheticVerifier:
+    exact = False  # a timing stand-in: the contract suite skips its exactness checks
+
     def __init__(self, acceptance: float) -> None:
         self.acceptance = acceptance
 
