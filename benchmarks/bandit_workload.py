@@ -275,7 +275,7 @@ def _forward(model: Any, context: int, width: int) -> Callable[[], None]:
 
 
 def run_costs(args: argparse.Namespace) -> int:
-    """CPU step costs of the real models here: what ``simulate`` reads."""
+    """CPU step costs of the real models here: what ``simulate --cost-model cpu`` reads."""
     import torch
 
     from flashspec_lookup.lookup import LookupConfig, lookup
@@ -328,7 +328,10 @@ class Step:
 
 def step_costs(costs: Mapping[str, Any], arms: Sequence[Arm] = ARMS) -> list[float]:
     """Modelled seconds of one step of each arm: target forward of ``gamma + 1`` tokens,
-    ``gamma`` one-token draft forwards (draft arms), the lookup search (lookup arms), verify."""
+    ``gamma`` one-token draft forwards (draft arms), the lookup search (lookup arms), verify.
+    A table with ``step_s`` (per arm name) gives the steps directly."""
+    if "step_s" in costs:
+        return [float(costs["step_s"][a.name]) for a in arms]
     out = []
     for a in arms:
         s = float(costs["target_forward_s"][str(a.gamma + 1)]) + float(costs["verify_s"])
@@ -398,8 +401,11 @@ def tally_domains(steps: Sequence[Step]) -> dict[str, Any]:
     return out
 
 
-def selector_makers() -> dict[str, tuple[Callable[[int], Any], bool]]:
-    """name -> (make(seed), randomised), every selector with its default config."""
+def selector_makers(horizon: int | None = None, breakpoints: int | None = None
+                    ) -> dict[str, tuple[Callable[[int], Any], bool]]:
+    """name -> (make(seed), randomised): every selector with its default config, and, given
+    ``horizon`` and ``breakpoints``, the two forgetting selectors with the window/discount
+    that their default rule gives for them (``<name>[rule]``)."""
     from flashspec_selectors import (
         UCB1,
         DiscountedThompson,
@@ -412,12 +418,26 @@ def selector_makers() -> dict[str, tuple[Callable[[int], Any], bool]]:
     )
 
     k = len(ARMS)
-    return {
+    out: dict[str, tuple[Callable[[int], Any], bool]] = {
         "ucb1": (lambda seed: UCB1(UCB1Config(), k), False),
         "thompson": (lambda seed: Thompson(ThompsonConfig(seed=seed), k), True),
         "sliding_window_ucb": (lambda seed: SlidingWindowUCB(SlidingWindowUCBConfig(), k), False),
         "discounted_thompson": (lambda seed: DiscountedThompson(DiscountedThompsonConfig(seed=seed), k), True),
     }
+    if horizon is not None and breakpoints is not None:
+        sw = SlidingWindowUCBConfig(horizon=horizon, breakpoints=breakpoints)
+        out["sliding_window_ucb[rule]"] = (lambda seed: SlidingWindowUCB(sw, k), False)
+        out["discounted_thompson[rule]"] = (lambda seed: DiscountedThompson(
+            DiscountedThompsonConfig(horizon=horizon, breakpoints=breakpoints, seed=seed), k), True)
+    return out
+
+
+def rule_inputs(traces: Mapping[str, Mapping[str, Any]], order: Sequence[str]) -> dict[str, int]:
+    """What a deployer knows before serving: at most one step per token (horizon) and how
+    often the domain changes in the serving order (breakpoints)."""
+    horizon = sum(len(traces[p]["tokens"]) for p in order)
+    changes = sum(traces[a]["domain"] != traces[b]["domain"] for a, b in zip(order, order[1:], strict=False))
+    return {"horizon": max(2, horizon), "breakpoints": max(1, changes)}
 
 
 def mean_ci(values: Sequence[float]) -> dict[str, Any]:
@@ -445,18 +465,20 @@ def simulate(traces: Mapping[str, Mapping[str, Any]], costs: Sequence[float], se
         "kind": "oracle", "order": "any", "arm_per_domain": best, "tps": emitted / seconds,
         "per_domain": {d: {**fixed[best[d]][d], "arm": best[d]} for d in DOMAINS},
     }
-    for name, (make, randomised) in selector_makers().items():
-        for reward in ("acceptance", "throughput"):
-            for order in ("interleaved", "blocked"):
-                runs = [tally_domains(replay(make(seed), reward, traces, order_prompts(traces, order), costs))
+    rules = {}
+    for order in ("interleaved", "blocked"):
+        ids = order_prompts(traces, order)
+        rules[order] = rule_inputs(traces, ids)
+        for name, (make, randomised) in selector_makers(**rules[order]).items():
+            for reward in ("acceptance", "throughput"):
+                runs = [tally_domains(replay(make(seed), reward, traces, ids, costs))
                         for seed in range(seeds if randomised else 1)]
-                key = f"{name}+{reward}@{order}"
-                policies[key] = {"kind": "selector", "selector": name, "reward": reward, "order": order,
-                                 "seeds": len(runs), "randomised": randomised, **_seed_mean(runs)}
+                policies[f"{name}+{reward}@{order}"] = {
+                    "kind": "selector", "selector": name, "reward": reward, "order": order,
+                    "seeds": len(runs), "randomised": randomised, **_seed_mean(runs)}
                 if order == "blocked":
-                    ex = replay(make(0), reward, traces, order_prompts(traces, order), costs)
-                    examples[f"{name}+{reward}"] = [s.arm for s in ex]
-    return {"policies": policies, "blocked_arm_choices_seed0": examples}
+                    examples[f"{name}+{reward}"] = [s.arm for s in replay(make(0), reward, traces, ids, costs)]
+    return {"policies": policies, "blocked_arm_choices_seed0": examples, "rule_inputs": rules}
 
 
 def _flat(dom: Mapping[str, Any]) -> dict[str, Any]:
@@ -476,11 +498,62 @@ def _seed_mean(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "per_domain": {d: avg(d) for d in DOMAINS}}
 
 
-def load_costs(path: Path) -> dict[str, Any]:
-    """The step-cost table written by ``costs``, with its label."""
-    if not path.is_file():
-        raise SystemExit(f"{path} missing: run `python benchmarks/bandit_workload.py costs` first")
-    return json.loads(path.read_text())
+E2E_H200 = OUT / "e2e-h200.json"
+
+
+def load_costs(model: str, cpu_path: Path) -> dict[str, Any]:
+    """The step-cost table and its label: ``h200`` from e2e-h200.json, ``cpu`` from ``costs``."""
+    if model == "h200":
+        return h200_costs(json.loads(E2E_H200.read_text()))
+    if not cpu_path.is_file():
+        raise SystemExit(f"{cpu_path} missing: run `python benchmarks/bandit_workload.py costs` first")
+    return json.loads(cpu_path.read_text())
+
+
+def h200_costs(e2e: Mapping[str, Any], section: str = "b1_greedy") -> dict[str, Any]:
+    """Per-arm step seconds from the raw step rows of the H200 end-to-end run.
+
+    That run's arms are d0.5b-g3, d0.5b-g5, lookup-g6 and target-only; ours are g3, g6,
+    lookup-g8 and none, so: medians of each step component per run; one draft forward =
+    pooled draft ms / pooled gamma of the two draft runs; target forward of ``w`` tokens
+    measured at w = 1, 4, 6, 7 and extrapolated to 9 by a least-squares line; verify and
+    host time of the nearest measured arm of the same kind.
+    """
+    runs = e2e["sections"][section]["runs"]
+
+    def med(run: str, key: str) -> float:
+        return statistics.median(float(r[key]) for r in runs[run]["steps"]) / 1e3
+
+    drafts = [k for k in runs if k.startswith("fixed:d")]
+    gammas = {k: int(runs[k]["steps"][0]["gamma"]) for k in drafts}
+    draft_fwd = sum(med(k, "draft_ms") for k in drafts) / sum(gammas.values())
+    widths = {1: med("target_only", "target_ms")}
+    widths.update({gammas[k] + 1: med(k, "target_ms") for k in drafts})
+    lookup_run = next(k for k in runs if k.startswith("fixed:lookup"))
+    widths[int(runs[lookup_run]["steps"][0]["gamma"]) + 1] = med(lookup_run, "target_ms")
+    slope, icept = np.polyfit(list(widths), list(widths.values()), 1)
+    big = max(drafts, key=lambda k: gammas[k])
+
+    def target(w: int) -> float:
+        return widths[w] if w in widths else float(icept + slope * w)
+
+    step = {}
+    for a in ARMS:
+        if a.source == "draft":
+            step[a.name] = target(a.gamma + 1) + a.gamma * draft_fwd + med(big, "verify_ms") + med(big, "host_ms")
+        elif a.source == "lookup":
+            step[a.name] = (target(a.gamma + 1) + med(lookup_run, "draft_ms") + med(lookup_run, "verify_ms")
+                            + med(lookup_run, "host_ms"))
+        else:
+            step[a.name] = sum(med("target_only", k) for k in ("target_ms", "draft_ms", "verify_ms", "host_ms"))
+    return {
+        "label": "H200 step costs from e2e-h200.json",
+        "how": f"{section}: batch 1, greedy, bf16, FlashSpec fast backend; " + (h200_costs.__doc__ or "").split(
+            "\n\n")[1].replace("\n    ", " ").strip(),
+        "step_s": step, "target_forward_s": {str(k): v for k, v in sorted(widths.items())},
+        "target_forward_fit": {"slope_s_per_token": float(slope), "intercept_s": float(icept)},
+        "draft_forward_s": draft_fwd, "measured_at_commit": e2e.get("summary", {}).get("measured_at_commit"),
+    }
 
 
 def headline(policies: Mapping[str, Any], order: str) -> dict[str, Any]:
@@ -514,7 +587,7 @@ def arm_stats(traces: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 def run_simulate(args: argparse.Namespace) -> int:
     data = json.loads(args.traces.read_text())
     traces = data["traces"]
-    costs = load_costs(args.costs)
+    costs = load_costs(args.cost_model, args.cpu_costs)
     per_arm = step_costs(costs)
     say(f"{len(traces)} traces; step costs (s): {dict(zip([a.name for a in ARMS], per_arm, strict=True))}")
     sim = simulate(traces, per_arm, args.seeds)
@@ -534,7 +607,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         "config": {
             "arms": [attrs.asdict(a) for a in ARMS], "seeds": args.seeds,
             "selectors": "flashspec_selectors defaults (UCB1Config(), ThompsonConfig(seed), SlidingWindowUCBConfig(),"
-                         " DiscountedThompsonConfig(seed)); ucb1 and sliding_window_ucb are deterministic: one run",
+                         " DiscountedThompsonConfig(seed)); [rule] = the same default rule fed horizon = tokens in"
+                         " the run and breakpoints = domain changes in the order (see rule_inputs); ucb1 and"
+                         " sliding_window_ucb are deterministic: one run",
             "rewards": "flashspec_core.rewards.make_reward: acceptance = accepted / gamma (0 for gamma 0); "
                        "throughput = emitted / modelled step s over the running max",
             "step_cost_s": dict(zip([a.name for a in ARMS], per_arm, strict=True)),
@@ -543,6 +618,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         "arm_acceptance": arm_stats(traces),
         "policies": policies,
         "blocked_arm_choices_seed0": sim["blocked_arm_choices_seed0"],
+        "rule_inputs": sim["rule_inputs"],
         "domain_boundaries_blocked": _boundaries(traces),
         "versions": versions(), "commit": commit(), "traces_commit": data.get("commit"),
         "script_modified_since_commit": _dirty("benchmarks/bandit_workload.py"),
@@ -550,7 +626,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     args.out.write_text(json.dumps(result, indent=1))
     say(f"wrote {args.out}")
     if not args.no_plots:
-        plot(result, traces, args.out.parent)
+        plot(result, traces, args.out.parent / args.out.stem)
     print(json.dumps(result["summary"]["workload"]["by_order"], indent=1))
     return 0
 
@@ -562,7 +638,8 @@ def _boundaries(traces: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
                                                 for d in DOMAINS if any(traces[p]["domain"] == d for p in order)}}
 
 
-def plot(result: Mapping[str, Any], traces: Mapping[str, Any], outdir: Path) -> None:
+def plot(result: Mapping[str, Any], traces: Mapping[str, Any], stem: Path) -> None:
+    """``<stem>-arms.png`` (arm per step, blocked order) and ``<stem>-tps.png`` (tokens/s by policy)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -573,17 +650,25 @@ def plot(result: Mapping[str, Any], traces: Mapping[str, Any], outdir: Path) -> 
     choices = result["blocked_arm_choices_seed0"]
     pick = result["summary"]["workload"]["by_order"]["blocked"]["best_selector"].split("@")[0]  # best on blocked
     arms = choices[pick]
-    fig, ax = plt.subplots(figsize=(10, 3.2))
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(10, 5.2), sharex=True, height_ratios=[1.3, 1])
     ax.scatter(range(len(arms)), arms, s=4, c=arms, cmap="tab10", vmin=0, vmax=9)
+    window = 25
+    for i, name in enumerate(names):
+        hit = np.convolve(np.asarray(arms) == i, np.ones(window) / window, mode="valid")
+        ax2.plot(np.arange(len(hit)) + window - 1, hit, color=plt.get_cmap("tab10")(i), lw=1.2, label=name)
     for x, d in _step_boundaries(result, traces, pick):
-        ax.axvline(x, color="k", lw=0.8, ls="--")
+        for a in (ax, ax2):
+            a.axvline(x, color="k", lw=0.8, ls="--")
         ax.text(x + 3, len(names) - 0.6, d, fontsize=9)
     ax.set_yticks(range(len(names)), names)
     ax.set_ylim(-0.5, len(names) - 0.2)
-    ax.set_xlabel("decode step (blocked order: code, then prose, then edit)")
+    ax2.set_ylabel(f"share, last {window} steps")
+    ax2.set_ylim(0, 1)
+    ax2.legend(fontsize=7, ncol=len(names), loc="upper left")
+    ax2.set_xlabel("decode step (blocked order: code, then prose, then edit)")
     ax.set_title(f"arm chosen by {pick}, seed 0 (replay; {label})", fontsize=10)
     fig.tight_layout()
-    fig.savefig(outdir / "bandit-workload-arms.png", dpi=120)
+    fig.savefig(f"{stem}-arms.png", dpi=120)
     plt.close(fig)
 
     pol = result["policies"]
@@ -596,11 +681,12 @@ def plot(result: Mapping[str, Any], traces: Mapping[str, Any], outdir: Path) -> 
     fig, ax = plt.subplots(figsize=(10, 0.28 * len(keys) + 1.2))
     ax.barh(range(len(keys)), tps, xerr=np.array(err).T, color=[colours[pol[k]["kind"]] for k in keys])
     ax.set_yticks(range(len(keys)), keys, fontsize=8)
+    ax.axvline(pol["oracle:per-domain"]["tps"], color="tab:green", lw=0.8, ls="--")
     ax.invert_yaxis()
     ax.set_xlabel(f"modelled tokens/s ({label}; not measured end to end)")
     ax.set_title("tokens/s by policy on the domain-shifting workload (95% CI over seeds)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(outdir / "bandit-workload-tps.png", dpi=120)
+    fig.savefig(f"{stem}-tps.png", dpi=120)
     plt.close(fig)
 
 
@@ -624,15 +710,13 @@ def _step_boundaries(result: Mapping[str, Any], traces: Mapping[str, Any], pick:
 # ---------------------------------------------------------------- docs tables
 
 PAGE = ROOT / "docs" / "bandits.md"
-BEGIN = "<!-- BEGIN bandit-workload-tables (benchmarks/bandit_workload.py render) -->"
-END = "<!-- END bandit-workload-tables -->"
 
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def render(result: Mapping[str, Any]) -> str:
+def render(result: Mapping[str, Any], full: bool = True) -> str:
     """Markdown tables of the workload section; every number comes from ``result``."""
     w, pol = result["summary"]["workload"], result["policies"]
     cfg = result["config"]
@@ -643,30 +727,13 @@ def render(result: Mapping[str, Any]) -> str:
         f"{cfg['trace_config']['dtype']} on {cfg['trace_config']['device']}. Results commit "
         f"`{result['commit'][:10]}`.",
         "",
-        "Modelled step cost per arm (seconds): "
-        + ", ".join(f"`{k}` {v:.3g}" for k, v in cfg["step_cost_s"].items()) + ".",
+        "Modelled step time per arm: "
+        + ", ".join(f"`{k}` {1e3 * v:.3g} ms" for k, v in cfg["step_cost_s"].items()) + ".",
         "",
-        "**Acceptance per arm** (every position of every trace; acceptance = accepted / gamma):",
-        "",
-        "| arm | " + " | ".join(f"{d} acc. | {d} mean acc. len" for d in ("overall", *DOMAINS)) + " |",
-        "|---|" + "---:|---:|" * (1 + len(DOMAINS)),
     ]
-    for arm, by in result["arm_acceptance"].items():
-        cells = [f"{_pct(by[d]['acceptance'])} | {by[d]['mean_accepted']:.2f}" for d in ("overall", *DOMAINS)]
-        lines.append(f"| `{arm}` | " + " | ".join(cells) + " |")
-    lines += ["", "**Modelled tokens/s by policy** (mean over seeds for Thompson variants; per-domain columns are "
-              "that domain's tokens / that domain's modelled time within the same run):", "",
-              "| policy | order | overall tok/s | 95% CI | " + " | ".join(DOMAINS) + " | mean acc. len |",
-              "|---|---|---:|---|" + "---:|" * len(DOMAINS) + "---:|"]
-    for k, v in sorted(pol.items(), key=lambda kv: -kv[1]["tps"]):
-        ci = v.get("tps_ci95")
-        ci_s = f"[{ci[0]:.3g}, {ci[1]:.3g}]" if ci and v.get("seeds", 1) > 1 else "-"
-        mal = v["overall"]["mean_accepted"] if "overall" in v else None
-        doms = " | ".join(f"{v['per_domain'][d]['tps']:.3g}" for d in DOMAINS)
-        name = k.split("@")[0] + (f" ({v['arm_per_domain']})" if v["kind"] == "oracle" else "")
-        lines.append(f"| `{name}` | {v['order']} | {v['tps']:.3g} | {ci_s} | {doms} | "
-                     + ("-" if mal is None else f"{mal:.2f}") + " |")
-    lines += ["", "**Goals** (best selector per order against the best single fixed arm and the per-domain oracle):",
+    if full:
+        lines += _acceptance_table(result) + _policy_table(pol)
+    lines += ["**Goals** (best selector per order against the best single fixed arm and the per-domain oracle):",
               "", "| order | best selector | tok/s | best fixed arm | tok/s | oracle tok/s | selector / oracle | "
               ">= best fixed? | within 5% of oracle? |", "|---|---|---:|---|---:|---:|---:|---|---|"]
     for order, h in w["by_order"].items():
@@ -677,15 +744,53 @@ def render(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _acceptance_table(result: Mapping[str, Any]) -> list[str]:
+    lines = ["**Acceptance per arm** (every position of every trace; acceptance = accepted / gamma, "
+             "mean acc. = accepted tokens per step):", "",
+             "| arm | " + " | ".join(f"{d} acc. | {d} mean acc." for d in ("overall", *DOMAINS)) + " |",
+             "|---|" + "---:|---:|" * (1 + len(DOMAINS))]
+    for arm, by in result["arm_acceptance"].items():
+        cells = [f"{_pct(by[d]['acceptance'])} | {by[d]['mean_accepted']:.2f}" for d in ("overall", *DOMAINS)]
+        lines.append(f"| `{arm}` | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def _policy_table(pol: Mapping[str, Any]) -> list[str]:
+    lines = ["**Modelled tokens/s by policy**, best first (Thompson variants: mean over seeds and 95% interval; "
+             "a domain's column is its tokens over its modelled time within the same run; mean acc. = accepted "
+             "tokens per step):", "",
+             "| policy | order | overall tok/s | 95% CI | " + " | ".join(DOMAINS) + " | mean acc. |",
+             "|---|---|---:|---|" + "---:|" * len(DOMAINS) + "---:|"]
+    for k, v in sorted(pol.items(), key=lambda kv: -kv[1]["tps"]):
+        ci = v.get("tps_ci95")
+        ci_s = f"[{ci[0]:.3g}, {ci[1]:.3g}]" if ci and v.get("seeds", 1) > 1 else "-"
+        mal = v["overall"]["mean_accepted"] if "overall" in v else None
+        doms = " | ".join(f"{v['per_domain'][d]['tps']:.3g}" for d in DOMAINS)
+        name = k.split("@")[0]
+        if v["kind"] == "oracle":
+            name += " (" + ", ".join(f"{d}: {a}" for d, a in v["arm_per_domain"].items()) + ")"
+        lines.append(f"| `{name}` | {v['order']} | {v['tps']:.3g} | {ci_s} | {doms} | "
+                     + ("-" if mal is None else f"{mal:.2f}") + " |")
+    return [*lines, ""]
+
+
+BLOCKS = {  # marker name in docs/bandits.md -> (result JSON, full tables?)
+    "bandit-workload-tables": (RESULT, True),
+    "bandit-workload-cpu-tables": (OUT / "bandit-workload-cpu.json", False),
+}
+
+
 def run_render(args: argparse.Namespace) -> int:
-    block = f"{BEGIN}\n{render(json.loads(args.result.read_text()))}\n{END}"
-    page = PAGE.read_text()
-    if BEGIN not in page:
-        raise SystemExit(f"{PAGE} has no {BEGIN} marker")
-    new = page[: page.index(BEGIN)] + block + page[page.index(END) + len(END):]
+    page = old = PAGE.read_text()
+    for name, (path, full) in BLOCKS.items():
+        begin, end = f"<!-- BEGIN {name} (benchmarks/bandit_workload.py render) -->", f"<!-- END {name} -->"
+        if begin not in page or not path.is_file():
+            raise SystemExit(f"{PAGE} has no {begin} marker, or {path} is missing")
+        block = f"{begin}\n{render(json.loads(path.read_text()), full)}\n{end}"
+        page = page[: page.index(begin)] + block + page[page.index(end) + len(end):]
     if args.check:
-        return int(new != page)
-    PAGE.write_text(new)
+        return int(page != old)
+    PAGE.write_text(page)
     say(f"updated {PAGE}")
     return 0
 
@@ -711,11 +816,12 @@ def build_parser() -> argparse.ArgumentParser:
     si = sub.add_parser("simulate", help="replay every policy over the traces")
     si.add_argument("--traces", type=Path, default=TRACES)
     si.add_argument("--out", type=Path, default=RESULT)
-    si.add_argument("--costs", type=Path, default=COSTS_CPU, help="step-cost table (from `costs`)")
+    si.add_argument("--cost-model", choices=("h200", "cpu"), default="h200",
+                    help="h200: step costs from docs/benchmarks/e2e-h200.json; cpu: the table `costs` measured here")
+    si.add_argument("--cpu-costs", type=Path, default=COSTS_CPU)
     si.add_argument("--seeds", type=int, default=10)
     si.add_argument("--no-plots", action="store_true")
     re_ = sub.add_parser("render", help="rewrite the workload tables in docs/bandits.md from the JSON")
-    re_.add_argument("--result", type=Path, default=RESULT)
     re_.add_argument("--check", action="store_true", help="exit 1 if the page is out of date")
     return ap
 

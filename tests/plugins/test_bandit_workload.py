@@ -55,7 +55,7 @@ def test_every_policy_emits_exactly_the_trace(order):
     costs = bw.step_costs(COSTS)
     ids = bw.order_prompts(TRACES, order)
     assert sorted(ids) == sorted(TRACES)
-    for name, (make, _) in bw.selector_makers().items():
+    for name, (make, _) in bw.selector_makers(horizon=50, breakpoints=5).items():
         for reward in ("acceptance", "throughput"):
             steps = bw.replay(make(0), reward, TRACES, ids, costs)
             assert sum(s.emitted for s in steps) == n, (name, reward)
@@ -98,3 +98,8 @@ def test_oracle_beats_every_fixed_arm_per_domain():
             assert p["overall"]["emitted"] == pytest.approx(n), key
     head = bw.headline(pol, "blocked")
     assert head["oracle_tps"] >= head["best_fixed_tps"]
+
+
+def test_rule_inputs_count_domain_changes():
+    assert bw.rule_inputs(TRACES, bw.order_prompts(TRACES, "blocked")) == {"horizon": 49, "breakpoints": 2}
+    assert bw.rule_inputs(TRACES, bw.order_prompts(TRACES, "interleaved"))["breakpoints"] == 5
