@@ -104,12 +104,10 @@ def _plugins(args: argparse.Namespace) -> int:
     return 0
 
 
-def _delegate(module: str) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        main_fn = importlib.import_module(module).main
-        return int(main_fn(args.rest) or 0)
-
-    return run
+DELEGATED = {
+    "bandit-sim": ("flashspec_selectors.sim", "simulate arm selectors on reward environments (no models)"),
+    "bench": ("flashspec_fast.bench", "FlashSpec vs HF generate / compiled / assisted / prompt lookup, one GPU"),
+}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -129,19 +127,18 @@ def parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plugins", help="list every component and the plugin that provides it")
     pl.add_argument("--json", action="store_true")
     pl.set_defaults(run=_plugins)
-    for name, module, text in (
-        ("bandit-sim", "flashspec_selectors.sim", "simulate arm selectors on reward environments (no models)"),
-        ("bench", "flashspec_fast.bench", "FlashSpec vs HF generate / compiled / assisted / prompt lookup, one GPU"),
-    ):
-        d = sub.add_parser(name, help=text, add_help=False)
-        d.add_argument("rest", nargs=argparse.REMAINDER)
-        d.set_defaults(run=_delegate(module))
+    for name, (module, text) in DELEGATED.items():
+        # Parsed by the delegate itself (see main): listed here for --help.
+        sub.add_parser(name, help=text, add_help=False)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv and argv[0] in DELEGATED:  # its own parser sees every option
+            return int(importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:]) or 0)
+        args = parser().parse_args(argv)
         return int(args.run(args))
     except KeyboardInterrupt:
         return 130

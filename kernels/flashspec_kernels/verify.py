@@ -444,8 +444,8 @@ def _check(target_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_probs:
     if target_logits.dim() != 3 or draft_tokens.dim() != 2:
         raise ValueError("target_logits must be [B, gamma+1, V] and draft_tokens [B, gamma]")
     batch, gamma = draft_tokens.shape
-    if not 1 <= gamma <= MAX_GAMMA:
-        raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma}")
+    if not 0 <= gamma <= MAX_GAMMA:  # gamma 0: the no-speculation arm, a plain sample
+        raise ValueError(f"gamma must be in 0..{MAX_GAMMA}, got {gamma}")
     if tuple(target_logits.shape[:2]) != (batch, gamma + 1):
         raise ValueError(f"target_logits {tuple(target_logits.shape)} does not match draft_tokens {(batch, gamma)}")
     if not target_logits.dtype.is_floating_point or draft_tokens.dtype != torch.int64:
@@ -508,6 +508,8 @@ def _verify(
     dev = target_logits.device
     wanted = programs or _programs_wanted(dev)
     draft_tokens = draft_tokens.contiguous()
+    if gamma == 0:  # an empty tensor may have a null pointer; the kernels never read it
+        draft_tokens = torch.zeros((batch, 1), dtype=torch.int64, device=dev)
     tokens, nacc = _carve(dev, torch.int64, batch * (gamma + 1), batch)
     tokens = tokens.view(batch, gamma + 1)
     rows = batch * (gamma + 1)
@@ -531,6 +533,8 @@ def _verify(
         expo = noise.exponential.contiguous()
         if tuple(uniform.shape) != (batch, gamma) or tuple(expo.shape) != (batch, vocab):
             raise ValueError("noise must hold uniform [B, gamma] and exponential [B, V]")
+        if gamma == 0:
+            uniform = expo  # never read; avoids a null pointer for the empty tensor
         state = tokens  # unused pointer
     else:
         uniform = expo = tokens  # unused pointers

@@ -24,10 +24,10 @@ def _plugin(name: str) -> types.SimpleNamespace:
 
 def test_builtins_present() -> None:
     reg = build_registry()
-    assert {"reference"} <= set(reg.names("verifier"))
+    assert {"reference", "triton"} <= set(reg.names("verifier"))
     assert {"fixed", "ucb1", "thompson", "sliding_window_ucb", "discounted_thompson"} <= set(reg.names("selector"))
-    assert {"hf", "prompt_lookup", "none"} <= set(reg.names("draft"))
-    assert reg.names("target") == ["hf"]
+    assert {"hf", "fast", "prompt_lookup", "none"} <= set(reg.names("draft"))
+    assert {"hf", "fast"} <= set(reg.names("target"))
 
 
 def test_third_party_component_is_found() -> None:

@@ -248,3 +248,17 @@ def test_registry_lists_triton() -> None:
     except Exception as exc:  # another built-in plugin may be mid-edit; that is not this module's failure
         pytest.skip(f"registry does not build: {exc}")
     assert "triton" in registry.names("verifier")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_gamma_zero_is_a_plain_sample(temperature: float) -> None:
+    """The no-speculation arm: no draft tokens, one token from p (same as the reference)."""
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randn(4, 1, 1271, generator=gen)
+    empty = torch.zeros(4, 0, dtype=torch.long)
+    sampling = SamplingParams(temperature=temperature)
+    noise = Noise.draw(4, 0, 1271, gen, "cpu")
+    got = ops.verify_triton(logits, empty, None, sampling, noise=noise)
+    want = ops.verify_ref(logits, empty, None, sampling, noise)
+    assert got.tokens.tolist() == want.tokens.tolist()
+    assert got.num_accepted.tolist() == [0, 0, 0, 0]

@@ -218,7 +218,7 @@ def test_any_reward_sequence_keeps_arms_in_range(
     if name == "discounted_thompson":
         keys["discount"] = discount
     selector = make(name, num_arms, **keys)
-    with np.errstate(all="raise"):  # a 0/0 or overflow inside numpy fails the test too
+    with np.errstate(all="raise", under="ignore"):  # 0/0 or overflow fails; decaying to 0 is fine
         for forced, reward in history:
             arm = selector.select()
             assert isinstance(arm, int) and 0 <= arm < num_arms
