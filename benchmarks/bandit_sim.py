@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from flashspec_selectors.selectors import DiscountedThompsonConfig, SlidingWindowUCBConfig
 from flashspec_selectors.sim import (
     DEFAULT_SELECTORS,

@@ -242,9 +242,9 @@ def smoke(args: argparse.Namespace) -> int:
     """Graph-captured fast path on random 1.5B/0.5B shapes vs eager, and HF compile on a tiny model."""
     import torch
 
-    from flashspec_fast.bench import Always, run_pipeline, summarize_run
     from flashspec_core.pipeline import Arm, Pipeline
     from flashspec_core.rewards import make_reward
+    from flashspec_fast.bench import Always, run_pipeline, summarize_run
     from flashspec_fast.draft import FastDraft
     from flashspec_fast.options import FastOptions, build_model
     from flashspec_fast.synthetic import SyntheticVerifier

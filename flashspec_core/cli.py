@@ -127,7 +127,7 @@ def parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plugins", help="list every component and the plugin that provides it")
     pl.add_argument("--json", action="store_true")
     pl.set_defaults(run=_plugins)
-    for name, (module, text) in DELEGATED.items():
+    for name, (_module, text) in DELEGATED.items():
         # Parsed by the delegate itself (see main): listed here for --help.
         sub.add_parser(name, help=text, add_help=False)
     return p

@@ -18,9 +18,8 @@ SHAPE_PREFIX = "shape:"  # "shape:qwen2.5-7b": random weights of that shape (syn
 
 
 def _model_ref(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
-    from flashspec_hf.weights import KNOWN_MODELS, PREFIX
-
     from flashspec_fast.model import QWEN25_SHAPES
+    from flashspec_hf.weights import KNOWN_MODELS, PREFIX
 
     if value.startswith(SHAPE_PREFIX):
         if value.removeprefix(SHAPE_PREFIX) not in QWEN25_SHAPES:

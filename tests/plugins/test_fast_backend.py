@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 from _tiny import perturbed_lm, tiny_lm
-from flashspec_fast.model import ModelArgs, Transformer, load_weights, read_config
 
 from flashspec_core.build import build_pipeline
 from flashspec_core.config import ConfigError
+from flashspec_fast.model import ModelArgs, Transformer, load_weights, read_config
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2], [3, 4], [7, 8, 9, 1, 2, 3, 4, 5, 6, 2, 11]]
 
