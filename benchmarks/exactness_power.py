@@ -124,14 +124,16 @@ def main() -> None:
     args = ap.parse_args()
     jobs = [(CORRECT, args.verifier, 100_000 + s) for s in range(args.null_seeds)]
     jobs += [(m, args.verifier, 200_000 + s) for m in MUTANTS for s in range(args.seeds)]
+    commit = _git("rev-parse", "HEAD")
+    dirty = bool(_git("status", "--porcelain", "--", "flashspec_core", "plugins", "kernels", "benchmarks"))
     start = time.perf_counter()
     with mp.get_context("fork").Pool(args.workers) as pool:
         runs = pool.map(_one, jobs, chunksize=4)
     wall = time.perf_counter() - start
     result = {
         "script": "benchmarks/exactness_power.py",
-        "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--", "flashspec_core", "plugins", "benchmarks")),
+        "commit": commit,
+        "dirty": dirty,
         "versions": {
             "python": platform.python_version(),
             "torch": torch.__version__,
