@@ -39,3 +39,13 @@ def test_every_config_key_is_documented() -> None:
             continue
         for field in attrs.fields(provided.spec.config_cls):
             assert f"`{field.alias}`" in doc, f"{kind} {provided.spec.name!r} key {field.alias!r} is not documented"
+
+
+def test_readme_results_come_from_the_committed_json() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("render_readme", ROOT / "benchmarks" / "render_readme.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--check"]) == 0

@@ -1,0 +1,124 @@
+"""Write README.md's results tables from the committed JSON under docs/benchmarks/.
+
+The README quotes no number by hand: this script fills the block between
+``<!-- results:begin -->`` and ``<!-- results:end -->``. ``--check`` exits 1 when the
+README differs from what the JSON gives (a test runs it).
+
+    python benchmarks/render_readme.py [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "docs" / "benchmarks"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+
+def _load(name: str) -> dict[str, Any] | None:
+    path = BENCH / name
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _kernels(data: dict[str, Any]) -> list[str]:
+    s = data["summary"]
+    lines = [
+        "**Verify step on the H200** (`docs/benchmarks/verify-kernels-h200.json`, bf16 logits, gamma 4, "
+        f"V = 151936; device-to-device copy {s['copy_bandwidth_gbs']:.0f} GB/s measured in the same run):",
+        "",
+        "| B | triton ms | reference ms | torch.compile(reference) ms | speedup vs reference | logits pass / copy bandwidth |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in s["rows"]:
+        if r["V"] == 151936 and r["gamma"] == 4 and r["dtype"] == "bfloat16":
+            compile_ms = "-" if r["compile_ms"] is None else f"{r['compile_ms']:.3f}"
+            lines.append(
+                f"| {r['B']} | {r['triton_ms']:.3f} | {r['reference_ms']:.3f} | {compile_ms} | "
+                f"{r['reference_ms'] / r['triton_ms']:.1f}x | {r['bandwidth_fraction']:.0%} |"
+            )
+    return lines
+
+
+def _e2e(data: dict[str, Any]) -> list[str]:
+    s = data["summary"]
+    lines = [
+        f"**End to end on the H200** (`docs/benchmarks/e2e-h200.json`; {s['label']}; batch {s['batch_size']}, "
+        f"greedy, {s['max_new_tokens']} new tokens; FlashSpec's fast path):",
+        "",
+        "| system | tokens/s |",
+        "|---|---|",
+    ]
+    lines += [f"| {name} | {tps:.1f} |" for name, tps in s["tokens_per_s"].items()]
+    lines += [
+        "",
+        f"Best over own target-only: {s['speedup_vs_own_target_only']:.2f}x ({s['best_flashspec']}); host time "
+        f"{s['host_fraction']:.1%} of a step. Not measured in that run: {', '.join(s['not_measured'])}.",
+    ]
+    return lines
+
+
+def _bandits(data: dict[str, Any]) -> list[str]:
+    t = data["summary"]["paper_table"]
+    lines = [
+        "**Bandit simulation** (`docs/benchmarks/bandit-sim.json`; T = 10,000, Bernoulli means [0.3, 0.7, 0.5]; "
+        "cumulative regret, mean and 95% interval over seeds):",
+        "",
+        "| selector | regret | 95% interval |",
+        "|---|---|---|",
+    ]
+    for name in ("ucb1", "thompson", "sliding_window_ucb", "discounted_thompson"):
+        lo, hi = t[name]["ci95"]
+        lines.append(f"| {name} | {t[name]['mean']:.1f} | [{lo:.1f}, {hi:.1f}] |")
+    lines += ["", f"UCB1 upper bound (Auer et al. 2002), computed: {t['ucb1_bound']:.1f}."]
+    return lines
+
+
+def _workload(data: dict[str, Any]) -> list[str]:
+    w = data["summary"]["workload"]
+    label = data.get("cost_model", data["summary"].get("cost_model", "see the JSON"))
+    return [
+        f"**Domain-shifting workload** (`docs/benchmarks/bandit-workload.json`; acceptance measured on the real "
+        f"Qwen pair, tokens/s from a step-cost model: {label}): best selector {w['best_selector_tps']:.1f}, "
+        f"best fixed arm {w['best_fixed_tps']:.1f}, per-domain oracle {w['oracle_tps']:.1f} modelled tokens/s.",
+    ]
+
+
+def render() -> str:
+    parts: list[list[str]] = []
+    for name, fn in (
+        ("e2e-h200.json", _e2e),
+        ("verify-kernels-h200.json", _kernels),
+        ("bandit-sim.json", _bandits),
+        ("bandit-workload.json", _workload),
+    ):
+        data = _load(name)
+        if data is not None:
+            parts.append(fn(data))
+    body = "\n\n".join("\n".join(p) for p in parts)
+    return f"{BEGIN}\n{body}\n{END}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if README.md is out of date")
+    args = parser.parse_args(argv)
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    start, stop = text.index(BEGIN), text.index(END) + len(END)
+    new = text[:start] + render() + text[stop:]
+    if args.check:
+        if new != text:
+            print("README.md results are out of date: run python benchmarks/render_readme.py", file=sys.stderr)
+            return 1
+        return 0
+    readme.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
