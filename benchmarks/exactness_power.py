@@ -67,7 +67,9 @@ def _one(job: tuple[str, str, int]) -> dict[str, Any]:
     }
 
 
-def tail_inflation(means: tuple[float, ...] = (5, 10, 20, 50), alphas: tuple[float, ...] = (1e-4, 1e-5, 1e-6)) -> dict[str, Any]:
+def tail_inflation(
+    means: tuple[float, ...] = (5, 10, 20, 50), alphas: tuple[float, ...] = (1e-4, 1e-5, 1e-6)
+) -> dict[str, Any]:
     """Exact rejection rate / nominal level of a chi-square(1) test on one Poisson(m) bin.
 
     A small bin dominates the far tail of a grouped statistic, so this is the worst
@@ -99,9 +101,7 @@ def _summarise(runs: list[dict[str, Any]], seeds: int, null_seeds: int) -> dict[
     null = by[CORRECT]
     names = list(null[0]["pvalues"])
     ks = {n: ks_uniform([r["pvalues"][n] for r in null]) for n in names}
-    nominal = {
-        str(a): sum(any(holm(list(r["pvalues"].values()), a)) for r in null) / null_seeds for a in (0.05, 0.01)
-    }
+    nominal = {str(a): sum(any(holm(list(r["pvalues"].values()), a)) for r in null) / null_seeds for a in (0.05, 0.01)}
     return {
         "summary": power,
         "power_lower_95": {m: _lower_bound(round(p * seeds), seeds) for m, p in power.items()},
@@ -116,7 +116,7 @@ def _summarise(runs: list[dict[str, Any]], seeds: int, null_seeds: int) -> dict[
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=100, help="seeds per mutant")
+    ap.add_argument("--seeds", type=int, default=300, help="seeds per mutant")
     ap.add_argument("--null-seeds", type=int, default=400, help="seeds for the correct verifier")
     ap.add_argument("--verifier", default="reference")
     ap.add_argument("--workers", type=int, default=2)

@@ -52,9 +52,7 @@ GATE_STATISTIC: Literal["pearson", "g"] = "g"
 _CHUNK_ELEMENTS = 8_000_000
 
 Report = Callable[[SamplingParams], SamplingParams]  # params a draft reports q with (mutants only)
-VerifyFn = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor | None, SamplingParams, torch.Generator | None], Verdict
-]
+VerifyFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, SamplingParams, torch.Generator | None], Verdict]
 
 
 @attrs.frozen
@@ -207,7 +205,9 @@ def run_case(
         case.gamma,
         case.deterministic,
     )
-    counts = grouped_counts(models.target.context(first.state), first.num_accepted, models.target.contexts, case.gamma + 1)
+    counts = grouped_counts(
+        models.target.context(first.state), first.num_accepted, models.target.contexts, case.gamma + 1
+    )
     tests["accepted"] = chisquare(counts, expected_counts(counts, law), GATE_MIN_EXPECTED, GATE_STATISTIC)
     return CaseResult(case.name, tests, -1)
 
@@ -215,7 +215,9 @@ def run_case(
 def _conditional(target: MarkovModel, sampling: SamplingParams, prev: torch.Tensor, token: torch.Tensor) -> ChiSquare:
     """Test ``token ~ p(. | context(prev))`` row by row (tokens out of range count as impossible)."""
     counts = _counts_in_range(target.context(prev), token, target.contexts, target.vocab)
-    return chisquare(counts, expected_counts(counts, _with_impossible_cell(target.law(sampling))), GATE_MIN_EXPECTED, GATE_STATISTIC)
+    return chisquare(
+        counts, expected_counts(counts, _with_impossible_cell(target.law(sampling))), GATE_MIN_EXPECTED, GATE_STATISTIC
+    )
 
 
 def _counts_in_range(groups: torch.Tensor, cells: torch.Tensor, num_groups: int, num_cells: int) -> torch.Tensor:

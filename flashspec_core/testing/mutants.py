@@ -69,7 +69,9 @@ def verify_random_mutant(
     logp = torch.log_softmax(filter_logits(target_logits, target_sampling), dim=-1)
     idx = draft_tokens[..., None]
     logp_x = logp[:, :gamma].gather(-1, idx).squeeze(-1)
-    logq_x = torch.zeros_like(logp_x) if draft_probs is None else torch.log(draft_probs.float().gather(-1, idx).squeeze(-1))
+    logq_x = (
+        torch.zeros_like(logp_x) if draft_probs is None else torch.log(draft_probs.float().gather(-1, idx).squeeze(-1))
+    )
     if bug == "accept_reversed":
         accept = torch.log(noise.uniform) + logp_x < logq_x
     else:

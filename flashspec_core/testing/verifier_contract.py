@@ -222,7 +222,9 @@ def check_zero_residual(verifier: Verifier, device: torch.device | str = "cpu", 
     assert bool((first < vocab // 2).all()), f"all-zero residual: token must come from p's support, got {first}"
 
 
-def check_neg_inf_logits(verifier: Verifier, device: torch.device | str = "cpu", vocab: int = 12, gamma: int = 3) -> None:
+def check_neg_inf_logits(
+    verifier: Verifier, device: torch.device | str = "cpu", vocab: int = 12, gamma: int = 3
+) -> None:
     """Tokens whose target logit is ``-inf`` are never emitted (accepted, recovered or bonus)."""
     for temperature in (0.0, 1.0):
         sampling = SamplingParams(temperature=temperature)

@@ -71,7 +71,9 @@ def verifier(request: pytest.FixtureRequest) -> Verifier:
 
 
 def _explain(result: object) -> str:
-    return "\n".join(f"  {k}: p={t.pvalue:.3g} chi2={t.statistic:.1f} dof={t.dof} n={t.samples}" for k, t in result.tests.items())
+    return "\n".join(
+        f"  {k}: p={t.pvalue:.3g} chi2={t.statistic:.1f} dof={t.dof} n={t.samples}" for k, t in result.tests.items()
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
