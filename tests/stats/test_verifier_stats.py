@@ -34,7 +34,7 @@ MAX_SECONDS_PER_ROW = 2e-3
 S = SamplingParams
 CASES = [
     Case("v2_g1_t1", 2, 1, S(1.0)),
-    Case("v7_g1_t0.6_topp", 7, 1, S(0.6, top_p=0.5)),
+    Case("v7_g1_t0.6_topp", 7, 1, S(0.6, top_p=0.9), scale=1.0),
     Case("v16_g2_t0.6_topk", 16, 2, S(0.6, top_k=5)),
     Case("v32_g4_t1.7_topp", 32, 4, S(1.7, top_p=0.8)),
     Case("v12_g8_t1", 12, 8, S(1.0), overlap=0.9),
