@@ -12,7 +12,7 @@ import torch
 from flashspec_core.contracts import SamplingParams
 from flashspec_core.sampling import Noise, verify_random
 from flashspec_core.testing import verifier_contract as vc
-from flashspec_core.testing.exactness import gate
+from flashspec_core.testing.exactness import GATE_ALPHA, Case, gate, run_chain, transition_test
 from flashspec_core.testing.mutants import MUTANTS, POWER_CASE, MutantVerifier, mutant, verify_random_mutant
 
 pytestmark = pytest.mark.stats
@@ -43,3 +43,12 @@ def test_unmutated_copy_matches_reference(sampling: SamplingParams, deterministi
     args = (inputs.target_logits, inputs.draft_tokens, inputs.draft_probs, sampling, noise)
     want, got = verify_random(*args), verify_random_mutant(*args, bug=None)
     assert torch.equal(want.tokens, got.tokens) and torch.equal(want.num_accepted, got.num_accepted)
+
+
+@pytest.mark.parametrize("bug", ["bonus_wrong_position", "draft_probs_wrong_position"])
+def test_transition_test_rejects_mutant(bug: str) -> None:
+    """The stationary-chain check (what pipeline-level tests reuse) has power of its own."""
+    case = Case("chain_v10_g3_t1", 10, 3, SamplingParams(1.0), contexts=10, overlap=0.6)
+    streams, models = run_chain(MutantVerifier(bug), case, steps=12, rows=1_000, seed=SEED)
+    test = transition_test(streams, models.target.law(case.sampling), models.target.context)
+    assert test.pvalue < GATE_ALPHA, f"{bug}: transitions p={test.pvalue:.3g}"
