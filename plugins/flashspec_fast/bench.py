@@ -228,7 +228,9 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
 def hf_load(path: str, dtype: torch.dtype, device: torch.device) -> Any:
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    model.to(device)  # type: ignore[arg-type]  # transformers types .to oddly; moves in place
+    return model.eval()
 
 
 def hf_kwargs(model: Any, args: argparse.Namespace, eos: set[int]) -> dict[str, Any]:
