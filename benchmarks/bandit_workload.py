@@ -168,17 +168,19 @@ def encode(tok: Any, prompt: str) -> list[int]:
     return [int(i) for i in ids]
 
 
-def trace_one(tok: Any, target: Any, draft: Any, prompt: list[int], max_new: int) -> dict[str, Any]:
+def trace_one(tok: Any, target: Any, draft: Any, prompt: list[int], max_new: int,
+              prefix: Sequence[int] = ()) -> dict[str, Any]:
+    """Greedy continuation of ``prompt`` (extending an earlier, shorter one: ``prefix``) and its runs."""
     import torch
 
     eos = tok.convert_tokens_to_ids("<|im_end|>")
-    ids = torch.tensor([prompt], dtype=torch.long)
+    ids = torch.tensor([prompt + list(prefix)], dtype=torch.long)
     t0 = time.perf_counter()
     with torch.inference_mode():
         out = target.generate(
             ids,
             attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new,
+            max_new_tokens=max_new - len(prefix),
             do_sample=False,
             eos_token_id=eos,
             pad_token_id=eos,
@@ -195,6 +197,7 @@ def trace_one(tok: Any, target: Any, draft: Any, prompt: list[int], max_new: int
     guesses = logits[len(prompt) - 1 : len(prompt) - 1 + len(cont)].argmax(-1).tolist()  # [N]
     return {
         "prompt_len": len(prompt),
+        "extended_from": len(prefix),
         "tokens": cont,
         "text": tok.decode(cont),
         "draft_run": match_runs([g == c for g, c in zip(guesses, cont, strict=True)]),
@@ -211,8 +214,10 @@ def run_trace(args: argparse.Namespace) -> int:
     prompts = round_robin(load_prompts(args.workload))
     data: dict[str, Any] = json.loads(args.out.read_text()) if args.out.is_file() else {}
     old = data.get("config", {})
-    if (old.get("max_new_tokens", args.max_new_tokens), old.get("dtype", args.dtype)) != (args.max_new_tokens, args.dtype):
-        raise SystemExit(f"{args.out} was traced with other settings; remove it or pass the same ones")
+    if old.get("dtype", args.dtype) != args.dtype or old.get("max_new_tokens", 0) > args.max_new_tokens:
+        raise SystemExit(f"{args.out} was traced in another dtype or with more tokens; remove it or match them")
+    if old and old["max_new_tokens"] < args.max_new_tokens:  # longer cap: continue the earlier traces
+        data["config"]["extended_from_max_new_tokens"] = old["max_new_tokens"]
     data.setdefault("config", {}).update(
         {
             "target": TARGET,
@@ -228,10 +233,18 @@ def run_trace(args: argparse.Namespace) -> int:
     )
     data.setdefault("traces", {})
     tok, target, draft = load_models(args.dtype)
-    todo = [p for p in prompts if p["id"] not in data["traces"]]
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+
+    def done(pid: str) -> bool:
+        tr = data["traces"].get(pid)
+        return tr is not None and (len(tr["tokens"]) >= args.max_new_tokens or tr["tokens"][-1] == eos)
+
+    todo = [p for p in prompts if not done(p["id"])]
     say(f"{len(prompts) - len(todo)} prompts traced already, {len(todo)} to go")
     for p in tqdm(todo, desc="trace", unit="prompt"):
-        rec = trace_one(tok, target, draft, encode(tok, p["prompt"]), args.max_new_tokens)
+        prefix = data["traces"].get(p["id"], {}).get("tokens", [])
+        rec = trace_one(tok, target, draft, encode(tok, p["prompt"]), args.max_new_tokens, prefix)
+        rec["target_generate_s"] += data["traces"].get(p["id"], {}).get("target_generate_s", 0.0)
         data["traces"][p["id"]] = {"domain": p["domain"], **rec}
         data.update(versions=versions(), commit=commit())
         tmp = args.out.with_suffix(".tmp")
@@ -733,6 +746,11 @@ def render(result: Mapping[str, Any], full: bool = True) -> str:
     ]
     if full:
         lines += _acceptance_table(result) + _policy_table(pol)
+    else:
+        oracle = pol["oracle:per-domain"]
+        lines += ["Per-domain oracle: " + ", ".join(f"{d} `{a}`" for d, a in oracle["arm_per_domain"].items())
+                  + "; fixed arms: " + ", ".join(f"`{k.removeprefix('fixed:')}` {v['tps']:.3g}" for k, v in pol.items()
+                                                 if v["kind"] == "fixed") + " tok/s.", ""]
     lines += ["**Goals** (best selector per order against the best single fixed arm and the per-domain oracle):",
               "", "| order | best selector | tok/s | best fixed arm | tok/s | oracle tok/s | selector / oracle | "
               ">= best fixed? | within 5% of oracle? |", "|---|---|---:|---|---:|---:|---:|---|---|"]
