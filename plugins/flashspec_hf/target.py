@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from flashspec_core.text import decode_ids, encode_prompt
 from flashspec_hf.lm import CachedLM
 
 
@@ -35,19 +36,10 @@ class HFTarget:
         return ids
 
     def encode(self, prompt: str) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError("this target has no tokenizer: pass prompts as lists of token ids")
-        if self.chat_template and getattr(self.tokenizer, "chat_template", None):
-            text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-            )
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        return list(self.tokenizer(prompt)["input_ids"])
+        return encode_prompt(self.tokenizer, prompt, self.chat_template)
 
     def decode(self, ids: Sequence[int]) -> str:
-        if self.tokenizer is None:
-            return " ".join(str(i) for i in ids)
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+        return decode_ids(self.tokenizer, ids)
 
     def prefill(self, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
         """Feed every prompt but its last token (which the first step feeds)."""
