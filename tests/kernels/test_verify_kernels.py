@@ -206,8 +206,8 @@ def test_verdict_layout(small_blocks) -> None:
 
 def test_bad_shapes_are_refused() -> None:
     logits, tokens, _ = inputs(2, 3, 64, torch.float32, seed=18)
-    with pytest.raises(ValueError, match="gamma"):
-        ops.verify_triton(logits[:, :1], tokens[:, :0], None, SamplingParams(temperature=0))
+    with pytest.raises(ValueError, match="gamma must be in 0..16, got 17"):
+        ops.verify_triton(torch.zeros(2, 18, 64), torch.zeros(2, 17, dtype=torch.long), None, SamplingParams(temperature=0))
     with pytest.raises(ValueError, match="does not match"):
         ops.verify_triton(logits[:, :3], tokens, None, SamplingParams(temperature=0))
     with pytest.raises(ValueError, match="exactly one"):
