@@ -63,7 +63,6 @@ def test_bundled_configs_exist() -> None:
 
 
 @pytest.mark.real_model
-@pytest.mark.slow
 def test_real_model_through_the_cli() -> None:
     cmd = [sys.executable, "-m", "flashspec_core.cli", "generate", "List three colours.", "--config"]
     cmd += [str(bundled_config("smollm2.toml")), "--max-new-tokens", "24"]
