@@ -26,7 +26,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "stats")]
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from _law import ALPHA, BATCH, N, Adversaries, gate, law_of  # noqa: E402
+from _law import ALPHA, BATCH, Adversaries, N, gate, law_of  # noqa: E402
 from _tiny import perturbed_lm, pipeline_dict, tiny_lm  # noqa: E402
 from test_pipeline_mutants import PeekingDraft  # noqa: E402
 from tqdm import tqdm  # noqa: E402
