@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 # selectors to keep (comma-separated); unset means all. Only bundled names are
 # filtered: test-only components (e.g. adversarial selectors) always run.
 _FILTERS = {
-    "verifier": ("FLASHSPEC_TEST_VERIFIERS", {"reference", "triton"}),
+    "verifier": ("FLASHSPEC_TEST_VERIFIERS", {"reference", "triton", "synthetic"}),
     "selector": ("FLASHSPEC_TEST_SELECTORS", {"fixed", "ucb1", "thompson", "sliding_window_ucb", "discounted_thompson"}),
 }
 
