@@ -85,3 +85,13 @@ def pipeline_dict(
         "verifier": {"use": "reference"},
         "selector": {"use": selector, **sel},
     }
+
+
+def tiny_family(root: Path) -> dict[str, Path]:
+    """A peaked V = 16 target, a close draft (its perturbed copy) and an unrelated one-layer draft."""
+    target = tiny_lm(root / "target", vocab=16, seed=0, scale=8.0)
+    return {
+        "target": target,
+        "close": perturbed_lm(target, root / "close", noise=0.05, seed=1),
+        "far": tiny_lm(root / "far", vocab=16, seed=2, scale=8.0, layers=1),
+    }

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _tiny import perturbed_lm, pipeline_dict, tiny_lm
+from _tiny import pipeline_dict, tiny_family
 from scipy import stats
 from structlog.testing import capture_logs
 from transformers import AutoModelForCausalLM
@@ -21,13 +21,7 @@ from flashspec_reference.plugin import ReferenceVerifier
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("tiny")
-    target = tiny_lm(root / "target", vocab=16, seed=0, scale=8.0)
-    return {
-        "target": target,
-        "close": perturbed_lm(target, root / "close", noise=0.05, seed=1),
-        "far": tiny_lm(root / "far", vocab=16, seed=2, scale=8.0, layers=1),
-    }
+    return tiny_family(tmp_path_factory.mktemp("tiny"))
 
 
 def _greedy_target(path: Path, prompt: list[int], n: int, eos: int) -> list[int]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from _tiny import perturbed_lm, tiny_lm
+from _tiny import tiny_family
 
 from flashspec_core.build import build_pipeline
 from flashspec_core.config import ConfigError
@@ -18,13 +18,7 @@ PROMPTS = [[1, 2, 3, 4, 5, 1, 2], [3, 4], [7, 8, 9, 1, 2, 3, 4, 5, 6, 2, 11]]
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("tiny_fast")
-    target = tiny_lm(root / "target", vocab=16, seed=0, scale=8.0)
-    return {
-        "target": target,
-        "close": perturbed_lm(target, root / "close", noise=0.05, seed=1),
-        "far": tiny_lm(root / "far", vocab=16, seed=2, scale=8.0, layers=1),
-    }
+    return tiny_family(tmp_path_factory.mktemp("tiny_fast"))
 
 
 def _config(models: dict[str, Path], backend: str, dtype: str, selector: str = "fixed", arms: Any = None) -> dict:
