@@ -76,20 +76,22 @@ class FastDraft:
         if not sampling.greedy:
             noise = torch.empty((gamma, batch, self.vocab), device=self.model.device).exponential_(generator=generator)
             noise.clamp_min_(_TINY)
-        key = (batch, gamma, sampling)
-        out_tokens, out_probs = self.graphs(key, lambda h, e: self._loop(h, e, gamma, sampling), self._stage(host), noise)
+        span = self.model.span_for(max(lengths) + gamma)
+        key = (batch, gamma, sampling, span)
+        loop = lambda h, e: self._loop(h, e, gamma, sampling, span)  # noqa: E731
+        out_tokens, out_probs = self.graphs(key, loop, self._stage(host), noise)
         self._lengths, self._gamma = list(lengths), gamma
         return Draft(tokens=out_tokens, probs=None if sampling.greedy else out_probs)
 
     def _loop(
-        self, host: torch.Tensor, noise: torch.Tensor, gamma: int, sampling: SamplingParams
+        self, host: torch.Tensor, noise: torch.Tensor, gamma: int, sampling: SamplingParams, span: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """host: [B, 4] (second-to-last and last token, their positions; a one-token row
         repeats its token at position 0); noise: [gamma, B, V] Exp(1)."""
         ids, pos = host[:, :2], host[:, 2:]
         drafted, probs = [], []
         for i in range(gamma):
-            logits = fit_vocab(self.model.forward(ids, pos, pos, last_only=True)[:, -1], self.vocab)  # [B, V]
+            logits = fit_vocab(self.model.forward(ids, pos, pos, last_only=True, span=span)[:, -1], self.vocab)  # [B, V]
             if sampling.greedy:
                 x = torch.argmax(filter_logits(logits, sampling), dim=-1)
             else:

@@ -11,6 +11,11 @@ rejected tokens is therefore moving the row's position back, with no copy.
 Padding slots (a ragged catch-up) write to the cache's last slot, the *scratch*
 slot, which no query can reach because positions stay below it.
 
+A forward attends only the first ``span`` slots of each row (:meth:`Transformer.span_for`:
+a power of two >= 128 that covers every position of the step): the attention kernel reads
+every slot it is given, and on the H200 it cost 19 us per layer over 768 slots against
+9 us over 256 (docs/benchmarks/fast-profile-h200.json). Each span is captured once.
+
 Numerics follow transformers' Qwen2/Llama modules (RMSNorm in float32, rotary
 tables computed in float32 and cast to the model dtype), so a float64 model here
 and there produce the same greedy tokens.
@@ -26,6 +31,8 @@ from typing import Any
 import attrs
 import torch
 import torch.nn.functional as F
+
+MIN_SPAN = 128  # fewest slots a forward attends (smaller spans would only add captured graphs)
 
 
 @attrs.frozen
@@ -157,6 +164,11 @@ class Transformer:
     def scratch(self) -> int:
         return self.max_len - 1
 
+    def span_for(self, need: int) -> int:
+        """Slots a forward must attend so that positions up to ``need - 1`` see their whole
+        prefix: the next power of two (at least ``MIN_SPAN``), capped at ``max_len``."""
+        return min(self.max_len, max(MIN_SPAN, 1 << max(need - 1, 0).bit_length()))
+
     def allocate(self, batch: int) -> bool:
         """Make the cache hold at least ``batch`` rows; True if it was reallocated
         (graphs captured over the old cache must then be dropped)."""
@@ -169,26 +181,31 @@ class Transformer:
         self.batch = batch
         return True
 
-    def _mask(self, pos: torch.Tensor, group: int) -> torch.Tensor:
-        """Additive mask [B, 1, G*T, S]: a query at position p sees slots 0..p. The query
+    def _mask(self, pos: torch.Tensor, group: int, span: int) -> torch.Tensor:
+        """Additive mask [B, 1, G*T, span]: a query at position p sees slots 0..p. The query
         group is folded into the length, so K/V are read once per KV head."""
         batch, width = pos.shape
-        keys = torch.arange(self.max_len, device=self.device)
-        allowed = (keys[None, None, :] <= pos[:, :, None])[:, None, None].expand(batch, 1, group, width, self.max_len)
+        keys = torch.arange(span, device=self.device)
+        allowed = (keys[None, None, :] <= pos[:, :, None])[:, None, None].expand(batch, 1, group, width, span)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(allowed.logical_not(), float("-inf"))
-        return mask.view(batch, 1, group * width, self.max_len)
+        return mask.view(batch, 1, group * width, span)
 
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        """tokens, pos, write: [B, T] int64 on the device -> logits [B, T or 1, V] (model dtype)."""
+    def forward(
+        self, tokens: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, last_only: bool = False, span: int = 0
+    ) -> torch.Tensor:
+        """tokens, pos, write: [B, T] int64 on the device -> logits [B, T or 1, V] (model dtype).
+
+        ``span`` (0: all ``max_len`` slots) must exceed every position in ``pos``."""
         a, w, ops = self.args, self.w, self.ops
         batch, width = tokens.shape
         group, hd = a.heads // a.kv_heads, a.head_dim
         nq, nkv = a.heads * hd, a.kv_heads * hd
+        span = span or self.max_len
         x = F.embedding(tokens, w.embed).view(batch * width, a.dim)  # [B*T, D]
         cos, sin = self.cos[pos][:, :, None], self.sin[pos][:, :, None]  # [B, T, 1, hd]
-        mask = self._mask(pos, group)
+        mask = self._mask(pos, group, span)
         slots = (torch.arange(batch, device=self.device)[:, None] * self.max_len + write).view(-1)  # [B*T]
         for i, layer in enumerate(w.layers):
             h = ops.rms_norm(x, layer.attn_norm, a.norm_eps)
@@ -200,8 +217,8 @@ class Transformer:
             vc.index_copy_(0, slots, qkv[:, :, a.heads + a.kv_heads :].reshape(batch * width, nkv))
             q = qk[:, :, : a.heads].reshape(batch, width, a.kv_heads, group, hd).permute(0, 2, 3, 1, 4)
             q = q.reshape(batch, a.kv_heads, group * width, hd)
-            keys = kc.view(batch, self.max_len, a.kv_heads, hd).transpose(1, 2)
-            values = vc.view(batch, self.max_len, a.kv_heads, hd).transpose(1, 2)
+            keys = kc.view(batch, self.max_len, a.kv_heads, hd)[:, :span].transpose(1, 2)
+            values = vc.view(batch, self.max_len, a.kv_heads, hd)[:, :span].transpose(1, 2)
             o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, KV, G*T, hd]
             o = o.view(batch, a.kv_heads, group, width, hd).permute(0, 3, 1, 2, 4).reshape(batch * width, nq)
             x = linear_add(x, o, layer.wo)

@@ -86,11 +86,12 @@ def ragged_forward(
             host[1, b, width - (e - s) :] = torch.arange(s, e)
             host[2, b, width - (e - s) :] = torch.arange(s, e)
     dev = stage(host)
-    run = lambda d: model.forward(d[0], d[1], d[2], last_only=True)  # noqa: E731
+    span = model.span_for(max(stops))
+    run = lambda d: model.forward(d[0], d[1], d[2], last_only=True, span=span)  # noqa: E731
     if graphs is None:
         run(dev)
     else:
-        graphs(("ragged", batch, width), run, dev)
+        graphs(("ragged", batch, width, span), run, dev)
 
 
 def check_room(model: Transformer, longest: int, what: str) -> None:
@@ -133,13 +134,15 @@ class FastTarget:
         check_room(self.model, max(lengths) + gamma, "score")
         last = torch.tensor(lengths, dtype=torch.long) - 1
         host = torch.stack([tokens[:, : last.max() + 1].gather(1, last[:, None]).squeeze(1), last], dim=1)  # [B, 2]
-        return self.graphs((batch, gamma), self._verify_forward, self._stage(host), draft_tokens)  # type: ignore[no-any-return]
+        span = self.model.span_for(max(lengths) + gamma)
+        run = lambda h, d: self._verify_forward(h, d, span)  # noqa: E731
+        return self.graphs((batch, gamma, span), run, self._stage(host), draft_tokens)  # type: ignore[no-any-return]
 
-    def _verify_forward(self, host: torch.Tensor, draft_tokens: torch.Tensor) -> torch.Tensor:
+    def _verify_forward(self, host: torch.Tensor, draft_tokens: torch.Tensor, span: int) -> torch.Tensor:
         gamma = draft_tokens.shape[1]
         ids = torch.cat([host[:, :1], draft_tokens], dim=1)  # [B, gamma+1]
         pos = host[:, 1:2] + torch.arange(gamma + 1, device=host.device)  # [B, gamma+1]
-        return self.model.forward(ids, pos, pos)
+        return self.model.forward(ids, pos, pos, span=span)
 
     def rollback(self, num_accepted: Sequence[int]) -> None:
         """Nothing to do: the next :meth:`score` starts each row at ``lengths[b] - 1``,

@@ -61,6 +61,32 @@ def test_logits_match_hf_forward(models: dict[str, Path]) -> None:
     torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
 
 
+def test_attention_span_changes_nothing(models: dict[str, Path]) -> None:
+    """Attending only the first ``span`` slots gives the full-cache logits bit for bit."""
+    path = models["target"]
+    args = ModelArgs.from_hf(read_config(path))
+    model = Transformer(args, load_weights(path, args, torch.float64, torch.device("cpu")), max_len=512)
+    model.allocate(2)
+    ids = torch.randint(0, 16, (2, 100))
+    pos = torch.arange(100).repeat(2, 1)
+    assert model.span_for(100) == 128 and model.span_for(129) == 256 and model.span_for(10_000) == 512
+    full = model.forward(ids, pos, pos)
+    assert torch.equal(model.forward(ids, pos, pos, span=model.span_for(100)), full)
+
+
+def test_greedy_across_span_buckets_equals_hf(models: dict[str, Path]) -> None:
+    """Rows that grow from the 128-slot span into the 256-slot one, with every arm."""
+    cfg = _config(models, "fast", "float64", "ucb1")
+    for table in (cfg["target"], *cfg["arm"]):
+        if table["use"] == "fast":
+            table["max_len"] = 512
+    spec = build_pipeline(cfg)
+    hf = _target_only(models, "hf", "float64")
+    batch = [PROMPTS[0] * 16, PROMPTS[1] * 60]  # 112 and 120 tokens
+    got = spec.generate(batch, max_new_tokens=40, temperature=0.0).token_ids
+    assert got == hf.generate(batch, max_new_tokens=40, temperature=0.0).token_ids
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("selector", ["fixed", "ucb1"])
 def test_greedy_speculative_equals_target_only_and_hf(models: dict[str, Path], dtype: str, selector: str) -> None:
