@@ -23,6 +23,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOAD = ROOT / "benchmarks" / "workloads" / "mixed.jsonl"
+DOMAINS = ROOT / "benchmarks" / "workloads" / "domains.jsonl"  # 60 prompts: enough rows for batch 32
 MODELS = {"target": "qwen2.5-coder-1.5b-instruct", "draft": "qwen2.5-coder-0.5b-instruct"}
 
 CONFIG = """
@@ -73,14 +74,14 @@ def say(msg: str) -> None:
     print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def convert(gguf_dir: Path, dest: Path) -> dict[str, str]:
+def convert(gguf_dir: Path, dest: Path, roles: tuple[str, ...] = ("target", "draft")) -> dict[str, str]:
     """GGUF (Q4_K_M) -> dense bf16 safetensors, once per machine (reloads in about a second)."""
     from flashspec_hf.weights import KNOWN_MODELS, _convert
 
     out = {}
     for role, name in MODELS.items():
         target = dest / f"{name}-bf16"
-        if not (target / "model.safetensors").is_file():
+        if role in roles and not (target / "model.safetensors").is_file():
             t0 = time.perf_counter()
             gguf = gguf_dir / KNOWN_MODELS[name].gguf_file
             tmp = dest / f"{name}-bf16.tmp"
@@ -92,7 +93,7 @@ def convert(gguf_dir: Path, dest: Path) -> dict[str, str]:
     return out
 
 
-def bench(out: Path, config: Path, deadline: float, *extra: str) -> dict[str, Any] | None:
+def bench(out: Path, config: Path, deadline: float, *extra: str, workload: Path = WORKLOAD) -> dict[str, Any] | None:
     left = deadline - time.time()
     if left < 30:
         say(f"skipped {out.name}: {left:.0f} s left")
@@ -102,7 +103,7 @@ def bench(out: Path, config: Path, deadline: float, *extra: str) -> dict[str, An
         "-m",
         "flashspec_fast.bench",
         "--workload",
-        str(WORKLOAD),
+        str(workload),
         "--config",
         str(config),
         "--out",
@@ -120,6 +121,11 @@ def bench(out: Path, config: Path, deadline: float, *extra: str) -> dict[str, An
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def convert_only(args: argparse.Namespace) -> int:
+    convert(args.gguf, Path("/tmp/fsbf16"), tuple(args.which.split(",")))
+    return 0
+
+
 def full(args: argparse.Namespace) -> int:
     deadline = time.time() + args.budget
     paths = convert(args.gguf, Path("/tmp/fsbf16"))
@@ -129,18 +135,21 @@ def full(args: argparse.Namespace) -> int:
     sections: dict[str, Any] = {}
     common = ["--max-new-tokens", str(args.max_new_tokens)]
     fuse = ["--fuse"] if args.fuse else []
+    sel = ["--selectors", args.selectors] if args.selectors else []
     plan = {
-        "b1_greedy": [*common, "--hf-prompts", str(args.hf_prompts), "--exactness", "2", "--warmup", "1", *fuse],
+        "b1_greedy": [*common, "--hf-prompts", str(args.hf_prompts), "--exactness", "2", "--warmup", "1", *sel, *fuse],
         "b8_greedy": [*common, "--batch-size", "8", "--systems", "flashspec,target_only,hf_eager", "--hf-prompts", "8",
-                      "--no-fixed-arms", *fuse],
-        "b1_t07": [*common, "--temperature", "0.7", "--systems", "flashspec,target_only", *fuse],
-        "synthetic": ["--systems", "target_only", "--prompts", "1", "--max-new-tokens", "8", "--synthetic-shapes",
-                      "qwen2.5-7b,qwen2.5-14b,qwen2.5-32b", "--synthetic-acceptance", "0.6,0.8", "--synthetic-gammas",
-                      "4", *fuse],
+                      "--no-fixed-arms", *sel, *fuse],
+        "b32_greedy": [*common, "--batch-size", "32", "--prompts", "32", "--systems", "flashspec,target_only",
+                       "--no-fixed-arms", *sel, *fuse],
+        "b1_t07": [*common, "--temperature", "0.7", "--systems", "flashspec,target_only", *sel, *fuse],
+        "synthetic": ["--systems", "", "--synthetic-shapes", "qwen2.5-7b,qwen2.5-14b,qwen2.5-32b",
+                      "--synthetic-acceptance", "0.6,0.8", "--synthetic-gammas", "4", *fuse],
     }
     for name, extra in plan.items():
         if args.sections == "all" or name in args.sections.split(","):
-            sections[name] = bench(work / name, config, deadline, *extra)
+            sections[name] = bench(work / name, config, deadline, *extra,
+                                   workload=DOMAINS if name == "b32_greedy" else WORKLOAD)
             write(args.out, sections, work)
     write(args.out, sections, work)
     return 0
@@ -150,13 +159,14 @@ def write(out: Path, sections: dict[str, Any], work: Path) -> None:
     b1 = sections.get("b1_greedy") or {}
     summary: dict[str, Any] = dict(b1.get("summary", {}))
     summary["label"] = "real pair: Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft (bf16, dequantized Q4_K_M GGUF)"
-    for key in ("b8_greedy", "b1_t07"):
+    for key in ("b8_greedy", "b32_greedy", "b1_t07"):
         s = (sections.get(key) or {}).get("summary")
         if s:
             summary[key] = {
                 k: v
                 for k, v in s.items()
-                if k.startswith(("speedup_vs_own", "best_flashspec", "mean_acc", "target_only_tokens", "host_fraction"))
+                if k.startswith(("speedup_vs_own", "best_flashspec", "mean_acc", "target_only_tokens", "host_fraction",
+                                 "bandit_speedup"))
             }
     syn = (sections.get("synthetic") or {}).get("synthetic_scaling")
     if syn:
@@ -200,7 +210,7 @@ def floor_table(bench: dict[str, Any]) -> list[dict[str, Any]]:
 def summarize_dir(args: argparse.Namespace) -> int:
     """Rebuild e2e-h200.json (+ plots) from the sections a ``full`` run left in --from."""
     sections = {k: (json.loads((args.src / k / "bench.json").read_text()) if (args.src / k / "bench.json").is_file()
-                    else None) for k in ("b1_greedy", "b8_greedy", "b1_t07", "synthetic")}
+                    else None) for k in ("b1_greedy", "b8_greedy", "b32_greedy", "b1_t07", "synthetic")}
     from flashspec_fast.bench import summarize_run
 
     for sec in sections.values():  # recomputed from the raw rows, so newer summary fields appear too
@@ -223,7 +233,7 @@ def summarize_dir(args: argparse.Namespace) -> int:
             [k for k, v in s.items() if v.get("error")] +
             [f"{x} (skipped: run budget)" for x in ("hf_eager", "hf_compiled", "hf_assisted", "hf_lookup")
              if x not in s] + (["greedy_identical (float32 check skipped: run budget)"] if "exactness" not in b1 else []))
-    for key in ("b8_greedy", "b1_t07"):
+    for key in ("b8_greedy", "b32_greedy", "b1_t07"):
         if sections[key]:
             summary[key] = sections[key]["summary"]
     if sections["synthetic"] and sections["synthetic"].get("synthetic_scaling"):
@@ -341,15 +351,19 @@ def main() -> int:
     f.add_argument("--max-new-tokens", type=int, default=128)
     f.add_argument("--hf-prompts", type=int, default=4)
     f.add_argument("--fuse", action="store_true")
+    f.add_argument("--selectors", default="", help="more bandits to run besides the config's (bench --selectors)")
     f.add_argument("--sections", default="all",
-                   help="comma list of b1_greedy,b8_greedy,b1_t07,synthetic, or 'none' to convert only "
+                   help="comma list of b1_greedy,b8_greedy,b32_greedy,b1_t07,synthetic, or 'none' to convert only "
                         "(split a run over several calls on a warm machine; /tmp/fsbf16 is reused)")
+    c = sub.add_parser("convert", help="only convert (e.g. one model in the background while the other travels)")
+    c.add_argument("--gguf", type=Path, required=True)
+    c.add_argument("--which", default="target,draft", help="comma list of target,draft")
     m = sub.add_parser("summarize", help="rebuild e2e-h200.json from a full run's --out folder")
     m.add_argument("--from", dest="src", type=Path, required=True)
     m.add_argument("--out", type=Path, required=True)
     m.add_argument("--commit", required=True, help="the commit the run measured (the GPU copy has no .git)")
     args = p.parse_args()
-    return {"full": full, "smoke": smoke, "summarize": summarize_dir}[args.mode](args)
+    return {"full": full, "smoke": smoke, "summarize": summarize_dir, "convert": convert_only}[args.mode](args)
 
 
 if __name__ == "__main__":
