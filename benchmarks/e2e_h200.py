@@ -62,7 +62,7 @@ use = "none"
 name = "none"
 
 [verifier]
-use = "reference"  # flashspec_kernels' triton verifier refuses gamma = 0 (the "none" arm) for now
+use = "{verifier}"
 
 [selector]
 use = "thompson"
@@ -130,7 +130,7 @@ def full(args: argparse.Namespace) -> int:
     deadline = time.time() + args.budget
     paths = convert(args.gguf, Path("/tmp/fsbf16"))
     config = Path("/tmp/fs_e2e.toml")
-    config.write_text(CONFIG.format(max_len=768, fuse=str(args.fuse).lower(), **paths))
+    config.write_text(CONFIG.format(max_len=768, fuse=str(args.fuse).lower(), verifier=args.verifier, **paths))
     work = args.out  # each section's bench.json lands in --out/<section>/ as soon as it is written
     sections: dict[str, Any] = {}
     common = ["--max-new-tokens", str(args.max_new_tokens)]
@@ -143,6 +143,8 @@ def full(args: argparse.Namespace) -> int:
         "b32_greedy": [*common, "--batch-size", "32", "--prompts", "32", "--systems", "flashspec,target_only",
                        "--no-fixed-arms", *sel, *fuse],
         "b1_t07": [*common, "--temperature", "0.7", "--systems", "flashspec,target_only", *sel, *fuse],
+        "b1_nf4": [*common, "--quantization", "nf4", "--systems", "flashspec,target_only", "--prompts", "4",
+                   "--no-fixed-arms", *fuse],
         "synthetic": ["--systems", "", "--synthetic-shapes", "qwen2.5-7b,qwen2.5-14b,qwen2.5-32b",
                       "--synthetic-acceptance", "0.6,0.8", "--synthetic-gammas", "4", *fuse],
     }
@@ -159,7 +161,7 @@ def write(out: Path, sections: dict[str, Any], work: Path) -> None:
     b1 = sections.get("b1_greedy") or {}
     summary: dict[str, Any] = dict(b1.get("summary", {}))
     summary["label"] = "real pair: Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft (bf16, dequantized Q4_K_M GGUF)"
-    for key in ("b8_greedy", "b32_greedy", "b1_t07"):
+    for key in ("b8_greedy", "b32_greedy", "b1_t07", "b1_nf4"):
         s = (sections.get(key) or {}).get("summary")
         if s:
             summary[key] = {
@@ -210,7 +212,7 @@ def floor_table(bench: dict[str, Any]) -> list[dict[str, Any]]:
 def summarize_dir(args: argparse.Namespace) -> int:
     """Rebuild e2e-h200.json (+ plots) from the sections a ``full`` run left in --from."""
     sections = {k: (json.loads((args.src / k / "bench.json").read_text()) if (args.src / k / "bench.json").is_file()
-                    else None) for k in ("b1_greedy", "b8_greedy", "b32_greedy", "b1_t07", "synthetic")}
+                    else None) for k in ("b1_greedy", "b8_greedy", "b32_greedy", "b1_t07", "b1_nf4", "synthetic")}
     from flashspec_fast.bench import summarize_run
 
     for sec in sections.values():  # recomputed from the raw rows, so newer summary fields appear too
@@ -233,7 +235,7 @@ def summarize_dir(args: argparse.Namespace) -> int:
             [k for k, v in s.items() if v.get("error")] +
             [f"{x} (skipped: run budget)" for x in ("hf_eager", "hf_compiled", "hf_assisted", "hf_lookup")
              if x not in s] + (["greedy_identical (float32 check skipped: run budget)"] if "exactness" not in b1 else []))
-    for key in ("b8_greedy", "b32_greedy", "b1_t07"):
+    for key in ("b8_greedy", "b32_greedy", "b1_t07", "b1_nf4"):
         if sections[key]:
             summary[key] = sections[key]["summary"]
     if sections["synthetic"] and sections["synthetic"].get("synthetic_scaling"):
@@ -351,9 +353,10 @@ def main() -> int:
     f.add_argument("--max-new-tokens", type=int, default=128)
     f.add_argument("--hf-prompts", type=int, default=4)
     f.add_argument("--fuse", action="store_true")
+    f.add_argument("--verifier", default="auto", help="the config's verifier (auto: triton on CUDA)")
     f.add_argument("--selectors", default="", help="more bandits to run besides the config's (bench --selectors)")
     f.add_argument("--sections", default="all",
-                   help="comma list of b1_greedy,b8_greedy,b32_greedy,b1_t07,synthetic, or 'none' to convert only "
+                   help="comma list of b1_greedy,b8_greedy,b32_greedy,b1_t07,b1_nf4,synthetic, or 'none' to convert only "
                         "(split a run over several calls on a warm machine; /tmp/fsbf16 is reused)")
     c = sub.add_parser("convert", help="only convert (e.g. one model in the background while the other travels)")
     c.add_argument("--gguf", type=Path, required=True)

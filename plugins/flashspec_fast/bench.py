@@ -488,6 +488,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--assistant-tokens", type=int, default=5, help="num_assistant_tokens for (e)")
     p.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for (f)")
     p.add_argument("--dtype", default=None, help="override the dtype of every fast model (e.g. float32)")
+    p.add_argument("--quantization", default=None, choices=["none", "nf4"],
+                   help="override the quantization of every fast model (nf4 needs bitsandbytes)")
     p.add_argument("--fuse", action="store_true", help="Inductor-fuse elementwise ops in fast models")
     p.add_argument("--exactness", type=int, default=0, metavar="N",
                    help="also run (a) and (b) in float32 with TF32 off on N prompts and compare tokens")
@@ -500,12 +502,14 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_config_dict(path: Path, dtype: str | None, fuse: bool) -> dict[str, Any]:
+def load_config_dict(path: Path, dtype: str | None, fuse: bool, quantization: str | None = None) -> dict[str, Any]:
     data = tomllib.loads(path.read_text())
     for table in [data.get("target", {}), *data.get("arm", [])]:
         if table.get("use") == "fast":
             if dtype:
                 table["dtype"] = dtype
+            if quantization:
+                table["quantization"] = quantization
             if fuse:
                 table["fuse"] = True
             if isinstance(table.get("model"), str) and not Path(table["model"]).is_absolute():
@@ -558,7 +562,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from flashspec_core.build import build_pipeline
 
-    data = load_config_dict(args.config, args.dtype, args.fuse)
+    data = load_config_dict(args.config, args.dtype, args.fuse, args.quantization)
     _say(f"building pipeline from {args.config}")
     pipeline = build_pipeline(data, progress=_say)
     prompts = [pipeline._encode(w["prompt"]) for w in workload]
