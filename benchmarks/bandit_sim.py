@@ -4,8 +4,10 @@ Writes ``docs/benchmarks/bandit-sim.json`` (config, versions, commit, per-seed
 numbers, curves and a ``summary``) and ``docs/benchmarks/bandit-sim-*.png``.
 
 Scenarios (T = 10,000 steps, 30 seeds, every selector at its default config, so
-the sliding window and the discount come from their stated default rules for
-``horizon = 10000, breakpoints = 1`` and are not tuned to any scenario):
+the sliding window, the discount and the GLR level and forced-exploration share
+come from their stated default rules for ``horizon = 10000, breakpoints = 1`` and
+are not tuned to any scenario; ``request_thompson`` is never told of a request
+here, so it runs as one long request):
 
 (a) ``stationary``: Bernoulli means [0.3, 0.7, 0.5], next to the UCB1 bound of
     Auer, Cesa-Bianchi & Fischer (2002).
@@ -17,7 +19,7 @@ the sliding window and the discount come from their stated default rules for
     units; Thompson and UCB1 fed the acceptance fraction vs the throughput reward.
     Regret is in tokens per time unit, summed over steps.
 
-Run: ``python benchmarks/bandit_sim.py`` (about a minute on one CPU core).
+Run: ``python benchmarks/bandit_sim.py`` (about three minutes on one CPU core).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from flashspec_selectors.selectors import DiscountedThompsonConfig, SlidingWindowUCBConfig
+from flashspec_selectors.selectors import DiscountedThompsonConfig, GLRThompsonConfig, SlidingWindowUCBConfig
 from flashspec_selectors.sim import (
     DEFAULT_SELECTORS,
     DriftingBernoulli,
@@ -56,6 +58,7 @@ MEANS = [0.3, 0.7, 0.5]
 COSTED = {"rates": [0.0, 0.6, 0.8], "gammas": [0, 4, 4], "costs": [1.0, 1.2, 2.2]}
 COSTED_ARMS = ["plain decoding", "small draft", "big draft"]
 COSTED_SELECTORS = ("ucb1", "thompson")
+SELECTORS = (*DEFAULT_SELECTORS, "glr_thompson", "request_thompson")
 
 
 def _git(*args: str) -> str:
@@ -145,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, env in envs.items():
         t0 = time.perf_counter()
         print(f"{name} ...", file=sys.stderr)
-        scenarios[name] = _run(env, DEFAULT_SELECTORS, horizon, seeds, progress)
+        scenarios[name] = _run(env, SELECTORS, horizon, seeds, progress)
         scenarios[name]["elapsed_s"] = round(time.perf_counter() - t0, 2)
     t0 = time.perf_counter()
     print("costed ...", file=sys.stderr)
@@ -163,10 +166,12 @@ def main(argv: list[str] | None = None) -> int:
         "config": {
             "horizon": horizon,
             "seeds": seeds,
-            "selectors": list(DEFAULT_SELECTORS),
+            "selectors": list(SELECTORS),
             "selector_configs": "defaults",
             "sliding_window_ucb_window": SlidingWindowUCBConfig().effective_window,
             "discounted_thompson_discount": round(DiscountedThompsonConfig().effective_discount, 6),
+            "glr_thompson_delta": round(GLRThompsonConfig().effective_delta, 6),
+            "glr_thompson_forced": round(GLRThompsonConfig().effective_forced, 6),
             "regret": "cumulative dynamic pseudo-regret sum_t max_k mu_k(t) - mu_{a_t}(t)",
             "ci95": "[low, high]: 95% Student-t confidence interval of the mean over seeds",
             "costed": COSTED | {"arm_names": COSTED_ARMS, "cost_unit": "one target forward pass"},

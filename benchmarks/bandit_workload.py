@@ -375,11 +375,14 @@ def accepted_at(arm: Arm, trace: Mapping[str, Any], t: int) -> int:
 def replay(selector: Any, reward: str, traces: Mapping[str, Mapping[str, Any]], order: Sequence[str],
            costs: Sequence[float], arms: Sequence[Arm] = ARMS) -> list[Step]:
     """Serve every prompt in ``order`` with one selector that keeps its state throughout."""
+    from flashspec_core.contracts import RequestAware
     from flashspec_core.rewards import make_reward
 
     score = make_reward(reward)  # what the pipeline feeds its selector, one instance per run
     steps = []
     for pid in order:
+        if isinstance(selector, RequestAware):  # as the pipeline does at each generate()
+            selector.begin_request(1)
         tr = traces[pid]
         n, t = len(tr["tokens"]), 0
         while t < n:
@@ -417,12 +420,16 @@ def tally_domains(steps: Sequence[Step]) -> dict[str, Any]:
 def selector_makers(horizon: int | None = None, breakpoints: int | None = None
                     ) -> dict[str, tuple[Callable[[int], Any], bool]]:
     """name -> (make(seed), randomised): every selector with its default config, and, given
-    ``horizon`` and ``breakpoints``, the two forgetting selectors with the window/discount
-    that their default rule gives for them (``<name>[rule]``)."""
+    ``horizon`` and ``breakpoints``, the three selectors with a stated default rule
+    (window, discount, GLR level and forced exploration) fed those (``<name>[rule]``)."""
     from flashspec_selectors import (
         UCB1,
         DiscountedThompson,
         DiscountedThompsonConfig,
+        GLRThompson,
+        GLRThompsonConfig,
+        RequestThompson,
+        RequestThompsonConfig,
         SlidingWindowUCB,
         SlidingWindowUCBConfig,
         Thompson,
@@ -436,12 +443,16 @@ def selector_makers(horizon: int | None = None, breakpoints: int | None = None
         "thompson": (lambda seed: Thompson(ThompsonConfig(seed=seed), k), True),
         "sliding_window_ucb": (lambda seed: SlidingWindowUCB(SlidingWindowUCBConfig(), k), False),
         "discounted_thompson": (lambda seed: DiscountedThompson(DiscountedThompsonConfig(seed=seed), k), True),
+        "glr_thompson": (lambda seed: GLRThompson(GLRThompsonConfig(seed=seed), k), True),
+        "request_thompson": (lambda seed: RequestThompson(RequestThompsonConfig(seed=seed), k), True),
     }
     if horizon is not None and breakpoints is not None:
         sw = SlidingWindowUCBConfig(horizon=horizon, breakpoints=breakpoints)
         out["sliding_window_ucb[rule]"] = (lambda seed: SlidingWindowUCB(sw, k), False)
         out["discounted_thompson[rule]"] = (lambda seed: DiscountedThompson(
             DiscountedThompsonConfig(horizon=horizon, breakpoints=breakpoints, seed=seed), k), True)
+        out["glr_thompson[rule]"] = (lambda seed: GLRThompson(
+            GLRThompsonConfig(horizon=horizon, breakpoints=breakpoints, seed=seed), k), True)
     return out
 
 
@@ -620,7 +631,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         "config": {
             "arms": [attrs.asdict(a) for a in ARMS], "seeds": args.seeds,
             "selectors": "flashspec_selectors defaults (UCB1Config(), ThompsonConfig(seed), SlidingWindowUCBConfig(),"
-                         " DiscountedThompsonConfig(seed)); [rule] = the same default rule fed horizon = tokens in"
+                         " DiscountedThompsonConfig(seed), GLRThompsonConfig(seed), RequestThompsonConfig(seed), the last"
+                         " told of each prompt by"
+                         " begin_request); [rule] = the same default rule fed horizon = tokens in"
                          " the run and breakpoints = domain changes in the order (see rule_inputs); ucb1 and"
                          " sliding_window_ucb are deterministic: one run",
             "rewards": "flashspec_core.rewards.make_reward: acceptance = accepted / gamma (0 for gamma 0); "

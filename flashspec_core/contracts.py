@@ -192,13 +192,37 @@ class DraftProvider(Protocol):
 
 @runtime_checkable
 class ArmSelector(Protocol):
-    """Picks the draft arm for the next step from past rewards only."""
+    """Picks the draft arm for the next step from past rewards only.
+
+    ``select()`` is called before each step and returns an arm index in
+    ``[0, num_arms)``; ``update(arm, reward)`` is called after that step with its
+    reward in ``[0, 1]``. A selector may also define the optional hook of
+    :class:`RequestAware`; selectors without it keep working unchanged.
+    """
 
     num_arms: int
 
     def select(self) -> int: ...
 
     def update(self, arm: int, reward: float) -> None: ...
+
+
+@runtime_checkable
+class RequestAware(Protocol):
+    """Optional extra of an :class:`ArmSelector`: told when a request starts.
+
+    The pipeline calls ``begin_request(rows)`` once at the start of each
+    ``generate()`` call, before its first ``select()``, if the selector has the
+    method. A selector can then keep statistics per request (every step after the
+    call, until the next call, serves the same rows), still using only rewards of
+    finished steps, so the output law stays the target's.
+    """
+
+    def begin_request(self, rows: int) -> None:
+        """A new request of ``rows`` prompts (decoded together) starts now.
+
+        :param rows: number of prompts in the ``generate()`` call, >= 1.
+        """
 
 
 def check_arm(arm: int, num_arms: int) -> None:

@@ -16,7 +16,15 @@ from typing import Any
 import attrs
 import torch
 
-from flashspec_core.contracts import ArmSelector, DraftProvider, SamplingParams, StepRecord, Target, Verifier
+from flashspec_core.contracts import (
+    ArmSelector,
+    DraftProvider,
+    RequestAware,
+    SamplingParams,
+    StepRecord,
+    Target,
+    Verifier,
+)
 from flashspec_core.rewards import StepReward
 from flashspec_core.stats import summarize
 
@@ -126,6 +134,8 @@ class Pipeline:
         active = [True] * batch
         for arm in self.arms:
             arm.provider.reset()
+        if isinstance(self.selector, RequestAware):  # before the first select(), so it may keep per-request stats
+            self.selector.begin_request(batch)
         self.target.prefill(tokens, lengths)
         eos = self.target.eos_token_ids
         steps: list[StepRecord] = []

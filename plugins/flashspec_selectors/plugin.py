@@ -11,6 +11,10 @@ from flashspec_selectors.selectors import (
     DiscountedThompsonConfig,
     FixedConfig,
     FixedSelector,
+    GLRThompson,
+    GLRThompsonConfig,
+    RequestThompson,
+    RequestThompsonConfig,
     SlidingWindowUCB,
     SlidingWindowUCBConfig,
     Thompson,
@@ -39,6 +43,14 @@ def _discounted_thompson(config: DiscountedThompsonConfig | None, num_arms: int)
     return DiscountedThompson(config or DiscountedThompsonConfig(), num_arms)
 
 
+def _glr_thompson(config: GLRThompsonConfig | None, num_arms: int) -> ArmSelector:
+    return GLRThompson(config or GLRThompsonConfig(), num_arms)
+
+
+def _request_thompson(config: RequestThompsonConfig | None, num_arms: int) -> ArmSelector:
+    return RequestThompson(config or RequestThompsonConfig(), num_arms)
+
+
 def selector_specs() -> list[ComponentSpec[ArmSelector]]:
     """The selectors this plugin provides (also used directly by the simulator)."""
     return [
@@ -54,6 +66,20 @@ def selector_specs() -> list[ComponentSpec[ArmSelector]]:
             _discounted_thompson,
             DiscountedThompsonConfig,
             "discounted Thompson sampling (Raj & Kalyani 2017)",
+        ),
+        ComponentSpec(
+            "glr_thompson",
+            "selector",
+            _glr_thompson,
+            GLRThompsonConfig,
+            "Thompson sampling with GLR change detection and restarts (Besson et al. 2022)",
+        ),
+        ComponentSpec(
+            "request_thompson",
+            "selector",
+            _request_thompson,
+            RequestThompsonConfig,
+            "latent-state Thompson sampling over past requests (Hong et al. 2020); uses begin_request",
         ),
     ]
 

@@ -17,6 +17,17 @@ Algorithms and the papers they follow:
 * ``discounted_thompson``: Raj & Kalyani 2017, "Taming non-stationary bandits:
   a Bayesian approach": Beta posteriors whose pseudo-counts decay by ``gamma``
   each step, so the posterior returns to the prior for arms left unplayed.
+* ``glr_thompson``: Thompson sampling restarted by a Bernoulli generalised
+  likelihood-ratio change detector, with forced exploration (Besson, Kaufmann,
+  Maillard & Seznec 2022, "Efficient change-point detection for tackling
+  piecewise-stationary bandits", GLR-klUCB with global restarts, here with a
+  Thompson index as in Ghatak 2021's change-detection Thompson sampling).
+* ``request_thompson``: latent-state Thompson sampling (Hong, Kveton, Zaheer,
+  Chow, Ahmed & Boutilier 2020, "Latent bandits revisited", mTS) whose latent
+  states are the past requests, plus a Chinese-restaurant "new kind of request"
+  state. It needs the pipeline's optional ``begin_request`` hook; without it every
+  step belongs to one request and it is plain Thompson sampling with a Beta(1, 1)
+  -smoothed prior of weight ``kappa``.
 
 Ties go to the lowest arm index, so UCB selectors are deterministic.
 """
@@ -118,6 +129,45 @@ def default_discount(horizon: int, breakpoints: int) -> float:
     return 1.0 - math.sqrt(breakpoints / horizon) / 4.0
 
 
+def glr_default_delta(horizon: int, breakpoints: int) -> float:
+    """Besson et al. (2022) false-alarm level ``delta = 1 / sqrt(breakpoints * horizon)``."""
+    return 1.0 / math.sqrt(breakpoints * horizon)
+
+
+def glr_default_forced(horizon: int, breakpoints: int) -> float:
+    """Besson et al. (2022) forced-exploration share ``alpha = sqrt(breakpoints * ln(horizon) / horizon)``."""
+    return min(1.0, math.sqrt(breakpoints * math.log(horizon) / horizon))
+
+
+def glr_threshold(n: int, delta: float) -> float:
+    """Besson et al.'s (2022) practical GLR threshold ``beta(n, delta) = ln(3 n^(3/2) / delta)``."""
+    return math.log(3.0 * n**1.5 / delta)
+
+
+def _kl_bernoulli(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    p = np.clip(p, 1e-12, 1.0 - 1e-12)
+    q = np.clip(q, 1e-12, 1.0 - 1e-12)
+    return p * np.log(p / q) + (1.0 - p) * np.log((1.0 - p) / (1.0 - q))
+
+
+def glr_change(cumsum: np.ndarray, delta: float, split_every: int = 1) -> bool:
+    """Bernoulli GLR test on ``n`` rewards given by their running sums ``cumsum [n]``:
+    ``max_s s kl(mu_1..s, mu) + (n - s) kl(mu_s+1..n, mu) > beta(n, delta)``,
+    over splits ``s`` that are multiples of ``split_every``."""
+    n = len(cumsum)
+    if n < 2:
+        return False
+    s = np.arange(split_every, n, split_every)
+    if len(s) == 0:
+        return False
+    total = float(cumsum[-1])
+    head = cumsum[s - 1]
+    stat = s * _kl_bernoulli(head / s, np.asarray(total / n)) + (n - s) * _kl_bernoulli(
+        (total - head) / (n - s), np.asarray(total / n)
+    )
+    return bool(stat.max() > glr_threshold(n, delta))
+
+
 # ------------------------------------------------------------------- configs
 
 
@@ -178,6 +228,57 @@ class DiscountedThompsonConfig:
     @property
     def effective_discount(self) -> float:
         return self.discount if self.discount is not None else default_discount(self.horizon, self.breakpoints)
+
+
+@attrs.frozen
+class GLRThompsonConfig:
+    """``delta``: false-alarm level of the change test (``None``: ``1 /
+    sqrt(breakpoints * horizon)``, 0.01 for the defaults); ``forced``: share of steps
+    that play the arms in turn (``None``: ``sqrt(breakpoints * ln(horizon) /
+    horizon)``, 0.0303 for the defaults; 0 turns it off); ``horizon``/``breakpoints``
+    as for ``sliding_window_ucb``; ``check_every``/``split_every``: test after every
+    that many plays of an arm, over split points that many apart (Besson et al.'s
+    sub-sampling); prior and ``seed`` as for ``thompson``."""
+
+    delta: float | None = attrs.field(default=None, validator=_unit_interval_open_closed)
+    forced: float | None = attrs.field(default=None)
+    horizon: int = attrs.field(default=10_000, validator=_int_at_least(2))
+    breakpoints: int = attrs.field(default=1, validator=_int_at_least(1))
+    check_every: int = attrs.field(default=10, validator=_int_at_least(1))
+    split_every: int = attrs.field(default=5, validator=_int_at_least(1))
+    alpha0: float = attrs.field(default=1.0, validator=_positive_number)
+    beta0: float = attrs.field(default=1.0, validator=_positive_number)
+    seed: int | None = attrs.field(default=None, validator=_optional_int_at_least(0))
+
+    @forced.validator
+    def _check_forced(self, attr: attrs.Attribute[Any], value: object) -> None:
+        if value is not None and not (_is_number(value) and 0.0 <= value <= 1.0):  # type: ignore[operator]
+            raise ValueError(f"{attr.name} must be a number in [0, 1], got {value!r}")
+
+    @property
+    def effective_delta(self) -> float:
+        return self.delta if self.delta is not None else glr_default_delta(self.horizon, self.breakpoints)
+
+    @property
+    def effective_forced(self) -> float:
+        return self.forced if self.forced is not None else glr_default_forced(self.horizon, self.breakpoints)
+
+
+@attrs.frozen
+class RequestThompsonConfig:
+    """``alpha``: concentration of the Chinese-restaurant prior over request kinds
+    (prior odds ``alpha : 1`` that a request is new rather than like one given past
+    request; 1 is the customary default); ``kappa``: pseudo-observations of the
+    global arm mean that shrink each past request's arm means and each profile
+    blended with the current request's own rewards; ``memory``: past requests
+    remembered; ``temperature``: power ``eta`` of the likelihood (1: the plain
+    posterior; ``eta < 1`` tempers a misspecified one); ``seed`` as for ``thompson``."""
+
+    alpha: float = attrs.field(default=1.0, validator=_positive_number)
+    kappa: float = attrs.field(default=1.0, validator=_positive_number)
+    memory: int = attrs.field(default=256, validator=_int_at_least(1))
+    temperature: float = attrs.field(default=1.0, validator=_positive_number)
+    seed: int | None = attrs.field(default=None, validator=_optional_int_at_least(0))
 
 
 # ----------------------------------------------------------------- selectors
@@ -316,3 +417,129 @@ class DiscountedThompson:
         self.failures *= self.discount
         self.successes[arm] += r
         self.failures[arm] += 1.0 - r
+
+
+class GLRThompson:
+    """Thompson sampling with change detection and global restarts.
+
+    Between restarts it is Beta-Bernoulli Thompson sampling, except that in every
+    block of ``floor(K / forced)`` steps the first ``K`` play arms ``0..K-1`` in
+    turn (forced exploration, so a change on an arm that is rarely played is seen
+    too). After every ``check_every``-th play of an arm since the last restart,
+    the Bernoulli GLR test runs on that arm's rewards since the restart; when it
+    fires, every arm's statistics are dropped (a global restart).
+    """
+
+    def __init__(self, config: GLRThompsonConfig, num_arms: int) -> None:
+        self.num_arms = _check_num_arms(num_arms)
+        self.rng = np.random.default_rng(config.seed)
+        self.delta = config.effective_delta
+        forced = config.effective_forced
+        self.period = int(self.num_arms / forced) if forced > 0 else 0
+        self.check_every, self.split_every = config.check_every, config.split_every
+        self.alpha0, self.beta0 = float(config.alpha0), float(config.beta0)
+        self.restarts = 0
+        self._restart()
+
+    def _restart(self) -> None:
+        self.t = 0  # steps since the last restart
+        self.sums: list[list[float]] = [[] for _ in range(self.num_arms)]  # running sums of each arm's rewards
+        self.alpha = np.full(self.num_arms, self.alpha0)  # [K] float64
+        self.beta = np.full(self.num_arms, self.beta0)  # [K] float64
+
+    def select(self) -> int:
+        if self.period and self.t % self.period < self.num_arms:
+            return self.t % self.period
+        return int(np.argmax(self.rng.beta(self.alpha, self.beta)))
+
+    def update(self, arm: int, reward: float) -> None:
+        arm = _check_arm(arm, self.num_arms)
+        r = check_reward(reward)
+        self.t += 1
+        self.alpha[arm] += r
+        self.beta[arm] += 1.0 - r
+        sums = self.sums[arm]
+        sums.append((sums[-1] if sums else 0.0) + r)
+        if len(sums) % self.check_every == 0 and glr_change(np.asarray(sums), self.delta, self.split_every):
+            self.restarts += 1
+            self._restart()
+
+
+class RequestThompson:
+    """Latent-state Thompson sampling over past requests (mTS of Hong et al. 2020).
+
+    Each finished request ``j`` leaves a profile ``m_jk = (S_jk + kappa g_k) /
+    (N_jk + kappa)``: its mean reward per arm, shrunk toward the global mean
+    ``g_k = (sum of rewards + 1) / (plays + 2)`` so that arms it never played read
+    as average. Inside a request, with rewards ``r_1..r_n`` from arms
+    ``a_1..a_n`` so far, request ``j`` has Gaussian log-likelihood
+    ``-eta sum_i (r_i - m_{j a_i})^2 / (2 sigma^2)``, ``sigma^2`` the pooled
+    within-request reward variance (0.25, the most a reward in ``[0, 1]`` can have,
+    until there is one). ``select`` draws ``j`` from the posterior (uniform prior
+    over remembered requests, weight ``alpha`` for a new kind of request whose
+    profile is ``g``) and plays ``argmax_k (kappa m_jk + S_k) / (kappa + N_k)``
+    with this request's own sums ``S_k, N_k``; the new kind plays Thompson
+    sampling on ``Beta(kappa g_k + S_k, kappa (1 - g_k) + F_k)``. So a request
+    settles on the arm that paid off in past requests that rewarded like it, and
+    within a few steps, since the first rewards already tell request kinds apart.
+    """
+
+    def __init__(self, config: RequestThompsonConfig, num_arms: int) -> None:
+        self.num_arms = _check_num_arms(num_arms)
+        self.alpha, self.kappa, self.eta = float(config.alpha), float(config.kappa), float(config.temperature)
+        self.rng = np.random.default_rng(config.seed)
+        self.past: deque[np.ndarray] = deque(maxlen=config.memory)  # each [3, K]: plays, sums, sums of squares
+        self.totals = np.zeros((3, self.num_arms))  # [3, K] over remembered and current requests
+        self._new_request()
+        self._refit()
+
+    def _new_request(self) -> None:
+        self.now = np.zeros((3, self.num_arms))  # [3, K] this request: plays, sums, sums of squares
+
+    def _refit(self) -> None:
+        """Profiles, global mean and noise from the finished requests; the log-likelihoods restart."""
+        n, s = self.totals[0], self.totals[1]
+        self.global_mean = (s + 1.0) / (n + 2.0)  # [K] in (0, 1)
+        if self.past:
+            stack = np.stack(list(self.past))  # [J, 3, K]
+            plays, sums, squares = stack[:, 0], stack[:, 1], stack[:, 2]
+            self.profiles = (sums + self.kappa * self.global_mean) / (plays + self.kappa)  # [J, K]
+            within = float((squares - sums**2 / np.maximum(plays, 1.0)).sum())
+            dof = float(np.maximum(plays - 1.0, 0.0).sum())
+            self.sigma2 = max(within / dof, 1e-4) if dof > 0 else 0.25
+        else:
+            self.profiles = np.zeros((0, self.num_arms))
+            self.sigma2 = 0.25
+        self.loglik = np.zeros(len(self.profiles) + 1)  # [J + 1]; the last entry is the new kind
+
+    def begin_request(self, rows: int) -> None:
+        """Fold the request that just ended into the memory and start a fresh one."""
+        if self.now[0].sum() > 0:
+            if len(self.past) == self.past.maxlen:
+                self.totals -= self.past[0]
+            self.past.append(self.now)
+        self._new_request()
+        self._refit()
+
+    def select(self) -> int:
+        plays, sums = self.now[0], self.now[1]
+        logw = self.loglik.copy()
+        logw[-1] += math.log(self.alpha)
+        w = np.exp(logw - logw.max())
+        j = int(self.rng.choice(len(w), p=w / w.sum()))
+        if j == len(self.profiles):
+            g = self.global_mean
+            draw = self.rng.beta(self.kappa * g + sums, self.kappa * (1.0 - g) + plays - sums)
+            return int(np.argmax(draw))
+        estimate = (self.kappa * self.profiles[j] + sums) / (self.kappa + plays)
+        return int(np.argmax(estimate))
+
+    def update(self, arm: int, reward: float) -> None:
+        arm = _check_arm(arm, self.num_arms)
+        r = check_reward(reward)
+        step = np.zeros((3, self.num_arms))
+        step[:, arm] = (1.0, r, r * r)
+        self.now += step
+        self.totals += step
+        means = np.append(self.profiles[:, arm], self.global_mean[arm])  # [J + 1]
+        self.loglik -= self.eta * (r - means) ** 2 / (2.0 * self.sigma2)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
+from _tiny import pipeline_dict, tiny_family
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flashspec_core import ArmSelector
+from flashspec_core import ArmSelector, ComponentSpec, hookimpl
+from flashspec_core.build import build_pipeline
 from flashspec_core.registry import build_registry
 from flashspec_core.rewards import ThroughputReward, acceptance_reward
 from flashspec_selectors.plugin import selector_specs
@@ -18,14 +21,20 @@ from flashspec_selectors.selectors import (
     DiscountedThompson,
     DiscountedThompsonConfig,
     FixedConfig,
+    GLRThompson,
+    GLRThompsonConfig,
+    RequestThompson,
+    RequestThompsonConfig,
     SlidingWindowUCB,
     SlidingWindowUCBConfig,
     Thompson,
     ThompsonConfig,
     UCB1Config,
+    glr_change,
+    glr_threshold,
 )
 
-NAMES = ["fixed", "ucb1", "thompson", "sliding_window_ucb", "discounted_thompson"]
+NAMES = ["fixed", "ucb1", "thompson", "sliding_window_ucb", "discounted_thompson", "glr_thompson", "request_thompson"]
 
 
 def make(name: str, num_arms: int, **keys: object) -> ArmSelector:
@@ -189,6 +198,49 @@ def test_default_rules() -> None:
     assert DiscountedThompsonConfig(horizon=400, breakpoints=4).effective_discount == pytest.approx(0.975)
 
 
+def test_glr_default_rules() -> None:
+    cfg = GLRThompsonConfig()
+    assert cfg.effective_delta == pytest.approx(0.01)
+    assert cfg.effective_forced == pytest.approx(math.sqrt(math.log(10_000) / 10_000))
+    assert GLRThompson(cfg, 3).period == 98  # floor(3 / 0.0303)
+    assert GLRThompson(GLRThompsonConfig(forced=0.0), 3).period == 0
+    assert GLRThompsonConfig(horizon=400, breakpoints=4).effective_delta == pytest.approx(0.025)
+
+
+@pytest.mark.parametrize("forced", [-0.1, 1.5, "x", math.nan])
+def test_glr_bad_forced(forced: object) -> None:
+    with pytest.raises(ValueError, match=r"forced must be a number in \[0, 1\]"):
+        GLRThompsonConfig(forced=forced)  # type: ignore[arg-type]
+
+
+def test_glr_change_matches_brute_force() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        x = np.concatenate([rng.random(rng.integers(1, 40)) < 0.2, rng.random(rng.integers(1, 40)) < 0.8]).astype(float)
+        n, mu = len(x), x.mean()
+
+        def kl(p: float, q: float) -> float:
+            p, q = min(max(p, 1e-12), 1 - 1e-12), min(max(q, 1e-12), 1 - 1e-12)
+            return p * math.log(p / q) + (1 - p) * math.log((1 - p) / (1 - q))
+
+        stat = max(s * kl(x[:s].mean(), mu) + (n - s) * kl(x[s:].mean(), mu) for s in range(1, n))
+        for delta in (0.5, 0.01, 1e-6):
+            assert glr_change(np.cumsum(x), delta) == (stat > glr_threshold(n, delta))
+
+
+def test_glr_thompson_restarts_after_a_change_and_follows_the_new_best_arm() -> None:
+    rng = np.random.default_rng(1)
+    selector = GLRThompson(GLRThompsonConfig(seed=0), 2)
+    for t in range(4000):
+        means = (0.8, 0.2) if t < 2000 else (0.2, 0.8)
+        a = selector.select()
+        selector.update(a, float(rng.random() < means[a]))
+        if t == 1999:
+            assert selector.restarts == 0  # no false alarm in the first phase
+    assert selector.restarts >= 1
+    assert [selector.select() for _ in range(100)].count(1) >= 90
+
+
 def test_sliding_window_forgets() -> None:
     selector = SlidingWindowUCB(SlidingWindowUCBConfig(window=4), 2)
     for _ in range(4):
@@ -200,6 +252,59 @@ def test_sliding_window_forgets() -> None:
         selector.update(1, 0.5)
     assert selector.counts == [0, 4]
     assert selector.select() == 0  # arm 0 fell out of the window
+
+
+def test_request_thompson_settles_on_the_arm_of_requests_that_rewarded_alike() -> None:
+    # Two kinds of request: kind A pays on arm 0, kind B on arm 2; arm 1 is mediocre for both.
+    kinds = {"A": [0.9, 0.5, 0.1], "B": [0.1, 0.5, 0.9]}
+    selector = RequestThompson(RequestThompsonConfig(seed=0), 3)
+    for i in range(20):
+        selector.begin_request(1)
+        means = kinds["AB"[i % 2]]
+        for k in range(3):  # every arm a few times, so the profiles are complete
+            for _ in range(3):
+                selector.update(k, means[k])
+    for kind, best in (("A", 0), ("B", 2)):
+        selector.begin_request(1)
+        selector.update(1, 0.5)  # uninformative
+        selector.update(best, kinds[kind][best])  # one telling reward
+        picks = [selector.select() for _ in range(50)]
+        assert picks.count(best) >= 45, (kind, picks)
+
+
+def test_request_thompson_without_requests_is_one_long_request() -> None:
+    selector = RequestThompson(RequestThompsonConfig(seed=1), 2)
+    for _ in range(300):
+        a = selector.select()
+        selector.update(a, 0.8 if a == 1 else 0.2)
+    assert len(selector.past) == 0
+    assert [selector.select() for _ in range(20)].count(1) >= 18
+
+
+def test_request_thompson_memory_is_bounded_and_totals_follow_it() -> None:
+    selector = RequestThompson(RequestThompsonConfig(memory=3, seed=0), 2)
+    for i in range(6):
+        selector.begin_request(1)
+        selector.update(i % 2, 1.0)
+    selector.begin_request(2)
+    assert len(selector.past) == 3
+    assert selector.totals[0].tolist() == [1.0, 2.0]  # requests 3, 4, 5 played arms 1, 0, 1
+    selector.begin_request(1)  # an empty request is not remembered
+    assert len(selector.past) == 3
+
+
+def test_request_thompson_seed_reproduces() -> None:
+    a, b = (RequestThompson(RequestThompsonConfig(seed=5), 3) for _ in range(2))
+    rng = np.random.default_rng(0)
+    for t in range(200):
+        if t % 17 == 0:
+            a.begin_request(1)
+            b.begin_request(1)
+        arm = a.select()
+        assert b.select() == arm
+        r = float(rng.random())
+        a.update(arm, r)
+        b.update(arm, r)
 
 
 # ------------------------------------------------------------- properties
@@ -226,6 +331,35 @@ def test_any_reward_sequence_keeps_arms_in_range(
             played = forced % num_arms if forced is not None else arm
             selector.update(played, reward)
         assert 0 <= selector.select() < num_arms
+
+
+request_steps = st.lists(
+    st.one_of(st.just("begin"), st.tuples(st.none() | st.integers(0, 5), rewards)), max_size=150
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(num_arms=st.integers(1, 6), history=request_steps, memory=st.integers(1, 5), alpha=st.floats(0.01, 100.0))
+def test_request_thompson_any_requests_and_rewards_keep_arms_in_range(
+    num_arms: int, history: list[str | tuple[int | None, float]], memory: int, alpha: float
+) -> None:
+    selector = make("request_thompson", num_arms, memory=memory, alpha=alpha, seed=0)
+    with np.errstate(all="raise", under="ignore"):
+        for item in history:
+            if item == "begin":
+                selector.begin_request(1)  # type: ignore[attr-defined]
+                continue
+            assert isinstance(item, tuple)
+            forced, reward = item
+            arm = selector.select()
+            assert isinstance(arm, int) and 0 <= arm < num_arms
+            selector.update(forced % num_arms if forced is not None else arm, reward)
+        assert 0 <= selector.select() < num_arms
+    state = selector  # the bookkeeping stays consistent whatever the sequence
+    assert isinstance(state, RequestThompson)
+    assert len(state.past) <= memory
+    assert np.allclose(state.totals, sum(state.past, np.zeros((3, num_arms))) + state.now)
+    assert np.all(state.global_mean > 0) and np.all(state.global_mean < 1)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -279,3 +413,73 @@ def test_throughput_reward_stays_in_unit_interval(steps: list[tuple[int, float]]
     for emitted, seconds in steps:
         r = reward(emitted, seconds)
         assert 0.0 <= r <= 1.0
+
+
+# ------------------------------------------------------- the pipeline hook
+
+
+class _Recorder:
+    """Plays arm 0 and records the calls it gets, in order."""
+
+    calls: list[str] = []
+
+    def __init__(self, config: object, num_arms: int) -> None:
+        self.num_arms = num_arms
+
+    def begin_request(self, rows: int) -> None:
+        self.calls.append(f"begin {rows}")
+
+    def select(self) -> int:
+        self.calls.append("select")
+        return 0
+
+    def update(self, arm: int, reward: float) -> None:
+        self.calls.append("update")
+
+
+class _Plain:
+    """An old-style selector without ``begin_request``."""
+
+    def __init__(self, config: object, num_arms: int) -> None:
+        self.num_arms = num_arms
+
+    def select(self) -> int:
+        return 0
+
+    def update(self, arm: int, reward: float) -> None:
+        pass
+
+
+class _TestSelectors:
+    @hookimpl
+    def flashspec_arm_selectors(self) -> list[ComponentSpec[ArmSelector]]:
+        return [ComponentSpec("recorder", "selector", _Recorder), ComponentSpec("plain", "selector", _Plain)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return tiny_family(tmp_path_factory.mktemp("hook"))
+
+
+def test_pipeline_calls_begin_request_once_per_generate(tiny: dict[str, Path]) -> None:
+    registry = build_registry(autoload=False, extra_plugins=[_TestSelectors()])
+    pipe = build_pipeline(pipeline_dict(tiny["target"], [tiny["close"]], "recorder"), registry)
+    _Recorder.calls = []
+    pipe.generate([[1, 2, 3], [4, 5]], max_new_tokens=4)
+    pipe.generate([[1, 2, 3]], max_new_tokens=4)
+    calls = _Recorder.calls
+    assert [c for c in calls if c.startswith("begin")] == ["begin 2", "begin 1"]
+    second = calls.index("begin 1")
+    assert calls[0] == "begin 2" and "select" in calls[1:second] and calls[second + 1] == "select"
+    # selectors without the hook keep working
+    plain = build_pipeline(pipeline_dict(tiny["target"], [tiny["close"]], "plain"), registry)
+    assert len(plain.generate([[1, 2, 3]], max_new_tokens=4).token_ids[0]) == 4
+
+
+def test_request_thompson_in_a_pipeline_keeps_one_profile_per_generate(tiny: dict[str, Path]) -> None:
+    registry = build_registry(autoload=False)
+    pipe = build_pipeline(pipeline_dict(tiny["target"], [tiny["close"]], "request_thompson", seed=0), registry)
+    for _ in range(3):
+        pipe.generate([[1, 2, 3]], max_new_tokens=6)
+    assert isinstance(pipe.selector, RequestThompson)
+    assert len(pipe.selector.past) == 2  # the third request is still the current one

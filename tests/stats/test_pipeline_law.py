@@ -23,7 +23,7 @@ SAMPLINGS = [
     {"temperature": 0.7, "top_k": 5},
     {"temperature": 1.3, "top_p": 0.8},
 ]
-SELECTORS = ["fixed", "ucb1", "thompson", "sliding_window_ucb", "discounted_thompson", "alternate_on_rejection", "strange_parity"]
+SELECTORS = ["fixed", "ucb1", "thompson", "sliding_window_ucb", "discounted_thompson", "glr_thompson", "request_thompson", "alternate_on_rejection", "strange_parity"]
 
 
 @pytest.mark.parametrize("selector", SELECTORS)
