@@ -70,6 +70,51 @@ reward = "throughput"
 """
 
 
+# issue 6's arms (the same as benchmarks/bandit_workload.py's CPU study)
+WORKLOAD_CONFIG = """
+[target]
+use = "fast"
+model = "{target}"
+dtype = "bf16"
+max_len = {max_len}
+fuse = {fuse}
+
+[[arm]]
+use = "fast"
+model = "{draft}"
+dtype = "bf16"
+max_len = {max_len}
+fuse = {fuse}
+gamma = 3
+name = "draft0.5b-g3"
+
+[[arm]]
+use = "fast"
+model = "{draft}"
+dtype = "bf16"
+max_len = {max_len}
+fuse = {fuse}
+gamma = 6
+name = "draft0.5b-g6"
+
+[[arm]]
+use = "prompt_lookup"
+gamma = 8
+name = "lookup-g8"
+
+[[arm]]
+use = "none"
+name = "none"
+
+[verifier]
+use = "{verifier}"
+
+[selector]
+use = "thompson"
+reward = "throughput"
+"""
+
+
 def say(msg: str) -> None:
     print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -131,6 +176,8 @@ def full(args: argparse.Namespace) -> int:
     paths = convert(args.gguf, Path("/tmp/fsbf16"))
     config = Path("/tmp/fs_e2e.toml")
     config.write_text(CONFIG.format(max_len=768, fuse=str(args.fuse).lower(), verifier=args.verifier, **paths))
+    wconfig = Path("/tmp/fs_workload.toml")
+    wconfig.write_text(WORKLOAD_CONFIG.format(max_len=1024, fuse=str(args.fuse).lower(), verifier=args.verifier, **paths))
     work = args.out  # each section's bench.json lands in --out/<section>/ as soon as it is written
     sections: dict[str, Any] = {}
     common = ["--max-new-tokens", str(args.max_new_tokens)]
@@ -145,13 +192,17 @@ def full(args: argparse.Namespace) -> int:
         "b1_t07": [*common, "--temperature", "0.7", "--systems", "flashspec,target_only", *sel, *fuse],
         "b1_nf4": [*common, "--quantization", "nf4", "--systems", "flashspec,target_only", "--prompts", "4",
                    "--no-fixed-arms", *fuse],
+        "workload_interleaved": ["--max-new-tokens", "48", "--order", "interleaved", "--systems", "flashspec,target_only",
+                                 *sel, *fuse],
+        "workload_blocked": ["--max-new-tokens", "48", "--systems", "flashspec", "--no-fixed-arms", *sel, *fuse],
         "synthetic": ["--systems", "", "--synthetic-shapes", "qwen2.5-7b,qwen2.5-14b,qwen2.5-32b",
                       "--synthetic-acceptance", "0.6,0.8", "--synthetic-gammas", "4", *fuse],
     }
     for name, extra in plan.items():
         if args.sections == "all" or name in args.sections.split(","):
-            sections[name] = bench(work / name, config, deadline, *extra,
-                                   workload=DOMAINS if name == "b32_greedy" else WORKLOAD)
+            domains = name == "b32_greedy" or name.startswith("workload")
+            sections[name] = bench(work / name, wconfig if name.startswith("workload") else config, deadline, *extra,
+                                   workload=DOMAINS if domains else WORKLOAD)
             write(args.out, sections, work)
     write(args.out, sections, work)
     return 0
@@ -209,10 +260,60 @@ def floor_table(bench: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+SECTIONS = ("b1_greedy", "b8_greedy", "b32_greedy", "b1_t07", "b1_nf4", "synthetic", "workload_interleaved",
+            "workload_blocked")
+
+
+def workload_summary(inter: dict[str, Any] | None, blocked: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Issue 6 on the GPU: measured tokens/s per policy and domain, and the per-domain oracle.
+
+    The oracle serves each domain with its best fixed arm (chosen after the fact): its
+    tokens/s is all tokens over the summed time each domain's tokens take at that arm's
+    measured per-domain rate. Fixed arms do not depend on the order, so both orders
+    share them."""
+    if not inter:
+        return None
+    from flashspec_fast.bench import by_domain
+
+    def tally(run: dict[str, Any]) -> tuple[dict[str, float], dict[str, int]]:
+        tokens: dict[str, int] = {}
+        for r in run["requests"]:
+            tokens[r["domain"]] = tokens.get(r["domain"], 0) + r["new_tokens"]
+        return by_domain(run), tokens
+
+    policies: dict[str, Any] = {}
+    for order, sec in (("interleaved", inter), ("blocked", blocked)):
+        for name, run in (sec or {}).get("runs", {}).items():
+            if not run.get("requests") or (order == "blocked" and not name.startswith("bandit")):
+                continue
+            rates, _ = tally(run)
+            s = sec["summaries"][name]
+            key = name if not name.startswith("bandit") else f"{name}@{order}"
+            policies[key] = {"tps": s["tokens_per_s"], "per_domain": rates,
+                             "mean_accepted_length": s.get("mean_accepted_length")}
+    fixed = {k: v for k, v in policies.items() if k.startswith("fixed:") or k == "target_only"}
+    _, tokens = tally(inter["runs"]["target_only"])
+    oracle_arm = {d: max(fixed, key=lambda k: fixed[k]["per_domain"].get(d, 0.0)) for d in tokens}
+    oracle_time = sum(n / fixed[oracle_arm[d]]["per_domain"][d] for d, n in tokens.items())
+    oracle = sum(tokens.values()) / oracle_time
+    bandits = {k: v for k, v in policies.items() if k.startswith("bandit")}
+    best_sel = max(bandits, key=lambda k: bandits[k]["tps"]) if bandits else None
+    best_fixed = max(fixed, key=lambda k: fixed[k]["tps"])
+    return {
+        "label": "measured end to end on the H200 (flashspec bench, batch 1, greedy, 48 new tokens, bf16)",
+        "best_selector": best_sel, "best_selector_tps": bandits[best_sel]["tps"] if best_sel else None,
+        "best_fixed": best_fixed, "best_fixed_tps": fixed[best_fixed]["tps"],
+        "oracle_tps": oracle, "oracle_arms": oracle_arm,
+        "selector_vs_oracle": bandits[best_sel]["tps"] / oracle if best_sel else None,
+        "selector_vs_best_fixed": bandits[best_sel]["tps"] / fixed[best_fixed]["tps"] if best_sel else None,
+        "policies": policies,
+    }
+
+
 def summarize_dir(args: argparse.Namespace) -> int:
     """Rebuild e2e-h200.json (+ plots) from the sections a ``full`` run left in --from."""
     sections = {k: (json.loads((args.src / k / "bench.json").read_text()) if (args.src / k / "bench.json").is_file()
-                    else None) for k in ("b1_greedy", "b8_greedy", "b32_greedy", "b1_t07", "b1_nf4", "synthetic")}
+                    else None) for k in SECTIONS}
     from flashspec_fast.bench import summarize_run
 
     for sec in sections.values():  # recomputed from the raw rows, so newer summary fields appear too
@@ -240,6 +341,9 @@ def summarize_dir(args: argparse.Namespace) -> int:
             summary[key] = sections[key]["summary"]
     if sections["synthetic"] and sections["synthetic"].get("synthetic_scaling"):
         summary["scaling_synthetic"] = sections["synthetic"]["synthetic_scaling"]
+    workload = workload_summary(sections["workload_interleaved"], sections["workload_blocked"])
+    if workload:
+        summary["workload_gpu"] = workload
     summary["skipped_sections"] = [k for k, v in sections.items() if v is None]
     summary["measured_at_commit"] = args.commit
     args.out.mkdir(parents=True, exist_ok=True)
@@ -355,8 +459,8 @@ def main() -> int:
     f.add_argument("--fuse", action="store_true")
     f.add_argument("--verifier", default="auto", help="the config's verifier (auto: triton on CUDA)")
     f.add_argument("--selectors", default="", help="more bandits to run besides the config's (bench --selectors)")
-    f.add_argument("--sections", default="all",
-                   help="comma list of b1_greedy,b8_greedy,b32_greedy,b1_t07,b1_nf4,synthetic, or 'none' to convert only "
+    f.add_argument("--sections", default="b1_greedy,b8_greedy,b32_greedy,b1_t07,b1_nf4,synthetic",
+                   help="comma list of b1_greedy,b8_greedy,b32_greedy,b1_t07,b1_nf4,synthetic,workload_interleaved,workload_blocked, or 'none' to convert only "
                         "(split a run over several calls on a warm machine; /tmp/fsbf16 is reused)")
     c = sub.add_parser("convert", help="only convert (e.g. one model in the background while the other travels)")
     c.add_argument("--gguf", type=Path, required=True)

@@ -58,6 +58,17 @@ def read_workload(path: Path) -> list[dict[str, str]]:
     return rows
 
 
+def interleave(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Round-robin over the domains, each keeping its own order (a domain-shifting stream)."""
+    queues: dict[str, list[dict[str, str]]] = {}
+    for r in rows:
+        queues.setdefault(r["domain"], []).append(r)
+    out: list[dict[str, str]] = []
+    while any(queues.values()):
+        out += [q.pop(0) for q in queues.values() if q]
+    return out
+
+
 def environment() -> dict[str, Any]:
     import transformers
 
@@ -488,6 +499,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--assistant-tokens", type=int, default=5, help="num_assistant_tokens for (e)")
     p.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for (f)")
     p.add_argument("--dtype", default=None, help="override the dtype of every fast model (e.g. float32)")
+    p.add_argument("--order", default="file", choices=["file", "interleaved"],
+                   help="serve the prompts in file order, or round-robin over their domains")
     p.add_argument("--quantization", default=None, choices=["none", "nf4"],
                    help="override the quantization of every fast model (nf4 needs bitsandbytes)")
     p.add_argument("--fuse", action="store_true", help="Inductor-fuse elementwise ops in fast models")
@@ -536,7 +549,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     deadline = start + args.deadline if args.deadline > 0 else math.inf
     args.out.mkdir(parents=True, exist_ok=True)
-    workload = read_workload(args.workload)[: args.prompts or None]
+    workload = read_workload(args.workload)
+    workload = (interleave(workload) if args.order == "interleaved" else workload)[: args.prompts or None]
     result: dict[str, Any] = {"environment": environment(), "args": {k: (str(v) if isinstance(v, Path) else v)
                               for k, v in vars(args).items()}, "config": args.config.read_text(),
                               "workload": workload, "runs": {}, "summaries": {}}
