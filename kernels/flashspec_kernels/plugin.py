@@ -11,6 +11,9 @@ the same generator; the distribution is the same.
 ``noise = "exact"`` draws :class:`flashspec_core.sampling.Noise` from the generator
 exactly as the reference verifier does (one ``[B, V]`` float32 exponential tensor per
 step, which the race then reads) and so emits the reference's tokens.
+
+On CUDA, steps of up to ``graph_max_logits`` logits replay a captured graph of the
+kernels instead of launching them from Python (:mod:`flashspec_kernels.stepgraphs`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class TritonVerifierConfig:
         default="philox", validator=attrs.validators.in_(("exact", "philox"))
     )
     programs: int = attrs.field(default=0, converter=int, validator=attrs.validators.ge(0))  # 0 = auto
+    graph_max_logits: int = attrs.field(default=1 << 24, converter=int, validator=attrs.validators.ge(0))  # 0 = never
 
 
 class TritonVerifier:
@@ -40,10 +44,12 @@ class TritonVerifier:
 
     def __init__(self, config: TritonVerifierConfig, device: torch.device | str | None = None) -> None:
         from flashspec_kernels import verify as ops  # triton is imported here, not at plugin load
+        from flashspec_kernels.stepgraphs import StepGraphs
 
         self._ops = ops
         self.config = config
         self.device = torch.device(device) if device is not None else None
+        self._graphs = StepGraphs(config.graph_max_logits)
 
     def verify(
         self,
@@ -53,17 +59,14 @@ class TritonVerifier:
         sampling: SamplingParams,
         generator: torch.Generator | None,
     ) -> Verdict:
-        programs = self.config.programs or None
         if sampling.greedy:
-            return self._ops.verify_triton(target_logits, draft_tokens, draft_probs, sampling, programs=programs)
+            return self._run(target_logits, draft_tokens, draft_probs, sampling, None, None)
         if self.config.noise == "exact":
             batch, gamma = draft_tokens.shape
             noise = Noise.draw(batch, gamma, target_logits.shape[-1], generator, target_logits.device)
             return self.verify_with_noise(target_logits, draft_tokens, draft_probs, sampling, noise)
         state = self._ops.new_philox_state(generator, target_logits.device)
-        return self._ops.verify_triton(
-            target_logits, draft_tokens, draft_probs, sampling, state=state, programs=programs
-        )
+        return self._run(target_logits, draft_tokens, draft_probs, sampling, None, state)
 
     def verify_with_noise(
         self,
@@ -74,9 +77,36 @@ class TritonVerifier:
         noise: Noise,
     ) -> Verdict:
         """Same as :meth:`verify` with the reference's noise (token-exact comparisons)."""
-        return self._ops.verify_triton(
-            target_logits, draft_tokens, draft_probs, sampling, noise=noise, programs=self.config.programs or None
-        )
+        return self._run(target_logits, draft_tokens, draft_probs, sampling, noise, None)
+
+    def _run(
+        self,
+        logits: torch.Tensor,
+        tokens: torch.Tensor,
+        probs: torch.Tensor | None,
+        sampling: SamplingParams,
+        noise: Noise | None,
+        state: torch.Tensor | None,
+    ) -> Verdict:
+        """The kernels, launched directly or replayed from the graph captured for this shape."""
+        programs = self.config.programs or None
+        has_q, has_noise, has_state = probs is not None, noise is not None, state is not None
+
+        def step(*inputs: torch.Tensor) -> Verdict:
+            it = iter(inputs)
+            logits, tokens = next(it), next(it)
+            probs = next(it) if has_q else None
+            noise = Noise(uniform=next(it), exponential=next(it)) if has_noise else None
+            state = next(it) if has_state else None
+            return self._ops.verify_triton(logits, tokens, probs, sampling, noise=noise, state=state, programs=programs)
+
+        inputs = [logits, tokens]
+        inputs += [probs] if probs is not None else []
+        inputs += [noise.uniform, noise.exponential] if noise is not None else []
+        inputs += [state] if state is not None else []
+        if self._graphs.wanted(logits):
+            return self._graphs((sampling, has_q, has_noise, has_state, programs), step, *inputs)
+        return step(*inputs)
 
 
 def _make(config: Any, device: torch.device | str | None = None) -> Verifier:

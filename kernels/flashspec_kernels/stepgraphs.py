@@ -1,0 +1,79 @@
+"""Replay a captured verify step where launching it from Python costs more than running it.
+
+A verify step is three Triton launches plus a few small tensor ops. On the H200 the
+GPU work of a batch-1 step over 152k logits is ~35 us, while the launches from Python
+take 100-250 us (docs/benchmarks/verify-kernels-h200.json: ``triton_graph_ms`` against
+``triton_ms``). For inputs up to :data:`GRAPH_MAX_LOGITS` logits, the first call of a
+shape captures the step in a CUDA graph over static inputs; later calls copy their
+inputs in (cheap at these sizes), replay, and return copies of the outputs. Larger
+inputs, CPU tensors, and calls made while the caller is itself capturing a graph run
+the kernels directly.
+
+The replayed graph is the same kernels with the same arguments, so its verdicts are
+the direct launch's, token for token (the GPU script checks this).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import torch
+
+from flashspec_core.contracts import Verdict
+
+GRAPH_MAX_LOGITS = 1 << 24  # B * (gamma + 1) * V up to this: copy in and replay
+MAX_GRAPHS = 32  # captured shapes kept (least recently used dropped)
+
+Step = Callable[..., Verdict]
+
+
+class StepGraphs:
+    """``graphs(key, step, *inputs)``: ``step(*inputs)``, replayed from a graph when it pays."""
+
+    def __init__(self, max_logits: int = GRAPH_MAX_LOGITS, max_graphs: int = MAX_GRAPHS) -> None:
+        self.max_logits = max_logits
+        self.max_graphs = max_graphs
+        self._graphs: OrderedDict[Hashable, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], Verdict]] = OrderedDict()
+        self._pool: Any = None
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def wanted(self, logits: torch.Tensor) -> bool:
+        return (
+            self.max_logits > 0
+            and logits.is_cuda
+            and logits.numel() <= self.max_logits
+            and not torch.cuda.is_current_stream_capturing()
+        )
+
+    def __call__(self, key: Hashable, step: Step, *inputs: torch.Tensor) -> Verdict:
+        full_key = (key, *((tuple(t.shape), t.dtype, t.device) for t in inputs))
+        entry = self._graphs.get(full_key)
+        if entry is None:
+            entry = self._capture(step, inputs)
+            self._graphs[full_key] = entry
+            while len(self._graphs) > self.max_graphs:
+                self._graphs.popitem(last=False)
+        else:
+            self._graphs.move_to_end(full_key)
+        graph, static, out = entry
+        for dst, src in zip(static, inputs, strict=True):
+            dst.copy_(src, non_blocking=True)
+        graph.replay()
+        return Verdict(tokens=out.tokens.clone(), num_accepted=out.num_accepted.clone())
+
+    def _capture(self, step: Step, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor], Verdict]:
+        static = [t.clone() for t in inputs]
+        side = torch.cuda.Stream(device=static[0].device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # compiles the kernels before capture
+            step(*static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = step(*static)
+        self._pool = graph.pool()
+        return graph, static, out
