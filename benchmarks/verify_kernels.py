@@ -142,6 +142,29 @@ def check_no_sync() -> dict:
     return res
 
 
+def check_step_graphs() -> dict:
+    """The verifier's own graph replay (small steps) against direct launches: same verdicts."""
+    res: dict = {"cases": []}
+    params = {"greedy": SamplingParams(temperature=0), "t1": SamplingParams(), "t0.7_topk": SamplingParams(0.7, top_k=50)}
+    for b, gamma, v, dtype in ((1, 4, 151936, torch.bfloat16), (8, 8, 32000, torch.bfloat16), (3, 1, 128256, torch.float32)):
+        for with_q in (False, True):
+            logits, tokens, q = make_inputs(b, gamma, v, dtype, with_q, seed=7 * b + gamma)
+            for noise_mode in ("philox", "exact"):
+                graphed = TritonVerifier(TritonVerifierConfig(noise=noise_mode), DEV)
+                direct = TritonVerifier(TritonVerifierConfig(noise=noise_mode, graph_max_logits=0), DEV)
+                for name, sp in params.items():
+                    same = True
+                    for trial in range(3):  # the first call captures, later ones replay
+                        ga = graphed.verify(logits, tokens, q, sp, torch.Generator(device=DEV).manual_seed(trial))
+                        da = direct.verify(logits, tokens, q, sp, torch.Generator(device=DEV).manual_seed(trial))
+                        same &= bool(torch.equal(ga.tokens, da.tokens) and torch.equal(ga.num_accepted, da.num_accepted))
+                    res["cases"].append(dict(B=b, gamma=gamma, V=v, dtype=str(dtype), q=with_q, noise=noise_mode,
+                                             sampling=name, identical=same, graphs=len(graphed._graphs)))  # fmt: skip
+    res["ok"] = all(c["identical"] and c["graphs"] > 0 for c in res["cases"])
+    log("step graphs:", res["ok"], sum(c["identical"] for c in res["cases"]), "of", len(res["cases"]))
+    return res
+
+
 def check_graph() -> dict:
     """Capture a step in a CUDA graph; replays with new inputs must still be right."""
     b, gamma, v = 16, 4, 32000
@@ -343,6 +366,7 @@ def time_shape(b: int, gamma: int, v: int, dtype: torch.dtype, ctx: dict) -> dic
     row = dict(B=b, gamma=gamma, V=v, dtype=str(dtype).replace("torch.", ""), logits_bytes=nbytes)
     row["logits_pass"] = bench(logits_pass_fn(logits), wall=False)
     row["triton"] = bench(lambda: ctx["philox"].verify(logits, tokens, None, sp, gen))
+    row["triton_direct"] = bench(lambda: ctx["direct"].verify(logits, tokens, None, sp, gen))
     row["triton_exact"] = bench(lambda: ctx["exact"].verify(logits, tokens, None, sp, gen))
     row["triton_graph"] = bench(graph_step(ctx["philox"], logits, tokens, sp), wall=False)
     row["reference"] = bench(lambda: ctx["ref"].verify(logits, tokens, None, sp, gen))
@@ -362,6 +386,7 @@ def time_shape(b: int, gamma: int, v: int, dtype: torch.dtype, ctx: dict) -> dic
 def time_shapes(cfg: dict, copy_gbs: float, deadline: float) -> list[dict]:
     ctx = {
         "philox": TritonVerifier(TritonVerifierConfig(noise="philox"), DEV),
+        "direct": TritonVerifier(TritonVerifierConfig(noise="philox", graph_max_logits=0), DEV),
         "exact": TritonVerifier(TritonVerifierConfig(noise="exact"), DEV),
         "ref": ReferenceVerifier(),
         "compiled": {},
@@ -388,7 +413,8 @@ def summary_row(r: dict) -> dict:
     get = lambda k: r[k]["ms"] if k in r else None  # noqa: E731
     return dict(
         B=r["B"], gamma=r["gamma"], V=r["V"], dtype=r["dtype"],
-        triton_ms=get("triton"), triton_exact_ms=get("triton_exact"), triton_graph_ms=get("triton_graph"),
+        triton_ms=get("triton"), triton_direct_ms=get("triton_direct"), triton_exact_ms=get("triton_exact"),
+        triton_graph_ms=get("triton_graph"),
         logits_pass_ms=get("logits_pass"), reference_ms=get("reference"), compile_ms=get("compile"),
         triton_greedy_ms=get("triton_greedy"), reference_greedy_ms=get("reference_greedy"),
         triton_wall_ms=r["triton"]["wall_ms"], reference_wall_ms=r["reference"]["wall_ms"],
@@ -451,10 +477,12 @@ def main() -> None:
     result["config"]["PASS_CONFIG"] = {str(k): list(v) for k, v in ops.PASS_CONFIG.items()}
     result["config"]["RACE_BLOCK_V"] = ops.RACE_BLOCK_V
     result["config"]["RACE_WARPS"] = ops.RACE_WARPS
+    result["config"]["programs_wanted"] = ops._programs_wanted(DEV)  # after the sweep's choice
     if "checks" not in skip:
         for name, fn in (
             ("no_sync", check_no_sync),
             ("cuda_graph", check_graph),
+            ("step_graphs", check_step_graphs),
             ("equality", lambda: check_equality(args.quick)),
         ):
             try:
