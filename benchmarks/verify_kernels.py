@@ -24,6 +24,7 @@ rotation; ``*_wall_ms`` are host medians of ``step(); synchronize()``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -365,6 +366,8 @@ def time_shape(b: int, gamma: int, v: int, dtype: torch.dtype, ctx: dict) -> dic
     nbytes = logits.numel() * logits.element_size()
     row = dict(B=b, gamma=gamma, V=v, dtype=str(dtype).replace("torch.", ""), logits_bytes=nbytes)
     row["logits_pass"] = bench(logits_pass_fn(logits), wall=False)
+    dst = torch.empty_like(logits)  # a copy of the same bytes: what a memory-bound kernel of this size reaches
+    row["copy_same_size"] = bench(functools.partial(dst.copy_, logits), wall=False)
     row["triton"] = bench(lambda: ctx["philox"].verify(logits, tokens, None, sp, gen))
     row["triton_direct"] = bench(lambda: ctx["direct"].verify(logits, tokens, None, sp, gen))
     row["triton_exact"] = bench(lambda: ctx["exact"].verify(logits, tokens, None, sp, gen))
@@ -380,6 +383,9 @@ def time_shape(b: int, gamma: int, v: int, dtype: torch.dtype, ctx: dict) -> dic
         row["compile_first_call_s"] = time.time() - t
         row["compile"] = bench(lambda: fn(logits, tokens, None, sp, Noise.draw(b, gamma, v, gen, DEV)))
     row["bandwidth_fraction"] = nbytes / (row["logits_pass"]["ms"] * 1e6) / ctx["copy_gbs"]
+    # the same-size copy moves 2 * nbytes (read + write); the pass reads nbytes
+    row["bandwidth_fraction_vs_same_size_copy"] = (nbytes / row["logits_pass"]["ms"]) / (
+        2 * nbytes / row["copy_same_size"]["ms"])
     return row
 
 
@@ -419,7 +425,8 @@ def summary_row(r: dict) -> dict:
         triton_greedy_ms=get("triton_greedy"), reference_greedy_ms=get("reference_greedy"),
         triton_wall_ms=r["triton"]["wall_ms"], reference_wall_ms=r["reference"]["wall_ms"],
         compile_wall_ms=r["compile"]["wall_ms"] if "compile" in r else None,
-        bandwidth_fraction=r["bandwidth_fraction"],
+        bandwidth_fraction=r["bandwidth_fraction"], copy_same_size_ms=get("copy_same_size"),
+        bandwidth_fraction_vs_same_size_copy=r.get("bandwidth_fraction_vs_same_size_copy"),
         speedup_vs_reference=get("reference") / get("triton"),
         speedup_vs_compile=(get("compile") / get("triton")) if "compile" in r else None,
     )  # fmt: skip
