@@ -635,7 +635,7 @@ def exactness(args: argparse.Namespace, data: dict[str, Any], prompts: list[list
         f32 = load_config_dict(args.config, "float32", False)
         pipe = build_pipeline(f32)
         eargs = argparse.Namespace(**{**vars(args), "temperature": 0.0, "systems": ["flashspec", "target_only"],
-                                      "warmup": 0, "repeats": 1, "no_fixed_arms": True})
+                                      "warmup": 0, "repeats": 1, "no_fixed_arms": True, "selectors": []})
         runs: dict[str, Any] = {}
         flashspec_runs(pipe, prompts, batches(len(prompts), 1), eargs, domains, lambda n, r: runs.__setitem__(n, r))
         plain = {r["prompt"]: r["tokens"] for r in runs.pop("target_only")["requests"]}
