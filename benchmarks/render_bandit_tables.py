@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 JSON_PATH = ROOT / "docs" / "benchmarks" / "bandit-sim.json"
 PAGE = ROOT / "docs" / "bandits.md"
 BEGIN, END = "<!-- BEGIN bandit-tables (benchmarks/render_bandit_tables.py) -->", "<!-- END bandit-tables -->"
-SELECTORS = ("ucb1", "thompson", "sliding_window_ucb", "discounted_thompson")
+SELECTORS = ("ucb1", "thompson", "sliding_window_ucb", "discounted_thompson", "glr_thompson", "request_thompson")
+TABLES = ("paper_table", "nonstationary", "nonstationary_four_phase", "drifting")
 
 
 def _cell(entry: dict[str, Any], digits: int = 1) -> str:
@@ -30,7 +31,9 @@ def render(data: dict[str, Any]) -> str:
     lines = [
         f"Source: `docs/benchmarks/bandit-sim.json`, written by `{data['generated_by']}` at commit "
         f"`{data['commit'][:7]}`; T = {cfg['horizon']}, {len(cfg['seeds'])} seeds, default configs "
-        f"(window W = {cfg['sliding_window_ucb_window']}, discount = {cfg['discounted_thompson_discount']}). "
+        f"(window W = {cfg['sliding_window_ucb_window']}, discount = {cfg['discounted_thompson_discount']}, "
+        f"GLR delta = {cfg['glr_thompson_delta']}, forced = {cfg['glr_thompson_forced']:.4f}; "
+        "`request_thompson` is never told of a request here). "
         "Cells: mean cumulative regret at T [95% CI of the mean].",
         "",
         "**(a) Stationary Bernoulli, means [0.3, 0.7, 0.5]**",
@@ -38,7 +41,8 @@ def render(data: dict[str, Any]) -> str:
         "| selector | regret at T [95% CI] |",
         "|---|---|",
     ]
-    lines += [f"| `{name}` | {_cell(s['paper_table'][name])} |" for name in SELECTORS]
+    table = {k: s[k] | s.get("added_selectors", {}).get(k, {}) for k in TABLES}
+    lines += [f"| `{name}` | {_cell(table['paper_table'][name])} |" for name in SELECTORS]
     lines += [f"| UCB1 bound (Auer et al. 2002) | {s['paper_table']['ucb1_bound']:.1f} |", ""]
     lines += [
         "**(b) Non-stationary: dynamic regret**",
@@ -47,7 +51,8 @@ def render(data: dict[str, Any]) -> str:
         "|---|---|---|---|",
     ]
     lines += [
-        f"| `{n}` | {_cell(s['nonstationary'][n])} | {_cell(s['nonstationary_four_phase'][n])} | {_cell(s['drifting'][n])} |"
+        f"| `{n}` | {_cell(table['nonstationary'][n])} | {_cell(table['nonstationary_four_phase'][n])} | "
+        f"{_cell(table['drifting'][n])} |"
         for n in SELECTORS
     ]
     lines += [""] + _costed(data)
