@@ -180,7 +180,8 @@ def full(args: argparse.Namespace) -> int:
     wconfig.write_text(WORKLOAD_CONFIG.format(max_len=1024, fuse=str(args.fuse).lower(), verifier=args.verifier, **paths))
     work = args.out  # each section's bench.json lands in --out/<section>/ as soon as it is written
     sections: dict[str, Any] = {}
-    common = ["--max-new-tokens", str(args.max_new_tokens)]
+    limit = ["--prompts", str(args.prompts)] if args.prompts else []
+    common = ["--max-new-tokens", str(args.max_new_tokens), *limit]
     fuse = ["--fuse"] if args.fuse else []
     sel = ["--selectors", args.selectors] if args.selectors else []
     plan = {
@@ -192,9 +193,9 @@ def full(args: argparse.Namespace) -> int:
         "b1_t07": [*common, "--temperature", "0.7", "--systems", "flashspec,target_only", *sel, *fuse],
         "b1_nf4": [*common, "--quantization", "nf4", "--systems", "flashspec,target_only", "--prompts", "4",
                    "--no-fixed-arms", *fuse],
-        "workload_interleaved": ["--max-new-tokens", "48", "--order", "interleaved", "--systems", "flashspec,target_only",
+        "workload_interleaved": ["--max-new-tokens", "48", *limit, "--order", "interleaved", "--systems", "flashspec,target_only",
                                  *sel, *fuse],
-        "workload_blocked": ["--max-new-tokens", "48", "--systems", "flashspec", "--no-fixed-arms", *sel, *fuse],
+        "workload_blocked": ["--max-new-tokens", "48", *limit, "--systems", "flashspec", "--no-fixed-arms", *sel, *fuse],
         "synthetic": ["--systems", "", "--synthetic-shapes", "qwen2.5-7b,qwen2.5-14b,qwen2.5-32b",
                       "--synthetic-acceptance", "0.6,0.8", "--synthetic-gammas", "4", *fuse],
     }
@@ -456,6 +457,7 @@ def main() -> int:
     f.add_argument("--budget", type=float, default=480, help="seconds for all sections")
     f.add_argument("--max-new-tokens", type=int, default=128)
     f.add_argument("--hf-prompts", type=int, default=4)
+    f.add_argument("--prompts", type=int, default=0, help="only the first N prompts of each section (0: all)")
     f.add_argument("--fuse", action="store_true")
     f.add_argument("--verifier", default="auto", help="the config's verifier (auto: triton on CUDA)")
     f.add_argument("--selectors", default="", help="more bandits to run besides the config's (bench --selectors)")
