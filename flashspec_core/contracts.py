@@ -57,8 +57,8 @@ class SamplingParams:
 class Draft:
     """What a draft provider proposes for one step."""
 
-    tokens: torch.Tensor  # [B, gamma] int64
-    probs: torch.Tensor | None  # [B, gamma, Vd] float32: q each token was sampled from; None = one-hot
+    tokens: torch.Tensor  # [B, g] int64, g <= the arm's gamma
+    probs: torch.Tensor | None  # [B, g, Vd] float32: q each token was sampled from; None = one-hot
 
 
 @attrs.frozen
@@ -80,7 +80,7 @@ class StepRecord:
     step: int
     arm: int
     arm_name: str
-    gamma: int
+    gamma: int  # tokens proposed this step (the arm's gamma, or fewer: see DraftProvider)
     batch_size: int  # rows still generating
     accepted: tuple[int, ...]  # per active row
     emitted: int  # tokens emitted over active rows
@@ -165,7 +165,12 @@ class Verifier(Protocol):
 
 @runtime_checkable
 class DraftProvider(Protocol):
-    """Proposes ``gamma`` tokens per row given the current sequences.
+    """Proposes up to ``gamma`` tokens per row given the current sequences.
+
+    A proposal may be narrower than ``gamma`` (all rows alike; even 0 tokens, a plain
+    decoding step) when its width is a function of the sequences alone, as for prompt
+    lookup finding no match: then it is part of the arm's deterministic choice and the
+    output law is unchanged. It must never depend on the step's random draws.
 
     ``tokens[b, : lengths[b]]`` is row ``b``'s whole sequence so far (prompt and
     emitted tokens). Sequences only grow between calls, except that a proposal's

@@ -172,6 +172,9 @@ class Pipeline:
         t0 = time.perf_counter()
         clock.mark()
         draft = arm.provider.propose(tokens, lengths, arm.gamma, sampling, generator)
+        if draft.tokens.dim() != 2 or draft.tokens.shape[1] > arm.gamma:
+            raise RuntimeError(f"arm {arm.name!r}: the draft proposed tokens of shape {tuple(draft.tokens.shape)}, "
+                               f"not [B, <= gamma = {arm.gamma}]")
         clock.mark()
         logits = self.target.score(tokens, lengths, draft.tokens.to(self.target.device))
         clock.mark()
@@ -185,13 +188,14 @@ class Pipeline:
         emitted = [host[b, 1 : 2 + n].tolist() for b, n in enumerate(accepted)]
         rows = [b for b in range(len(active)) if active[b]]
         acc = tuple(accepted[b] for b in rows)
-        reward = self.reward(arm.gamma, acc, sum(n + 1 for n in acc), max(step_s, 1e-9))
+        width = int(draft.tokens.shape[1])  # the arm's gamma, or fewer (a lookup without a match)
+        reward = self.reward(width, acc, sum(n + 1 for n in acc), max(step_s, 1e-9))
         self.selector.update(index, reward)
         record = StepRecord(
             step=self._step,
             arm=index,
             arm_name=arm.name,
-            gamma=arm.gamma,
+            gamma=width,
             batch_size=len(rows),
             accepted=acc,
             emitted=sum(n + 1 for n in acc),

@@ -17,9 +17,14 @@ from flashspec_core import Draft, SamplingParams
 
 @attrs.frozen
 class LookupConfig:
+    """``fill = false`` proposes only what a match provides: fewer than gamma tokens
+    when the continuation is shorter, none (a plain decoding step) without a match of
+    at least ``min_ngram`` tokens. ``fill = true`` pads to gamma by repeating."""
+
     max_ngram: int = attrs.field(default=3, validator=attrs.validators.ge(1))
     min_ngram: int = attrs.field(default=1, validator=attrs.validators.ge(1))
     window: int = attrs.field(default=4096, validator=attrs.validators.ge(2))
+    fill: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
         if self.min_ngram > self.max_ngram:
@@ -31,7 +36,8 @@ def lookup(seq: torch.Tensor, gamma: int, cfg: LookupConfig) -> list[int]:
 
     seq: [L] int64 (CPU). Returns ``gamma`` tokens; where the match is shorter than
     ``gamma`` or there is none, the proposal repeats its last token (the verifier
-    rejects what does not fit, so filling cannot change the output law).
+    rejects what does not fit, so filling cannot change the output law). With
+    ``cfg.fill`` false it returns only the match's continuation (maybe empty).
     """
     seq = seq[-cfg.window :]
     length = seq.shape[0]
@@ -43,9 +49,9 @@ def lookup(seq: torch.Tensor, gamma: int, cfg: LookupConfig) -> list[int]:
         if hits.numel():
             start = int(hits[-1]) + n
             found = seq[start : start + gamma].tolist()
-            return found + [found[-1]] * (gamma - len(found))
+            return found + [found[-1]] * (gamma - len(found)) if cfg.fill else found
     last = int(seq[-1]) if length else 0
-    return [last] * gamma
+    return [last] * gamma if cfg.fill else []
 
 
 class PromptLookupDraft:
@@ -66,7 +72,9 @@ class PromptLookupDraft:
         generator: torch.Generator | None,
     ) -> Draft:
         rows = [lookup(tokens[b, :n].cpu(), gamma, self.config) for b, n in enumerate(lengths)]
-        return Draft(tokens=torch.tensor(rows, dtype=torch.long), probs=None)
+        width = max(len(r) for r in rows)  # rows alike: shorter matches repeat their last token
+        rows = [r + [r[-1] if r else int(tokens[b, lengths[b] - 1])] * (width - len(r)) for b, r in enumerate(rows)]
+        return Draft(tokens=torch.tensor(rows, dtype=torch.long).view(len(rows), width), probs=None)
 
     def rollback(self, num_accepted: Sequence[int]) -> None:
         """Stateless: nothing to roll back."""

@@ -50,7 +50,7 @@ def test_greedy_speculative_equals_greedy_target(models: dict[str, Path], select
             assert got == _greedy_target(models["target"], prompt, 24, eos=15)
         used |= {r.arm_name for r in result.steps}
     # UCB1 tries every arm first, so arms switch in the middle of a sequence.
-    assert selector != "ucb1" or used == {"d0", "d1", "lookup"}
+    assert selector != "ucb1" or used == {"d0", "d1", "lookup", "lookup-match"}
 
 
 def test_ragged_batch_rows_equal_rows_alone(models: dict[str, Path]) -> None:
@@ -154,3 +154,33 @@ def test_third_party_components_run_in_a_pipeline(models: dict[str, Path]) -> No
     config["verifier"] = {"use": "acme_ref"}
     result = build_pipeline(config, registry).generate([PROMPTS[0]], max_new_tokens=6)
     assert result.token_ids[0] == _greedy_target(models["target"], PROMPTS[0], 6, eos=15)
+
+
+class _Greedy:
+    """A draft plugin whose proposals are wider than the arm's gamma (a bug)."""
+
+    @hookimpl
+    def flashspec_draft_providers(self):
+        class TooWide(PromptLookupDraft):
+            def propose(self, tokens, lengths, gamma, sampling, generator):  # type: ignore[no-untyped-def]
+                draft = super().propose(tokens, lengths, gamma + 1, sampling, generator)
+                return draft
+
+        return [ComponentSpec("too_wide", "draft", lambda config, context: TooWide(LookupConfig()))]
+
+
+def test_match_only_lookup_steps_record_their_width(models: dict[str, Path]) -> None:
+    config = pipeline_dict(models["target"], [], "fixed")
+    config["arm"] = [{"use": "prompt_lookup", "gamma": 4, "min_ngram": 2, "fill": False}]
+    result = build_pipeline(config).generate([[1, 2, 3, 4, 5, 1, 2], [9, 8, 7]], max_new_tokens=12)
+    widths = {r.gamma for r in result.steps}
+    assert widths <= set(range(5)) and len(widths) > 1  # some steps matched, some did not
+    assert all(max(r.accepted) <= r.gamma for r in result.steps)
+
+
+def test_a_draft_wider_than_gamma_is_a_clear_error(models: dict[str, Path]) -> None:
+    config = pipeline_dict(models["target"], [], "fixed")
+    config["arm"] = [{"use": "too_wide", "gamma": 2, "name": "wide"}]
+    pipe = build_pipeline(config, build_registry(extra_plugins=[_Greedy()]))
+    with pytest.raises(RuntimeError, match=r"arm 'wide'.*gamma = 2"):
+        pipe.generate([PROMPTS[0]], max_new_tokens=4)

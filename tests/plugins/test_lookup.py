@@ -43,3 +43,19 @@ def test_none_arm_drafts_nothing() -> None:
 def test_bad_lookup_config() -> None:
     with pytest.raises(ValueError, match="min_ngram"):
         LookupConfig(max_ngram=1, min_ngram=2)
+
+
+def test_without_fill_only_the_match_is_proposed() -> None:
+    cfg = LookupConfig(min_ngram=2, fill=False)
+    assert lookup(_t([4, 5, 6, 4, 5]), 3, cfg) == [6, 4, 5]
+    assert lookup(_t([4, 5, 6, 7, 4, 5]), 8, cfg) == [6, 7, 4, 5]  # shorter than gamma: not padded
+    assert lookup(_t([4, 5, 6, 5]), 3, cfg) == []  # only a one-token match: below min_ngram
+
+
+def test_without_fill_the_batch_takes_the_widest_row() -> None:
+    draft = PromptLookupDraft(LookupConfig(min_ngram=2, fill=False))
+    tokens = _t([[1, 2, 3, 1, 2], [9, 8, 7, 6, 5]])
+    out = draft.propose(tokens, [5, 5], 4, SamplingParams(), None)
+    assert out.tokens.tolist() == [[3, 1, 2], [5, 5, 5]]  # no match: the row repeats its last token
+    none = draft.propose(tokens[1:], [5], 4, SamplingParams(), None)
+    assert none.tokens.shape == (1, 0)  # no row matched: a plain decoding step
