@@ -58,6 +58,13 @@ gamma = 6
 name = "lookup-g6"
 
 [[arm]]
+use = "prompt_lookup"
+gamma = 6
+min_ngram = 2
+fill = false
+name = "lookup-match-g6"
+
+[[arm]]
 use = "none"
 name = "none"
 
@@ -101,6 +108,13 @@ name = "draft0.5b-g6"
 use = "prompt_lookup"
 gamma = 8
 name = "lookup-g8"
+
+[[arm]]
+use = "prompt_lookup"
+gamma = 8
+min_ngram = 2
+fill = false
+name = "lookup-match"
 
 [[arm]]
 use = "none"
