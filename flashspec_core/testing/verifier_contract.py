@@ -29,7 +29,8 @@ and, for a verifier that samples from the target's law (all but those declaring
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -50,12 +51,17 @@ def verifier_names() -> list[str]:
     return build_registry().names("verifier")
 
 
-def load_verifier(name: str, device: torch.device | str = "cpu") -> Verifier:
-    """Build verifier ``name`` with its default config; :class:`VerifierUnavailable` if it cannot run."""
+def load_verifier(
+    name: str, device: torch.device | str = "cpu", config: Mapping[str, Any] | None = None
+) -> Verifier:
+    """Build verifier ``name`` with its default config, or with ``config`` (keys of its
+    config class); :class:`VerifierUnavailable` if it cannot run."""
     spec = build_registry().get("verifier", name)
-    config = spec.config_cls() if spec.config_cls is not None else None
+    if config and spec.config_cls is None:
+        raise ValueError(f"verifier {name!r} takes no config, got {dict(config)}")
+    built = spec.config_cls(**(config or {})) if spec.config_cls is not None else None
     try:
-        return spec.factory(config, torch.device(device))
+        return spec.factory(built, torch.device(device))
     except ImportError as exc:
         raise VerifierUnavailable(f"verifier {name!r}: {exc}") from exc
     except Exception as exc:
@@ -64,7 +70,9 @@ def load_verifier(name: str, device: torch.device | str = "cpu") -> Verifier:
         raise
 
 
-def load_verifier_or_skip(name: str, device: torch.device | str = "cpu", exact: bool = False) -> Verifier:
+def load_verifier_or_skip(
+    name: str, device: torch.device | str = "cpu", exact: bool = False, config: Mapping[str, Any] | None = None
+) -> Verifier:
     """:func:`load_verifier`, turning :class:`VerifierUnavailable` into a pytest skip.
 
     With ``exact=True`` a verifier that declares ``exact = False`` (a timing-only
@@ -73,7 +81,7 @@ def load_verifier_or_skip(name: str, device: torch.device | str = "cpu", exact: 
     import pytest
 
     try:
-        verifier = load_verifier(name, device)
+        verifier = load_verifier(name, device, config)
     except VerifierUnavailable as exc:
         pytest.skip(str(exc))
     if exact and not is_exact(verifier):

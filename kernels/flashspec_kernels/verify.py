@@ -41,12 +41,22 @@ Greedy mode: ``_argmax_partial_kernel`` (grid ``(R, S1)``, one pass) and
 ``_greedy_finalize_kernel`` (grid ``(B,)``): argmax per position, lowest index on ties,
 accept while equal. top-k never changes the argmax, so only top-p filters first.
 
+Rows per program. Every kernel takes a ``ROWS`` constexpr and handles ``ROWS``
+consecutive rows as ``[ROWS, BLOCK]`` tiles (rows past the end masked), so the grids
+above are ``(cdiv(R, ROWS), S1)``, ``(cdiv(B, ROWS), S2)`` and ``(cdiv(B, ROWS),)``.
+On a GPU ``ROWS = 1``. Triton's interpreter (``TRITON_INTERPRET=1``) runs the programs
+of a grid one by one in Python and each op as numpy on the whole tile, so there the
+launcher takes many rows per program (tiles up to ``INTERPRET_TILE`` elements) and trims
+the blocks and pads to the vocabulary and gamma: ~0.1 ms per row instead of ~0.1 s,
+which is what lets the statistical suite run the kernels on the CPU.
+
 Noise. *Exact* mode takes :class:`flashspec_core.sampling.Noise` (the reference's
 tensors) and then emits the reference's tokens: both compute the same float32
 quantities, so they can differ only where two candidates are within rounding of each
 other (about one draw in a million). *Philox* mode draws the uniforms and the race's
 exponentials in-kernel (``tl.randint4x``) from a device ``int64[2]`` state
-``(seed, counter)``; ``_finalize_kernel`` increments the counter, so a caller that keeps
+``(seed, counter)`` (offsets unique per row and token, independent of ``ROWS``);
+``_finalize_kernel`` increments the counter, so a caller that keeps
 one state gets fresh noise on every call and CUDA-graph replay without the host knowing
 the counter (the ``triton`` verifier instead draws a new state from the step's generator
 each call: see :mod:`flashspec_kernels.plugin`).
@@ -55,6 +65,7 @@ each call: see :mod:`flashspec_kernels.plugin`).
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -69,16 +80,23 @@ from flashspec_core.sampling import Noise, filter_logits, verify_greedy, verify_
 PASS_CONFIG = {2: (8192, 8), 4: (8192, 8)}
 RACE_BLOCK_V = 2048  # logits per block in the race (four quarters, one philox call per quad)
 RACE_WARPS = 4
+# Register cap of the race on CUDA (the interpreter ignores it). The one-row race compiled
+# to ~128 registers in philox mode; its [1, N]-tile form compiles to ~167 uncapped, one
+# program fewer per SM and up to 15% slower; exact mode gains 25-30% from the cap.
+RACE_MAX_REGISTERS = 128
 G_PAD = 32  # >= gamma + 1 for gamma <= 16
 S_PAD = 128  # most slices per row
 MAX_GAMMA = 16
-_RACE_STREAM = tl.constexpr(1 << 31)  # philox offsets below this race, above it the accept uniforms
+# Most elements in one program's tile in Triton's interpreter (see "Rows per program").
+INTERPRET_TILE = 1 << 18
+_ACCEPT_STREAM = tl.constexpr(1 << 31)  # philox offsets below this race, above it the accept uniforms
+_ACCEPT_STRIDE = tl.constexpr(32)  # accept offsets per row (>= MAX_GAMMA)
 
 
 # --------------------------------------------------------------------------- kernels
 
 
-@triton.jit(do_not_specialize=["blocks_per_split"])
+@triton.jit(do_not_specialize=["blocks_per_split", "n_rows"])
 def _lse_partial_kernel(
     logits_ptr,  # [R, V] float32 / bfloat16 / float16 logits, R = B * (gamma + 1)
     part_ptr,  # [2, R, S1] float32: slice max of x, slice sum of exp(x - max)
@@ -86,32 +104,36 @@ def _lse_partial_kernel(
     V,
     blocks_per_split,
     BLOCK_V: tl.constexpr,
+    ROWS: tl.constexpr = 1,  # rows per program (module doc, "Rows per program")
+    n_rows=1 << 62,  # R; the default means one row per program of the grid
 ):
-    row = tl.program_id(0).to(tl.int64)
+    rows = tl.minimum(n_rows, tl.num_programs(0) * ROWS)
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # [ROWS]
+    live = row < rows
+    row = tl.minimum(row, rows - 1)  # rows past R redo row R - 1; their stores are masked
     split = tl.program_id(1)
     nsplit = tl.num_programs(1)
-    rows = tl.num_programs(0)
-    base = logits_ptr + row * V
+    base = logits_ptr + row[:, None] * V  # [ROWS, 1]
     lo = split * blocks_per_split * BLOCK_V
     offs0 = tl.arange(0, BLOCK_V)
-    # online log-sum-exp: the running max is a scalar (one max-reduction per block), the
-    # sum stays per lane (reduced once at the end); one exp2 per logit. Maxima are kept
-    # in raw-logit units: max(x) * inv_t == max(x * inv_t) exactly, as inv_t > 0.
+    # online log-sum-exp: the running max is one scalar per row (one max-reduction per
+    # block), the sum stays per lane (reduced once at the end); one exp2 per logit. Maxima
+    # are kept in raw-logit units: max(x) * inv_t == max(x * inv_t) exactly, as inv_t > 0.
     scale = inv_t * 1.4426950408889634  # log2(e) / temperature
-    m = tl.full((), float("-inf"), tl.float32)
-    s = tl.zeros((BLOCK_V,), tl.float32)
+    m = tl.full((ROWS,), float("-inf"), tl.float32)
+    s = tl.zeros((ROWS, BLOCK_V), tl.float32)
     for blk in range(blocks_per_split):
         offs = lo + blk * BLOCK_V + offs0
-        x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=0))
+        x = tl.load(base + offs[None, :], mask=(offs < V)[None, :], other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: adds nothing
-        s = s * tl.math.exp2((m - m_safe) * scale) + tl.math.exp2((x - m_safe) * scale)
+        s = s * tl.math.exp2((m - m_safe) * scale)[:, None] + tl.math.exp2((x - m_safe[:, None]) * scale)
         m = m_new
     m_row = m * inv_t
-    s_row = tl.sum(s, axis=0)
+    s_row = tl.sum(s, axis=1)
     out = row * nsplit + split
-    tl.store(part_ptr + out, m_row)
-    tl.store(part_ptr + rows * nsplit + out, s_row)
+    tl.store(part_ptr + out, m_row, mask=live)
+    tl.store(part_ptr + rows * nsplit + out, s_row, mask=live)
 
 
 @triton.jit
@@ -123,17 +145,17 @@ def _philox_uniform(seed, counter, local):
 
 @triton.jit
 def _race_quarter(
-    x,  # [QB] float32 logits * inv_t of row n
-    offs,  # [QB] int32 token ids
-    e,  # [QB] float32 Exp(1) noise
-    m_n,
-    log_s_n,
-    q,  # [QB] float32 q_n (zero at the bonus position)
-    best_r,  # [QB] per-lane running best residual score, and its token id
+    x,  # [ROWS, QB] float32 logits * inv_t of row n
+    offs,  # [1, QB] int32 token ids
+    e,  # [ROWS, QB] float32 Exp(1) noise
+    m_n,  # [ROWS, 1]
+    log_s_n,  # [ROWS, 1]
+    q,  # [ROWS, QB] float32 q_n (zero at the bonus position)
+    best_r,  # [ROWS, QB] per-lane running best residual score, and its token id
     idx_r,
-    best_p,  # [QB] per-lane running best p score, and its token id
+    best_p,  # [ROWS, QB] per-lane running best p score, and its token id
     idx_p,
-    res_max,  # [QB] per-lane running max of the residual
+    res_max,  # [ROWS, QB] per-lane running max of the residual
     EXACT: tl.constexpr,
 ):
     p = tl.exp((x - m_n) - log_s_n)
@@ -159,15 +181,15 @@ def _race_quarter(
 
 @triton.jit
 def _lowest_argmax(best, idx):
-    """(max, lowest id holding it) over a block of per-lane (score, id)."""
-    top = tl.max(best, axis=0)
-    return top, tl.min(tl.where(best == top, idx, 2147483647), axis=0)
+    """Per row: (max, lowest id holding it) over a [ROWS, N] block of per-lane (score, id)."""
+    top = tl.max(best, axis=1)
+    return top, tl.min(tl.where(best == top[:, None], idx, 2147483647), axis=1)
 
 
 @triton.jit
 def _load_quarter(logits_row, q_row, offs, vm, inv_t, tok_n, q_end, HAS_Q: tl.constexpr):
-    # q_end: V when row n was rejected, 0 at the bonus position (q = 0 there);
-    # tok_n: the rejected draft token, -1 at the bonus position
+    # [ROWS, 1] row pointers and [1, QB] offsets; q_end: V when row n was rejected, 0 at
+    # the bonus position (q = 0 there); tok_n: the rejected draft token, -1 at the bonus
     x = tl.load(logits_row + offs, mask=vm, other=float("-inf")).to(tl.float32) * inv_t
     if HAS_Q:
         q = tl.load(q_row + offs, mask=offs < q_end, other=0.0).to(tl.float32)
@@ -176,7 +198,23 @@ def _load_quarter(logits_row, q_row, offs, vm, inv_t, tok_n, q_end, HAS_Q: tl.co
     return x, q
 
 
-@triton.jit(do_not_specialize=["gamma", "nsplit1", "blocks_per_split"])
+@triton.jit
+def _batch_rows(n_rows, ROWS: tl.constexpr):
+    """This program's rows ``[ROWS]`` (clamped to ``n_rows - 1``) and which are real."""
+    b = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    return tl.minimum(b, n_rows - 1), b < n_rows
+
+
+@triton.jit
+def _flat_rows(n_rows, ROWS: tl.constexpr, G_PAD: tl.constexpr):
+    """This program's (row, position) pairs, flattened to ``[ROWS * G_PAD]``: row (clamped
+    to ``n_rows - 1``), position, and whether the row is real."""
+    k = tl.arange(0, ROWS * G_PAD)
+    b = tl.program_id(0).to(tl.int64) * ROWS + k // G_PAD
+    return tl.minimum(b, n_rows - 1), k % G_PAD, b < n_rows
+
+
+@triton.jit(do_not_specialize=["B", "gamma", "nsplit1", "blocks_per_split"])
 def _accept_race_kernel(
     logits_ptr,  # [B, gamma+1, V] logits (same tensor as pass 1)
     draft_ptr,  # [B, gamma] int64 drafted tokens
@@ -191,6 +229,7 @@ def _accept_race_kernel(
     race_i_ptr,  # [2, B, S2] int32 out: their token ids
     inv_t,
     V,
+    B,
     gamma,
     nsplit1,
     blocks_per_split,
@@ -199,61 +238,71 @@ def _accept_race_kernel(
     BLOCK_V: tl.constexpr,
     G_PAD: tl.constexpr,
     S_PAD: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
-    b = tl.program_id(0).to(tl.int64)
+    b, live = _batch_rows(B, ROWS)  # [ROWS]; rows past B redo row B - 1, stores masked
     split = tl.program_id(1)
-    nb = tl.num_programs(0)
     nsplit2 = tl.num_programs(1)
     g1 = gamma + 1
-    j = tl.arange(0, G_PAD)
+    # (row, position) pairs flattened to [ROWS * G_PAD], row-major: with ROWS = 1 these are
+    # the [G_PAD] vectors of one row, and only the per-row reductions reshape to 2-D.
+    bf, jf, live_f = _flat_rows(B, ROWS, G_PAD)
     sl = tl.arange(0, S_PAD)
+    pos = bf * g1 + jf  # logits row of each position
     # --- fold pass-1 slices into (max, log sum) per position
-    pm_mask = (j[:, None] < g1) & (sl[None, :] < nsplit1)
-    pidx = (b * g1 + j)[:, None] * nsplit1 + sl[None, :]
+    pm_mask = (jf[:, None] < g1) & (sl[None, :] < nsplit1)
+    pidx = pos[:, None] * nsplit1 + sl[None, :]
     pm = tl.load(part_ptr + pidx, mask=pm_mask, other=float("-inf"))
-    ps = tl.load(part_ptr + nb * g1 * nsplit1 + pidx, mask=pm_mask, other=0.0)
-    m = tl.max(pm, axis=1)  # [G_PAD]
+    ps = tl.load(part_ptr + B * g1 * nsplit1 + pidx, mask=pm_mask, other=0.0)
+    m = tl.max(pm, axis=1)  # [ROWS * G_PAD]
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     log_s = tl.log(tl.sum(ps * tl.exp(pm - m_safe[:, None]), axis=1))
     # --- accept scan
-    jm = j < gamma
-    tok = tl.load(draft_ptr + b * gamma + j, mask=jm, other=0)
-    x_tok = tl.load(logits_ptr + (b * g1 + j) * V + tok, mask=jm, other=0.0).to(tl.float32) * inv_t
+    jm = jf < gamma
+    drafted = bf * gamma + jf
+    tok = tl.load(draft_ptr + drafted, mask=jm, other=0)
+    x_tok = tl.load(logits_ptr + pos * V + tok, mask=jm, other=0.0).to(tl.float32) * inv_t
     logp_x = (x_tok - m) - log_s  # as torch's log_softmax: (x - max) - log(sum)
     if HAS_Q:
-        logq_x = tl.log(tl.load(q_ptr + (b * gamma + j) * V + tok, mask=jm, other=1.0).to(tl.float32))
+        logq_x = tl.log(tl.load(q_ptr + drafted * V + tok, mask=jm, other=1.0).to(tl.float32))
     else:
-        logq_x = tl.zeros((G_PAD,), tl.float32)
+        logq_x = tl.zeros((ROWS * G_PAD,), tl.float32)
     if EXACT:
-        u = tl.load(u_ptr + b * gamma + j, mask=jm, other=0.5)
+        u = tl.load(u_ptr + drafted, mask=jm, other=0.5)
         seed = 0
         counter = 0
     else:
         seed = tl.load(state_ptr)
         counter = tl.load(state_ptr + 1)
-        u, _r1, _r2, _r3 = _philox_uniform(seed, counter, _RACE_STREAM + b * G_PAD + j)
-    accept = (tl.log(u) + logq_x < logp_x) | (j >= gamma)
-    n = tl.minimum(tl.min(tl.where(accept, G_PAD, j), axis=0), gamma)
+        u, _r1, _r2, _r3 = _philox_uniform(seed, counter, _ACCEPT_STREAM + bf * _ACCEPT_STRIDE + jf)
+    accept = (tl.log(u) + logq_x < logp_x) | (jf >= gamma)
+    first_reject = tl.reshape(tl.where(accept, G_PAD, jf), (ROWS, G_PAD))
+    n = tl.minimum(tl.min(first_reject, axis=1), gamma)  # [ROWS]
     if split == 0:
-        tl.store(nacc_ptr + b, n.to(tl.int64))
-        tl.store(stats_ptr + b * 2 * g1 + j, m + log_s, mask=j < g1)
-        tl.store(stats_ptr + b * 2 * g1 + g1 + j, logp_x, mask=jm)
+        tl.store(nacc_ptr + b, n.to(tl.int64), mask=live)
+        at = bf * 2 * g1 + jf
+        tl.store(stats_ptr + at, m + log_s, mask=live_f & (jf < g1))
+        tl.store(stats_ptr + at + g1, logp_x, mask=live_f & jm)
     # --- race over this program's slice of row n
-    m_n = tl.max(tl.where(j == n, m, float("-inf")), axis=0)
-    log_s_n = tl.sum(tl.where(j == n, log_s, 0.0), axis=0)
-    tok_n = tl.sum(tl.where(j == n, tok, 0), axis=0)
-    tok_n = tl.where(n < gamma, tok_n, -1)  # one-hot q_n, none at the bonus position
-    q_end = tl.where(n < gamma, V, 0)
-    logits_row = logits_ptr + (b * g1 + n) * V
-    q_row = q_ptr + (b * gamma + tl.minimum(n, gamma - 1)) * V
+    at_n = tl.arange(0, G_PAD)[None, :] == n[:, None]  # [ROWS, G_PAD]
+    m_n = tl.max(tl.where(at_n, tl.reshape(m, (ROWS, G_PAD)), float("-inf")), axis=1)[:, None]  # [ROWS, 1]
+    log_s_n = tl.sum(tl.where(at_n, tl.reshape(log_s, (ROWS, G_PAD)), 0.0), axis=1)[:, None]
+    # the rejected draft (one-hot q_n), -1 at the bonus position: loaded again (8 bytes)
+    # rather than picked out of tok, whose reshape costs the GPU build ~80 registers
+    tok_n = tl.load(draft_ptr + b * gamma + n, mask=n < gamma, other=-1)[:, None]
+    q_end = tl.where(n < gamma, V, 0)[:, None]
+    logits_row = logits_ptr + ((b * g1 + n) * V)[:, None]  # [ROWS, 1]
+    q_row = q_ptr + ((b * gamma + tl.minimum(n, gamma - 1)) * V)[:, None]
     QB: tl.constexpr = BLOCK_V // 4
-    qoffs = tl.arange(0, QB)
-    best_r = tl.full((QB,), -1.0, tl.float32)
-    best_p = tl.full((QB,), -1.0, tl.float32)
-    res_max = tl.zeros((QB,), tl.float32)
-    idx_r = tl.zeros((QB,), tl.int32)
-    idx_p = tl.zeros((QB,), tl.int32)
-    quads_per_row = (V + 3) // 4
+    qoffs = tl.arange(0, QB)[None, :]  # [1, QB]
+    best_r = tl.full((ROWS, QB), -1.0, tl.float32)
+    best_p = tl.full((ROWS, QB), -1.0, tl.float32)
+    res_max = tl.zeros((ROWS, QB), tl.float32)
+    idx_r = tl.zeros((ROWS, QB), tl.int32)
+    idx_p = tl.zeros((ROWS, QB), tl.int32)
+    # philox quad ids: row b owns [b * row_quads, (b + 1) * row_quads), its blocks' quads
+    quad_row = (b * (tl.cdiv(V, BLOCK_V) * QB))[:, None]  # [ROWS, 1]
+    e_row = e_ptr + (b * V)[:, None]  # [ROWS, 1]
     lo = split * blocks_per_split * BLOCK_V
     for blk in range(blocks_per_split):
         start = lo + blk * BLOCK_V
@@ -262,13 +311,13 @@ def _accept_race_kernel(
         o2 = o1 + QB
         o3 = o2 + QB
         if EXACT:
-            e0 = tl.load(e_ptr + b * V + o0, mask=o0 < V, other=1.0)
-            e1 = tl.load(e_ptr + b * V + o1, mask=o1 < V, other=1.0)
-            e2 = tl.load(e_ptr + b * V + o2, mask=o2 < V, other=1.0)
-            e3 = tl.load(e_ptr + b * V + o3, mask=o3 < V, other=1.0)
+            e0 = tl.load(e_row + o0, mask=o0 < V, other=1.0)
+            e1 = tl.load(e_row + o1, mask=o1 < V, other=1.0)
+            e2 = tl.load(e_row + o2, mask=o2 < V, other=1.0)
+            e3 = tl.load(e_row + o3, mask=o3 < V, other=1.0)
         else:
             # one philox call per 4 tokens; quad ids are unique per (row, counter)
-            r0, r1, r2, r3 = tl.randint4x(seed, (counter << 32) | (b * quads_per_row + start // 4 + qoffs))
+            r0, r1, r2, r3 = tl.randint4x(seed, (counter << 32) | (quad_row + start // 4 + qoffs))
             # E = -log(u) may round to 0 for u near 1: its score is then inf (or NaN, never taken)
             e0 = -tl.log(tl.uint_to_uniform_float(r0))
             e1 = -tl.log(tl.uint_to_uniform_float(r1))
@@ -293,24 +342,25 @@ def _accept_race_kernel(
     top_r, tok_r = _lowest_argmax(best_r, idx_r)
     top_p, tok_p = _lowest_argmax(best_p, idx_p)
     out = b * nsplit2 + split
-    plane = nb * nsplit2
-    tl.store(race_f_ptr + out, top_r)
-    tl.store(race_f_ptr + plane + out, top_p)
-    tl.store(race_f_ptr + 2 * plane + out, tl.max(res_max, axis=0))
-    tl.store(race_i_ptr + out, tok_r)
-    tl.store(race_i_ptr + plane + out, tok_p)
+    plane = B * nsplit2
+    tl.store(race_f_ptr + out, top_r, mask=live)
+    tl.store(race_f_ptr + plane + out, top_p, mask=live)
+    tl.store(race_f_ptr + 2 * plane + out, tl.max(res_max, axis=1), mask=live)
+    tl.store(race_i_ptr + out, tok_r, mask=live)
+    tl.store(race_i_ptr + plane + out, tok_p, mask=live)
 
 
 @triton.jit
-def _write_row(out_ptr, draft_ptr, b, n, last, gamma, G_PAD: tl.constexpr):
-    j = tl.arange(0, G_PAD)
-    drafted = tl.load(draft_ptr + b * gamma + j, mask=j < gamma, other=-1)
-    row = tl.where(j < n, drafted, -1)
-    row = tl.where(j == n, last.to(tl.int64), row)
-    tl.store(out_ptr + b * (gamma + 1) + j, row, mask=j <= gamma)
+def _write_row(out_ptr, draft_ptr, b, live, n, last, gamma, G_PAD: tl.constexpr):
+    # b, live, n, last: [ROWS]
+    j = tl.arange(0, G_PAD)[None, :]
+    drafted = tl.load(draft_ptr + b[:, None] * gamma + j, mask=j < gamma, other=-1)
+    row = tl.where(j < n[:, None], drafted, -1)
+    row = tl.where(j == n[:, None], last.to(tl.int64)[:, None], row)
+    tl.store(out_ptr + b[:, None] * (gamma + 1) + j, row, mask=live[:, None] & (j <= gamma))
 
 
-@triton.jit(do_not_specialize=["gamma", "nsplit2"])
+@triton.jit(do_not_specialize=["B", "gamma", "nsplit2"])
 def _finalize_kernel(
     draft_ptr,  # [B, gamma] int64
     race_f_ptr,  # [3, B, nsplit2] float32
@@ -318,49 +368,54 @@ def _finalize_kernel(
     nacc_ptr,  # [B] int64
     tokens_ptr,  # [B, gamma+1] int64 out
     state_ptr,  # [2] int64 philox (seed, counter) (not EXACT)
+    B,
     gamma,
     nsplit2,
     EXACT: tl.constexpr,
     G_PAD: tl.constexpr,
     S_PAD: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
-    b = tl.program_id(0).to(tl.int64)
-    plane = tl.num_programs(0) * nsplit2
-    sl = tl.arange(0, S_PAD)
+    b, live = _batch_rows(B, ROWS)
+    plane = B * nsplit2
+    sl = tl.arange(0, S_PAD)[None, :]
     sm = sl < nsplit2
-    at = b * nsplit2 + sl
+    at = b[:, None] * nsplit2 + sl  # [ROWS, S_PAD]
     score_r = tl.load(race_f_ptr + at, mask=sm, other=-2.0)
     score_p = tl.load(race_f_ptr + plane + at, mask=sm, other=-2.0)
-    res_max = tl.max(tl.load(race_f_ptr + 2 * plane + at, mask=sm, other=0.0), axis=0)
-    win_r = tl.argmax(score_r, axis=0, tie_break_left=True)
-    win_p = tl.argmax(score_p, axis=0, tie_break_left=True)
-    tok_r = tl.sum(tl.where(sl == win_r, tl.load(race_i_ptr + at, mask=sm, other=0), 0), axis=0)
-    tok_p = tl.sum(tl.where(sl == win_p, tl.load(race_i_ptr + plane + at, mask=sm, other=0), 0), axis=0)
+    res_max = tl.max(tl.load(race_f_ptr + 2 * plane + at, mask=sm, other=0.0), axis=1)
+    win_r = tl.argmax(score_r, axis=1, tie_break_left=True)[:, None]
+    win_p = tl.argmax(score_p, axis=1, tie_break_left=True)[:, None]
+    tok_r = tl.sum(tl.where(sl == win_r, tl.load(race_i_ptr + at, mask=sm, other=0), 0), axis=1)
+    tok_p = tl.sum(tl.where(sl == win_p, tl.load(race_i_ptr + plane + at, mask=sm, other=0), 0), axis=1)
     last = tl.where(res_max > 0.0, tok_r, tok_p)  # all-zero residual: draw from p
     n = tl.load(nacc_ptr + b)
-    _write_row(tokens_ptr, draft_ptr, b, n, last, gamma, G_PAD)
+    _write_row(tokens_ptr, draft_ptr, b, live, n, last, gamma, G_PAD)
     if not EXACT:
-        if b == 0:
+        if tl.program_id(0) == 0:
             tl.store(state_ptr + 1, tl.load(state_ptr + 1) + 1)
 
 
-@triton.jit(do_not_specialize=["blocks_per_split"])
+@triton.jit(do_not_specialize=["blocks_per_split", "n_rows"])
 def _argmax_partial_kernel(
     logits_ptr,  # [R, V] logits (raw, or top-p filtered float32)
     part_f_ptr,  # [R, S1] float32 out: slice max
     part_i_ptr,  # [R, S1] int32 out: its lowest token id
     V,
     blocks_per_split,
+    n_rows,  # R
     BLOCK_V: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
+    row, live = _batch_rows(n_rows, ROWS)
     split = tl.program_id(1)
     nsplit = tl.num_programs(1)
-    base = logits_ptr + row * V
+    base = logits_ptr + row[:, None] * V  # [ROWS, 1]
     lo = split * blocks_per_split * BLOCK_V
-    offs0 = tl.arange(0, BLOCK_V)
-    best = tl.full((BLOCK_V,), float("-inf"), tl.float32)
-    idx = lo + offs0  # an all -inf slice points at its first token, as torch.argmax does
+    offs0 = tl.arange(0, BLOCK_V)[None, :]
+    best = tl.full((ROWS, BLOCK_V), float("-inf"), tl.float32)
+    # an all -inf slice points at its first token, as torch.argmax does
+    idx = tl.broadcast_to(lo + offs0, (ROWS, BLOCK_V))
     for blk in range(blocks_per_split):
         offs = lo + blk * BLOCK_V + offs0
         x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
@@ -368,39 +423,42 @@ def _argmax_partial_kernel(
         best = tl.where(take, x, best)
         idx = tl.where(take, offs, idx)
     best, idx = _lowest_argmax(best, idx)
-    tl.store(part_f_ptr + row * nsplit + split, best)
-    tl.store(part_i_ptr + row * nsplit + split, idx)
+    tl.store(part_f_ptr + row * nsplit + split, best, mask=live)
+    tl.store(part_i_ptr + row * nsplit + split, idx, mask=live)
 
 
-@triton.jit(do_not_specialize=["gamma", "nsplit1"])
+@triton.jit(do_not_specialize=["B", "gamma", "nsplit1"])
 def _greedy_finalize_kernel(
     draft_ptr,  # [B, gamma] int64
     part_f_ptr,  # [B*(gamma+1), nsplit1] float32
     part_i_ptr,  # [B*(gamma+1), nsplit1] int32
     tokens_ptr,  # [B, gamma+1] int64 out
     nacc_ptr,  # [B] int64 out
+    B,
     gamma,
     nsplit1,
     G_PAD: tl.constexpr,
     S_PAD: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
-    b = tl.program_id(0).to(tl.int64)
+    b, live = _batch_rows(B, ROWS)
     g1 = gamma + 1
-    j = tl.arange(0, G_PAD)
+    bf, jf, _live_f = _flat_rows(B, ROWS, G_PAD)  # [ROWS * G_PAD], as in _accept_race_kernel
     sl = tl.arange(0, S_PAD)
-    msk = (j[:, None] < g1) & (sl[None, :] < nsplit1)
-    pidx = (b * g1 + j)[:, None] * nsplit1 + sl[None, :]
+    msk = (jf[:, None] < g1) & (sl[None, :] < nsplit1)
+    pidx = (bf * g1 + jf)[:, None] * nsplit1 + sl[None, :]
     val = tl.load(part_f_ptr + pidx, mask=msk, other=float("-inf"))
     ids = tl.load(part_i_ptr + pidx, mask=msk, other=0)
     # lowest slice among equal maxima = lowest token id (slices are in token order)
     win = tl.argmax(tl.where(msk, val, float("-inf")), axis=1, tie_break_left=True)
-    best = tl.sum(tl.where(sl[None, :] == win[:, None], ids, 0), axis=1)  # [G_PAD]
-    tok = tl.load(draft_ptr + b * gamma + j, mask=j < gamma, other=-1)
-    accept = (tok == best.to(tl.int64)) | (j >= gamma)
-    n = tl.minimum(tl.min(tl.where(accept, G_PAD, j), axis=0), gamma)
-    last = tl.sum(tl.where(j == n, best, 0), axis=0)
-    tl.store(nacc_ptr + b, n.to(tl.int64))
-    _write_row(tokens_ptr, draft_ptr, b, n, last, gamma, G_PAD)
+    best = tl.sum(tl.where(sl[None, :] == win[:, None], ids, 0), axis=1)  # [ROWS * G_PAD]
+    tok = tl.load(draft_ptr + bf * gamma + jf, mask=jf < gamma, other=-1)
+    accept = (tok == best.to(tl.int64)) | (jf >= gamma)
+    n = tl.minimum(tl.min(tl.reshape(tl.where(accept, G_PAD, jf), (ROWS, G_PAD)), axis=1), gamma)  # [ROWS]
+    j = tl.arange(0, G_PAD)[None, :]
+    last = tl.sum(tl.where(j == n[:, None], tl.reshape(best, (ROWS, G_PAD)), 0), axis=1)
+    tl.store(nacc_ptr + b, n.to(tl.int64), mask=live)
+    _write_row(tokens_ptr, draft_ptr, b, live, n, last, gamma, G_PAD)
 
 
 # --------------------------------------------------------------------------- host side
@@ -412,6 +470,37 @@ def _programs_wanted(device: torch.device) -> int:
     if device.type != "cuda":
         return 1
     return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _interpreting(device: torch.device) -> bool:
+    """Whether the kernels run in Triton's interpreter (numpy on the host), not compiled."""
+    return device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _blocks(device: torch.device, vocab: int, block: int) -> tuple[int, int]:
+    """Logits per block of the full pass (``block`` from PASS_CONFIG) and of the race.
+
+    In the interpreter a block never spans more than the vocabulary: a program's ops are
+    numpy calls on its whole tile, and padding lanes cost as much as real ones."""
+    if not _interpreting(device):
+        return block, RACE_BLOCK_V
+    fit = max(16, triton.next_power_of_2(vocab))
+    return min(block, fit), min(RACE_BLOCK_V, fit)
+
+
+def _pads(device: torch.device, gamma: int, slices: int) -> tuple[int, int]:
+    """(G_PAD, S_PAD): the fixed pads on a GPU, the least that fits in the interpreter."""
+    if not _interpreting(device):
+        return G_PAD, S_PAD
+    return triton.next_power_of_2(gamma + 1), triton.next_power_of_2(slices)
+
+
+def _rows_per_program(device: torch.device, rows: int, width: int) -> int:
+    """ROWS for a kernel whose per-row tiles hold ``width`` elements: 1 on a GPU; in the
+    interpreter the most rows (a power of two) within ``INTERPRET_TILE`` elements."""
+    if not _interpreting(device):
+        return 1
+    return max(1, min(triton.next_power_of_2(rows), INTERPRET_TILE // width))
 
 
 @functools.lru_cache(maxsize=64)
@@ -516,13 +605,20 @@ def _verify(
     if sampling.greedy:
         logits = filter_logits(target_logits, sampling) if sampling.top_p < 1.0 else target_logits.contiguous()
         block, warps = PASS_CONFIG[logits.element_size()]
+        block = _blocks(dev, vocab, block)[0]
         nsplit1, per1 = _split(rows, vocab, block, wanted)
+        g_pad, s_pad = _pads(dev, gamma, nsplit1)
         part_f, part_i = _carve(dev, torch.float32, rows * nsplit1, rows * nsplit1)
         part_i = part_i.view(torch.int32)
-        _argmax_partial_kernel[(rows, nsplit1)](logits, part_f, part_i, vocab, per1, BLOCK_V=block, num_warps=warps)
-        _greedy_finalize_kernel[(batch,)](
-            draft_tokens, part_f, part_i, tokens, nacc, gamma, nsplit1, G_PAD=G_PAD, S_PAD=S_PAD, num_warps=4
+        rpp = _rows_per_program(dev, rows, block)
+        _argmax_partial_kernel[(triton.cdiv(rows, rpp), nsplit1)](
+            logits, part_f, part_i, vocab, per1, rows, BLOCK_V=block, ROWS=rpp, num_warps=warps
         )
+        rpp = _rows_per_program(dev, batch, g_pad * s_pad)
+        _greedy_finalize_kernel[(triton.cdiv(batch, rpp),)](
+            draft_tokens, part_f, part_i, tokens, nacc, batch, gamma, nsplit1,
+            G_PAD=g_pad, S_PAD=s_pad, ROWS=rpp, num_warps=4,
+        )  # fmt: skip
         return Verdict(tokens=tokens, num_accepted=nacc), None
     if (noise is None) == (state is None):
         raise ValueError("random mode needs exactly one of noise (exact) or state (philox)")
@@ -540,22 +636,30 @@ def _verify(
         uniform = expo = tokens  # unused pointers
     q = draft_probs.contiguous() if draft_probs is not None else tokens
     block, warps = PASS_CONFIG[logits.element_size()]
+    block, race_block = _blocks(dev, vocab, block)
     nsplit1, per1 = _split(rows, vocab, block, wanted)
-    nsplit2, per2 = _split(batch, vocab, RACE_BLOCK_V, wanted)
+    nsplit2, per2 = _split(batch, vocab, race_block, wanted)
+    g_pad, s_pad = _pads(dev, gamma, max(nsplit1, nsplit2))
     part, stats, race_f, race_i = _carve(
         dev, torch.float32, 2 * rows * nsplit1, 2 * rows, 3 * batch * nsplit2, 2 * batch * nsplit2
     )
     stats = stats.view(batch, 2 * (gamma + 1))
     race_i = race_i.view(torch.int32)
-    _lse_partial_kernel[(rows, nsplit1)](logits, part, inv_t, vocab, per1, BLOCK_V=block, num_warps=warps)
-    _accept_race_kernel[(batch, nsplit2)](
+    rpp = _rows_per_program(dev, rows, block)
+    _lse_partial_kernel[(triton.cdiv(rows, rpp), nsplit1)](
+        logits, part, inv_t, vocab, per1, BLOCK_V=block, ROWS=rpp, n_rows=rows, num_warps=warps
+    )
+    rpp = _rows_per_program(dev, batch, max(race_block // 4, g_pad * s_pad))
+    _accept_race_kernel[(triton.cdiv(batch, rpp), nsplit2)](
         logits, draft_tokens, q, uniform, expo, state, part, stats, nacc, race_f, race_i,
-        inv_t, vocab, gamma, nsplit1, per2,
-        HAS_Q=draft_probs is not None, EXACT=exact, BLOCK_V=RACE_BLOCK_V, G_PAD=G_PAD, S_PAD=S_PAD, num_warps=RACE_WARPS,
+        inv_t, vocab, batch, gamma, nsplit1, per2,
+        HAS_Q=draft_probs is not None, EXACT=exact, BLOCK_V=race_block, G_PAD=g_pad, S_PAD=s_pad,
+        ROWS=rpp, num_warps=RACE_WARPS, maxnreg=RACE_MAX_REGISTERS,
     )  # fmt: skip
-    _finalize_kernel[(batch,)](
-        draft_tokens, race_f, race_i, nacc, tokens, state, gamma, nsplit2,
-        EXACT=exact, G_PAD=G_PAD, S_PAD=S_PAD, num_warps=4,
+    rpp = _rows_per_program(dev, batch, max(g_pad, s_pad))
+    _finalize_kernel[(triton.cdiv(batch, rpp),)](
+        draft_tokens, race_f, race_i, nacc, tokens, state, batch, gamma, nsplit2,
+        EXACT=exact, G_PAD=g_pad, S_PAD=s_pad, ROWS=rpp, num_warps=4,
     )  # fmt: skip
     return Verdict(tokens=tokens, num_accepted=nacc), stats
 

@@ -1,8 +1,10 @@
 """Triton verify kernels against the plain-torch reference (flashspec_core.sampling).
 
 Without a GPU these run in Triton's interpreter (tests/conftest.py sets
-TRITON_INTERPRET=1), which is slow: shapes are picked so that the file runs in about
-two minutes, and small block sizes make V=1271 span several blocks and slices.
+TRITON_INTERPRET=1), where the launcher tiles many rows per program (ROWS) and trims
+the pads; test_rows_per_program and test_gpu_launch_shapes pin ROWS, and the GPU's
+ROWS = 1 launch, so both paths of the same kernels are checked here. Small block sizes
+make V=1271 span several blocks and slices.
 """
 
 from __future__ import annotations
@@ -253,12 +255,53 @@ def test_registry_lists_triton() -> None:
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_gamma_zero_is_a_plain_sample(temperature: float) -> None:
     """The no-speculation arm: no draft tokens, one token from p (same as the reference)."""
-    gen = torch.Generator().manual_seed(11)
-    logits = torch.randn(4, 1, 1271, generator=gen)
-    empty = torch.zeros(4, 0, dtype=torch.long)
+    gen = torch.Generator(device=DEV).manual_seed(11)
+    logits = torch.randn(4, 1, 1271, generator=gen, device=DEV)
+    empty = torch.zeros(4, 0, dtype=torch.long, device=DEV)
     sampling = SamplingParams(temperature=temperature)
-    noise = Noise.draw(4, 0, 1271, gen, "cpu")
+    noise = Noise.draw(4, 0, 1271, gen, DEV)
     got = ops.verify_triton(logits, empty, None, sampling, noise=noise)
     want = ops.verify_ref(logits, empty, None, sampling, noise)
     assert got.tokens.tolist() == want.tokens.tolist()
     assert got.num_accepted.tolist() == [0, 0, 0, 0]
+
+
+def _all_modes(logits, tokens, q, seed: int):
+    """Exact (with and without q, top-k/top-p), greedy (with top-p) and philox verdicts."""
+    b, gamma = tokens.shape
+    noise = Noise.draw(b, gamma, logits.shape[-1], torch.Generator(device=DEV).manual_seed(seed), DEV)
+    state = ops.new_philox_state(torch.Generator(device=DEV).manual_seed(seed), DEV)
+    filtered = SamplingParams(temperature=0.8, top_k=50, top_p=0.9)
+    return [
+        ops.verify_triton(logits, tokens, None, SamplingParams(), noise=noise, programs=2 * b * (gamma + 1)),
+        ops.verify_triton(logits, tokens, q, SamplingParams(temperature=0.7), noise=noise, programs=3 * b),
+        ops.verify_triton(logits, tokens, q, filtered, noise=noise),
+        ops.verify_triton(logits, tokens, None, SamplingParams(temperature=0), programs=2 * b * (gamma + 1)),
+        ops.verify_triton(logits, tokens, None, SamplingParams(temperature=0, top_p=0.3)),
+        ops.verify_triton(logits, tokens, q, SamplingParams(), state=state.clone()),
+    ]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 64])
+def test_rows_per_program(small_blocks, monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    """Every ROWS gives the same tokens (B = 5: the last tile is partly empty); exact and
+    greedy match the reference, and philox's stream does not depend on ROWS either."""
+    logits, tokens, q = inputs(5, 4, 1271, torch.bfloat16, seed=20, with_q=True)
+    want = _all_modes(logits, tokens, q, seed=21)
+    monkeypatch.setattr(ops, "_rows_per_program", lambda device, n, width: rows)
+    got = _all_modes(logits, tokens, q, seed=21)
+    for g, w in zip(got, want, strict=True):
+        assert_same(g, w)
+    noise = Noise.draw(5, 4, 1271, torch.Generator(device=DEV).manual_seed(21), DEV)
+    assert_same(got[1], ops.verify_ref(logits, tokens, q, SamplingParams(temperature=0.7), noise))
+
+
+def test_gpu_launch_shapes(small_blocks, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launch a GPU gets (ROWS = 1, full G_PAD and S_PAD, PASS_CONFIG blocks), run
+    here: same tokens as the interpreter's tiled launch."""
+    logits, tokens, q = inputs(3, 7, 1271, torch.float32, seed=22, with_q=True)
+    want = _all_modes(logits, tokens, q, seed=23)
+    monkeypatch.setattr(ops, "_interpreting", lambda device: False)
+    got = _all_modes(logits, tokens, q, seed=23)
+    for g, w in zip(got, want, strict=True):
+        assert_same(g, w)

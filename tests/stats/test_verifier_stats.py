@@ -4,8 +4,9 @@ Each case runs :func:`flashspec_core.testing.exactness.gate` once with a fixed s
 >= 10,000 independent trials: chi-square tests of the first token, of each position
 given the accepted prefix, of the first two tokens jointly and of the number
 accepted, Holm-corrected within the case at ``GATE_ALPHA = 5e-5``. Greedy cases are
-checked exactly. With the 14 gate runs per verifier below (13 cases and the chain),
-Bonferroni bounds the suite's false-alarm rate per verifier by 14 * 5e-5 = 7e-4.
+checked exactly. With the 14 gate runs per verifier config below (13 cases and the
+chain), Bonferroni bounds the suite's false-alarm rate per config by 14 * 5e-5 = 7e-4.
+The triton verifier runs here on the CPU too (Triton's interpreter), in both noise modes.
 docs/exactness.md has the design and the measured power.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -23,12 +25,18 @@ from flashspec_core.testing import verifier_contract as vc
 from flashspec_core.testing.chisq import holm
 from flashspec_core.testing.exactness import GATE_ALPHA, MIN_TRIALS, Case, gate, run_chain, transition_test
 
-pytestmark = pytest.mark.stats
+pytestmark = [
+    pytest.mark.stats,
+    # the Triton interpreter evaluates log(0) (q = 0) with numpy, which warns; -inf is intended
+    pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning"),
+]
 
 DEVICE = os.environ.get("FLASHSPEC_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
 SEED = 20_261_129
-# A verifier slower than this per row (a Triton kernel in the CPU interpreter takes
-# ~0.1 s) would need hours for 10,000 trials per case: it runs on a GPU instead.
+# A verifier slower than this per row at batch 1024 would need more than ~10 minutes for
+# the suite's ~40 verify calls of up to 10,000 rows: it runs on a GPU instead. The
+# triton verifier in the CPU interpreter takes ~0.15 ms (its kernels tile many rows per
+# program there, see docs/kernels.md); one program per row took ~0.1 s.
 MAX_SECONDS_PER_ROW = 2e-3
 
 S = SamplingParams
@@ -49,12 +57,25 @@ CASES = [
 ]
 CHAIN = Case("chain_v10_g3_t1_topp", 10, 3, S(1.0, top_p=0.9), contexts=10, overlap=0.6)
 CHAIN_ROWS, CHAIN_STEPS = 1_000, 12
+# Configs run besides each verifier's default one. triton's default noise is philox (drawn
+# in-kernel); "exact" draws the reference's noise, so it also runs the reference's race.
+EXTRA_CONFIGS: dict[str, list[dict[str, Any]]] = {"triton": [{"noise": "exact"}]}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``verifier`` x its configs; the ``verifier`` parameter stays the bare name, which
+    tests/conftest.py filters on (FLASHSPEC_TEST_VERIFIERS)."""
+    if "verifier" not in metafunc.fixturenames:
+        return
+    pairs = [(name, config) for name in vc.verifier_names() for config in [{}, *EXTRA_CONFIGS.get(name, [])]]
+    ids = [name + "".join(f"-{k}={v}" for k, v in config.items()) for name, config in pairs]
+    metafunc.parametrize(("verifier", "verifier_config"), pairs, indirect=True, ids=ids)
 
 
 @functools.cache
-def _seconds_per_row(name: str) -> float:
-    verifier = vc.load_verifier(name, DEVICE)
-    rows = 16
+def _seconds_per_row(name: str, config: tuple[tuple[str, Any], ...]) -> float:
+    verifier = vc.load_verifier(name, DEVICE, dict(config))
+    rows = 1024  # the suite's batches are large: per-call overhead is not what matters
     inputs = vc.random_inputs(rows, 2, 64, 0, S(1.0), device=DEVICE)
     inputs.run(verifier, 0)  # compile / warm up
     start = time.perf_counter()
@@ -62,12 +83,17 @@ def _seconds_per_row(name: str) -> float:
     return (time.perf_counter() - start) / rows
 
 
-@pytest.fixture(params=vc.verifier_names())
-def verifier(request: pytest.FixtureRequest) -> Verifier:
-    v = vc.load_verifier_or_skip(request.param, DEVICE, exact=True)
-    per_row = _seconds_per_row(request.param)
+@pytest.fixture
+def verifier_config(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return dict(request.param)
+
+
+@pytest.fixture
+def verifier(request: pytest.FixtureRequest, verifier_config: dict[str, Any]) -> Verifier:
+    v = vc.load_verifier_or_skip(request.param, DEVICE, exact=True, config=verifier_config)
+    per_row = _seconds_per_row(request.param, tuple(sorted(verifier_config.items())))
     if per_row > MAX_SECONDS_PER_ROW:
-        pytest.skip(f"{request.param} takes {per_row * 1e3:.0f} ms per row on {DEVICE}: run the stats suite on a GPU")
+        pytest.skip(f"{request.param} takes {per_row * 1e3:.1f} ms per row on {DEVICE}: run the stats suite on a GPU")
     return v
 
 
