@@ -21,7 +21,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 # filtered: test-only components (e.g. adversarial selectors) always run.
 _FILTERS = {
     "verifier": ("FLASHSPEC_TEST_VERIFIERS", {"reference", "triton", "synthetic"}),
-    "selector": ("FLASHSPEC_TEST_SELECTORS", {"fixed", "ucb1", "thompson", "sliding_window_ucb", "discounted_thompson"}),
+    "selector": (
+        "FLASHSPEC_TEST_SELECTORS",
+        {"fixed", "ucb1", "thompson", "sliding_window_ucb", "discounted_thompson", "glr_thompson", "request_thompson"},
+    ),
 }
 
 
