@@ -58,6 +58,6 @@ def test_selector_peeking_at_the_draft_is_caught(law_setup: dict[str, Any]) -> N
     law = law_of(law_setup, SAMPLING)
     mode = max((s for s in law if len(s) >= 1), key=lambda s: law[s])[0]
     pipe = build_pipeline(pipeline_dict(law_setup["target"], law_setup["drafts"][:1], "fixed", dtype="float32"), law_setup["registry"])
-    model_arm, lookup_arm = pipe.arms
+    model_arm, lookup_arm = pipe.arms[:2]  # the model draft and the padded lookup
     pipe.arms = [Arm("peek", PeekingDraft(model_arm.provider, lookup_arm.provider, mode), model_arm.gamma)]
     assert gate(pipe, law, SAMPLING) < ALPHA
