@@ -26,107 +26,22 @@ WORKLOAD = ROOT / "benchmarks" / "workloads" / "mixed.jsonl"
 DOMAINS = ROOT / "benchmarks" / "workloads" / "domains.jsonl"  # 60 prompts: enough rows for batch 32
 MODELS = {"target": "qwen2.5-coder-1.5b-instruct", "draft": "qwen2.5-coder-0.5b-instruct"}
 
-CONFIG = """
-[target]
-use = "fast"
-model = "{target}"
-dtype = "bf16"
-max_len = {max_len}
-fuse = {fuse}
-
-[[arm]]
-use = "fast"
-model = "{draft}"
-dtype = "bf16"
-max_len = {max_len}
-fuse = {fuse}
-gamma = 3
-name = "d0.5b-g3"
-
-[[arm]]
-use = "fast"
-model = "{draft}"
-dtype = "bf16"
-max_len = {max_len}
-fuse = {fuse}
-gamma = 5
-name = "d0.5b-g5"
-
-[[arm]]
-use = "prompt_lookup"
-gamma = 6
-name = "lookup-g6"
-
-[[arm]]
-use = "prompt_lookup"
-gamma = 6
-min_ngram = 2
-fill = false
-name = "lookup-match-g6"
-
-[[arm]]
-use = "none"
-name = "none"
-
-[verifier]
-use = "{verifier}"
-
-[selector]
-use = "thompson"
-reward = "throughput"
-"""
+def fast_table(model: str, max_len: int, fuse: bool) -> str:
+    return f'use = "fast"\nmodel = "{model}"\ndtype = "bf16"\nmax_len = {max_len}\nfuse = {str(fuse).lower()}\n'
 
 
-# issue 6's arms (the same as benchmarks/bandit_workload.py's CPU study)
-WORKLOAD_CONFIG = """
-[target]
-use = "fast"
-model = "{target}"
-dtype = "bf16"
-max_len = {max_len}
-fuse = {fuse}
-
-[[arm]]
-use = "fast"
-model = "{draft}"
-dtype = "bf16"
-max_len = {max_len}
-fuse = {fuse}
-gamma = 3
-name = "draft0.5b-g3"
-
-[[arm]]
-use = "fast"
-model = "{draft}"
-dtype = "bf16"
-max_len = {max_len}
-fuse = {fuse}
-gamma = 6
-name = "draft0.5b-g6"
-
-[[arm]]
-use = "prompt_lookup"
-gamma = 8
-name = "lookup-g8"
-
-[[arm]]
-use = "prompt_lookup"
-gamma = 8
-min_ngram = 2
-fill = false
-name = "lookup-match"
-
-[[arm]]
-use = "none"
-name = "none"
-
-[verifier]
-use = "{verifier}"
-
-[selector]
-use = "thompson"
-reward = "throughput"
-"""
+def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: int, verifier: str, max_len: int,
+                  fuse: bool) -> str:
+    """The bench config: the 0.5B draft at each gamma, padded and match-only prompt lookup,
+    no speculation, Thompson sampling with the throughput reward."""
+    arms = [f"[[arm]]\n{fast_table(paths['draft'], max_len, fuse)}gamma = {g}\nname = \"draft0.5b-g{g}\"\n"
+            for g in draft_gammas]
+    arms.append(f'[[arm]]\nuse = "prompt_lookup"\ngamma = {lookup_gamma}\nname = "lookup-g{lookup_gamma}"\n')
+    arms.append(f'[[arm]]\nuse = "prompt_lookup"\ngamma = {lookup_gamma}\nmin_ngram = 2\nfill = false\n'
+                f'name = "lookup-match-g{lookup_gamma}"\n')
+    arms.append('[[arm]]\nuse = "none"\nname = "none"\n')
+    return (f"[target]\n{fast_table(paths['target'], max_len, fuse)}\n" + "\n".join(arms)
+            + f'\n[verifier]\nuse = "{verifier}"\n\n[selector]\nuse = "thompson"\nreward = "throughput"\n')
 
 
 def say(msg: str) -> None:
@@ -189,9 +104,9 @@ def full(args: argparse.Namespace) -> int:
     deadline = time.time() + args.budget
     paths = convert(args.gguf, Path("/tmp/fsbf16"))
     config = Path("/tmp/fs_e2e.toml")
-    config.write_text(CONFIG.format(max_len=768, fuse=str(args.fuse).lower(), verifier=args.verifier, **paths))
-    wconfig = Path("/tmp/fs_workload.toml")
-    wconfig.write_text(WORKLOAD_CONFIG.format(max_len=1024, fuse=str(args.fuse).lower(), verifier=args.verifier, **paths))
+    config.write_text(pipeline_toml(paths, [3, 5], 6, args.verifier, 768, args.fuse))
+    wconfig = Path("/tmp/fs_workload.toml")  # issue 6's arms, as in benchmarks/bandit_workload.py
+    wconfig.write_text(pipeline_toml(paths, [3, 6], 8, args.verifier, 1024, args.fuse))
     work = args.out  # each section's bench.json lands in --out/<section>/ as soon as it is written
     sections: dict[str, Any] = {}
     limit = ["--prompts", str(args.prompts)] if args.prompts else []
