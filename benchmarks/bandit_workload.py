@@ -346,18 +346,25 @@ def run_costs(args: argparse.Namespace) -> int:
     """CPU step costs of the real models here: what ``simulate --cost-model cpu`` reads."""
     import torch
 
-    from flashspec_lookup.lookup import LookupConfig, lookup
+    from flashspec_core import SamplingParams
+    from flashspec_lookup.lookup import LookupConfig, PromptLookupDraft
 
     torch.set_num_threads(args.threads)
     _, target, draft = load_models(args.dtype)
     ctx = args.context
     widths = sorted({a.gamma + 1 for a in ARMS})
     logits = torch.randn(max(widths), 151_936)
-    seq = torch.randint(100, 20_000, (ctx,))
+    seq = torch.randint(100, 20_000, (1, ctx + 2 * args.reps + 8))
+    provider, grown = PromptLookupDraft(LookupConfig()), [ctx]
+
+    def lookup_step() -> object:  # one step of the provider as the pipeline calls it: one new token indexed
+        grown[0] += 1
+        return provider.propose(seq, grown, LOOKUP_GAMMA, SamplingParams(), None)
+
     fns: dict[str, Callable[[], object]] = {f"target_{w}": _forward(target, ctx, w) for w in widths}
     fns["draft_1"] = _forward(draft, ctx, 1)
     fns["verify"] = lambda: logits.argmax(-1).tolist()  # greedy verify: argmax + compare
-    fns["lookup"] = lambda: lookup(seq, LOOKUP_GAMMA, LookupConfig())
+    fns["lookup"] = lookup_step
     t = _timed_medians(fns, args.reps)
     say(f"timings (s): {t}")
     target_s = {str(w): t[f"target_{w}"]["median"] for w in widths}

@@ -39,6 +39,8 @@ def lookup(seq: torch.Tensor, gamma: int, cfg: LookupConfig) -> list[int]:
     rejects what does not fit, so filling cannot change the output law). With
     ``cfg.fill`` false it returns only the match's continuation (maybe empty).
     """
+    if gamma == 0:
+        return []
     seq = seq[-cfg.window :]
     length = seq.shape[0]
     for n in range(min(cfg.max_ngram, length - 1), cfg.min_ngram - 1, -1):
@@ -54,14 +56,54 @@ def lookup(seq: torch.Tensor, gamma: int, cfg: LookupConfig) -> list[int]:
     return [last] * gamma if cfg.fill else []
 
 
+class NgramIndex:
+    """One row's sequence with the latest start of every n-gram (``min_ngram..max_ngram``)
+    that ends before its last token: :func:`lookup`'s answer in O(new tokens) per call
+    instead of a scan of the whole window."""
+
+    def __init__(self, cfg: LookupConfig) -> None:
+        self.cfg = cfg
+        self.seq: list[int] = []
+        self.latest: dict[tuple[int, ...], int] = {}  # n-gram -> its latest start
+        self._indexed = 0  # n-grams ending before this position are in ``latest``
+
+    def extend(self, new: list[int]) -> None:
+        self.seq.extend(new)
+        lo, hi = self.cfg.min_ngram, self.cfg.max_ngram
+        for end in range(self._indexed, len(self.seq) - 1):  # never the n-grams ending at the last token
+            for n in range(lo, min(hi, end + 1) + 1):
+                self.latest[tuple(self.seq[end - n + 1 : end + 1])] = end - n + 1
+        self._indexed = max(self._indexed, len(self.seq) - 1)
+
+    def propose(self, gamma: int) -> list[int]:
+        seq, cfg, length = self.seq, self.cfg, len(self.seq)
+        if gamma == 0:
+            return []
+        first = length - cfg.window  # lookup() searches the last ``window`` tokens only
+        for n in range(min(cfg.max_ngram, length - 1), cfg.min_ngram - 1, -1):
+            start = self.latest.get(tuple(seq[length - n :]))
+            if start is not None and start >= first:
+                found = seq[start + n : start + n + gamma]
+                return found + [found[-1]] * (gamma - len(found)) if cfg.fill else found
+        last = seq[-1] if length else 0
+        return [last] * gamma if cfg.fill else []
+
+
 class PromptLookupDraft:
-    """Draft provider copying n-gram continuations from each row's own context."""
+    """Draft provider copying n-gram continuations from each row's own context.
+
+    Each row keeps an :class:`NgramIndex` fed only with the tokens added since the
+    provider last saw the row (sequences only grow within a batch; :meth:`reset` starts
+    over), so a proposal costs a few dictionary lookups rather than a scan of up to
+    ``window`` tokens; it equals :func:`lookup` on the same sequence (tested).
+    """
 
     def __init__(self, config: LookupConfig) -> None:
         self.config = config
+        self._rows: list[NgramIndex] = []
 
     def reset(self) -> None:
-        """Stateless: nothing to forget."""
+        self._rows = []
 
     def propose(
         self,
@@ -71,13 +113,22 @@ class PromptLookupDraft:
         sampling: SamplingParams,
         generator: torch.Generator | None,
     ) -> Draft:
-        rows = [lookup(tokens[b, :n].cpu(), gamma, self.config) for b, n in enumerate(lengths)]
+        if len(self._rows) != len(lengths):
+            self._rows = [NgramIndex(self.config) for _ in lengths]
+        rows = []
+        for b, n in enumerate(lengths):
+            index = self._rows[b]
+            if n < len(index.seq):  # not the sequence this row had: start over
+                index = self._rows[b] = NgramIndex(self.config)
+            if n > len(index.seq):
+                index.extend(tokens[b, len(index.seq) : n].tolist())
+            rows.append(index.propose(gamma))
         width = max(len(r) for r in rows)  # rows alike: shorter matches repeat their last token
         rows = [r + [r[-1] if r else int(tokens[b, lengths[b] - 1])] * (width - len(r)) for b, r in enumerate(rows)]
         return Draft(tokens=torch.tensor(rows, dtype=torch.long).view(len(rows), width), probs=None)
 
     def rollback(self, num_accepted: Sequence[int]) -> None:
-        """Stateless: nothing to roll back."""
+        """Nothing to undo: rejected tokens never enter the sequences it indexes."""
 
 
 def make(config: LookupConfig, context: Any) -> PromptLookupDraft:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flashspec_core import SamplingParams
 from flashspec_lookup.lookup import LookupConfig, NoDraft, PromptLookupDraft, lookup
@@ -59,3 +61,30 @@ def test_without_fill_the_batch_takes_the_widest_row() -> None:
     assert out.tokens.tolist() == [[3, 1, 2], [5, 5, 5]]  # no match: the row repeats its last token
     none = draft.propose(tokens[1:], [5], 4, SamplingParams(), None)
     assert none.tokens.shape == (1, 0)  # no row matched: a plain decoding step
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seqs=st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=40), min_size=1, max_size=3),
+    steps=st.lists(st.tuples(st.integers(1, 5), st.integers(0, 6)), min_size=1, max_size=12),
+    max_ngram=st.integers(1, 4),
+    min_two=st.booleans(),
+    window=st.sampled_from([2, 5, 16, 4096]),
+    fill=st.booleans(),
+)
+def test_incremental_index_proposes_what_a_full_scan_does(
+    seqs: list[list[int]], steps: list[tuple[int, int]], max_ngram: int, min_two: bool, window: int, fill: bool
+) -> None:
+    """The provider's per-row n-gram index against lookup() on the whole sequence, as rows grow."""
+    cfg = LookupConfig(max_ngram=max(max_ngram, 2 if min_two else 1), min_ngram=2 if min_two else 1, window=window,
+                       fill=fill)
+    width = max(len(s) for s in seqs)
+    tokens = torch.tensor([s + [0] * (width - len(s)) for s in seqs])
+    draft, lengths = PromptLookupDraft(cfg), [1] * len(seqs)
+    for grow, gamma in steps:
+        lengths = [min(n + grow, len(s)) for n, s in zip(lengths, seqs, strict=True)]
+        got = draft.propose(tokens, lengths, gamma, SamplingParams(), None).tokens
+        want = [lookup(tokens[b, :n], gamma, cfg) for b, n in enumerate(lengths)]
+        for b, row in enumerate(want):
+            assert got[b, : len(row)].tolist() == row
+            assert got.shape[1] == max(len(r) for r in want)
