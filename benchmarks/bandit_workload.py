@@ -23,6 +23,10 @@ consecutive positions ``j >= t`` at which the proposer's token equals the target
   gives, 0 without one) and its accepted prefix ``match_run[t]``. Traces made before this
   arm lack them; ``simulate`` derives them from the prompt (tokenised again, checked
   against the trace's ``prompt_len`` and ``lookup_run``) and the traced tokens.
+* matched lookup with a fallback (``lookup-match>draft0.5b-g3``): at each ``t`` the
+  matched lookup's step where ``match_width[t] > 0``, else the draft's step, costed as a
+  draft step plus the search that found nothing. Which one runs depends on the context
+  alone, so both arrays above give it without a new trace.
 
 ``simulate`` replays fixed arms, the selectors (acceptance and throughput rewards) and the
 per-domain oracle over the traces with a step-cost model per arm and proposal width. Its tokens/s are
@@ -63,13 +67,27 @@ class Arm:
     name: str
     source: str  # "draft" | "lookup" | "match" | "none": which run array the arm reads
     gamma: int  # the widest proposal; a "match" arm proposes 0..gamma tokens, the others exactly gamma
+    fallback: Arm | None = None  # proposes instead, in the same step, where this arm's proposal is empty
+
+    @property
+    def primary(self) -> Arm:
+        """The arm without its fallback: the name before ``>``."""
+        return Arm(self.name.split(">")[0], self.source, self.gamma) if self.fallback else self
 
 
+def with_fallback(arm: Arm, fallback: Arm) -> Arm:
+    """``arm>fallback``, the engine's name for an arm that hands empty proposals to ``fallback``."""
+    return Arm(f"{arm.name}>{fallback.name}", arm.source, arm.gamma, fallback)
+
+
+_G3, _G6, _MATCH = Arm("draft0.5b-g3", "draft", 3), Arm("draft0.5b-g6", "draft", 6), Arm("lookup-match", "match", 8)
 ARMS = (
-    Arm("draft0.5b-g3", "draft", 3),
-    Arm("draft0.5b-g6", "draft", 6),
+    _G3,
+    _G6,
     Arm("lookup-g8", "lookup", 8),
-    Arm("lookup-match", "match", 8),
+    _MATCH,
+    with_fallback(_MATCH, _G3),
+    with_fallback(_MATCH, _G6),
     Arm("none", "none", 0),
 )
 
@@ -425,25 +443,34 @@ def step_costs(costs: Mapping[str, Any], arms: Sequence[Arm] = ARMS) -> list[dic
     """Modelled seconds of one step of each arm at each proposal width ``w`` it can produce:
     target forward of ``w + 1`` tokens, ``w`` one-token draft forwards (draft arms), the
     lookup search (lookup arms, also when it finds nothing), verify. A table with
-    ``step_s`` (per arm name: seconds, or a list indexed by width) gives the steps directly."""
-    if "step_s" in costs:
-        out = []
-        for a in arms:
-            v = costs["step_s"][a.name]
-            out.append({w: float(v[w]) for w in widths_of(a)} if isinstance(v, list) else {a.gamma: float(v)})
-        return out
+    ``step_s`` (per arm name: seconds, or a list indexed by width) gives the steps directly.
+
+    An arm with a fallback is keyed by its own width too: ``w > 0`` is its own step,
+    ``0`` the fallback's step plus the search that found nothing (``lookup_propose_s``)."""
     out = []
     for a in arms:
-        by = {}
-        for w in widths_of(a):
-            s = target_forward(costs, w + 1) + float(costs["verify_s"])
-            if a.source == "draft":
-                s += w * float(costs["draft_forward_s"])
-            if a.source in ("lookup", "match"):
-                s += float(costs.get("lookup_propose_s", 0.0))
-            by[w] = s
-        out.append(by)
+        if a.fallback is not None:
+            own, fb = step_costs(costs, (a.primary, a.fallback))
+            search = float(costs.get("lookup_propose_s", 0.0)) if a.source in ("lookup", "match") else 0.0
+            out.append({0: fb[a.fallback.gamma] + search, **{w: own[w] for w in own if w > 0}})
+        elif "step_s" in costs:
+            v = costs["step_s"][a.name]
+            out.append({w: float(v[w]) for w in widths_of(a)} if isinstance(v, list) else {a.gamma: float(v)})
+        else:
+            out.append(_computed_step(costs, a))
     return out
+
+
+def _computed_step(costs: Mapping[str, Any], a: Arm) -> dict[int, float]:
+    by = {}
+    for w in widths_of(a):
+        s = target_forward(costs, w + 1) + float(costs["verify_s"])
+        if a.source == "draft":
+            s += w * float(costs["draft_forward_s"])
+        if a.source in ("lookup", "match"):
+            s += float(costs.get("lookup_propose_s", 0.0))
+        by[w] = s
+    return by
 
 
 def order_prompts(traces: Mapping[str, Mapping[str, Any]], order: str) -> list[str]:
@@ -456,15 +483,27 @@ def order_prompts(traces: Mapping[str, Mapping[str, Any]], order: str) -> list[s
     raise ValueError(f"unknown order {order!r}")
 
 
+def own_width(arm: Arm, trace: Mapping[str, Any], t: int) -> int:
+    """Tokens the arm itself (not its fallback) proposes at ``t``: a function of the context
+    alone. It also keys the arm's step cost."""
+    return int(trace["match_width"][t]) if arm.source == "match" else arm.gamma
+
+
+def acting(arm: Arm, trace: Mapping[str, Any], t: int) -> Arm:
+    """The arm whose proposal a step at ``t`` verifies: the fallback where ``arm`` proposes nothing."""
+    return arm.fallback if arm.fallback is not None and own_width(arm, trace, t) == 0 else arm
+
+
 def accepted_at(arm: Arm, trace: Mapping[str, Any], t: int) -> int:
+    arm = acting(arm, trace, t)
     if arm.source == "none":
         return 0
     return min(arm.gamma, int(trace[f"{arm.source}_run"][t]))
 
 
 def width_at(arm: Arm, trace: Mapping[str, Any], t: int) -> int:
-    """Tokens the arm proposes at position ``t``: a function of the context alone."""
-    return int(trace["match_width"][t]) if arm.source == "match" else arm.gamma
+    """Tokens the step at position ``t`` proposes (the fallback's where it takes over)."""
+    return own_width(acting(arm, trace, t), trace, t)
 
 
 def replay(selector: Any, reward: str, traces: Mapping[str, Mapping[str, Any]], order: Sequence[str],
@@ -484,7 +523,7 @@ def replay(selector: Any, reward: str, traces: Mapping[str, Mapping[str, Any]], 
             k = selector.select()
             w, acc = width_at(arms[k], tr, t), accepted_at(arms[k], tr, t)
             emitted = min(acc + 1, n - t)  # the last step may stop at max_new_tokens / EOS
-            seconds = costs[k][w]
+            seconds = costs[k][own_width(arms[k], tr, t)]  # a fallback step is keyed 0
             selector.update(k, score(w, [acc], emitted, seconds))  # the width, as the pipeline does
             steps.append(Step(pid, tr["domain"], k, w, acc, emitted, seconds))
             t += emitted
@@ -640,7 +679,8 @@ def h200_costs(e2e: Mapping[str, Any], section: str = "b1_greedy") -> dict[str, 
     forward of ``w`` tokens measured at w = 1, 4, 6, 7 and otherwise (2, 3, 5, 8, 9) from
     a least-squares line through those; verify and host time of the nearest measured arm
     of the same kind (lookup-match: the lookup run's propose, verify and host time at
-    every width, so a width-0 step is a target-only forward plus a lookup search).
+    every width, so a width-0 step is a target-only forward plus a lookup search; an arm
+    with a fallback: its own step where it proposes, else the fallback's step plus that search).
     """
     runs = e2e["sections"][section]["runs"]
 
@@ -662,6 +702,8 @@ def h200_costs(e2e: Mapping[str, Any], section: str = "b1_greedy") -> dict[str, 
 
     step = {}
     for a in ARMS:
+        if a.fallback is not None:
+            continue  # step_costs derives it from its two arms
         if a.source == "draft":
             step[a.name] = target(a.gamma + 1) + a.gamma * draft_fwd + med(big, "verify_ms") + med(big, "host_ms")
         elif a.source in ("lookup", "match"):
@@ -710,6 +752,8 @@ def arm_stats(traces: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             out[a.name][d] = {"acceptance": sum(acc) / max(1, sum(width)), "mean_accepted": float(np.mean(acc)),
                               "mean_width": float(np.mean(width)),
                               "proposes": float(np.mean([w > 0 for w in width])), "positions": len(acc)}
+            if a.fallback is not None:
+                out[a.name][d]["falls_back"] = float(np.mean([acting(a, tr, t) is a.fallback for tr, t in pos]))
     return out
 
 
@@ -747,7 +791,8 @@ def run_simulate(args: argparse.Namespace) -> int:
             "rewards": "flashspec_core.rewards.make_reward: acceptance = accepted / gamma (0 for gamma 0); "
                        "throughput = emitted / modelled step s over the running max",
             "step_cost_s": step_cost_s,
-            "step_cost_s_note": "a list is indexed by proposal width (lookup-match: 0..8 tokens)",
+            "step_cost_s_note": "a list is indexed by the arm's own proposal width (lookup-match: 0..8 tokens); "
+                                "for an arm `a>b` entry 0 is b's step plus the lookup search that found nothing",
             "match_lookup": f"flashspec_lookup.lookup, LookupConfig(min_ngram={MATCH_MIN_NGRAM}, fill=False), gamma "
                             f"{LOOKUP_GAMMA}; widths and runs of {derived} of {len(traces)} traces derived at simulate "
                             "time from the prompt (tokenised again, checked against the trace's prompt_len and "
@@ -775,17 +820,27 @@ def match_sensitivity(traces: Mapping[str, Mapping[str, Any]], costs: Mapping[st
                       per_arm: Sequence[Mapping[int, float]], seeds: int) -> dict[str, Any]:
     """The headline again with the matched lookup's step costed as a ``none`` step plus the
     lookup search plus the wider target forward: what the arm would give if its steps paid
-    nothing else of the measured lookup run's overheads (verify, host)."""
-    i = next(k for k, a in enumerate(ARMS) if a.source == "match")
+    nothing else of the measured lookup run's overheads (verify, host). Arms with a fallback
+    get the same cost where they propose; their fallback steps keep theirs."""
+    i = next(k for k, a in enumerate(ARMS) if a.source == "match" and a.fallback is None)
     rest = per_arm[next(k for k, a in enumerate(ARMS) if a.source == "none")][0] - target_forward(costs, 1)
     alt = list(per_arm)
-    alt[i] = {w: target_forward(costs, w + 1) + rest + float(costs.get("lookup_propose_s", 0.0)) for w in per_arm[i]}
+    for k, a in enumerate(ARMS):
+        if a.source == "match":
+            alt[k] = {w: per_arm[k][w] if a.fallback is not None and w == 0 else
+                      target_forward(costs, w + 1) + rest + float(costs.get("lookup_propose_s", 0.0)) for w in per_arm[k]}
     pol = simulate(traces, alt, seeds)["policies"]
-    name = f"fixed:{ARMS[i].name}"
+
+    def fixed(a: Arm) -> dict[str, Any]:
+        name = f"fixed:{a.name}"
+        return {"fixed_tps": pol[name]["tps"], "fixed_per_domain": {d: pol[name]["per_domain"][d]["tps"] for d in DOMAINS}}
+
     return {
         "how": " ".join((match_sensitivity.__doc__ or "").split()),
         "step_cost_s": [alt[i][w] for w in sorted(alt[i])],
-        "fixed_tps": pol[name]["tps"], "fixed_per_domain": {d: pol[name]["per_domain"][d]["tps"] for d in DOMAINS},
+        **fixed(ARMS[i]),
+        "fallback_arms": {a.name: {"step_cost_s": [alt[k][w] for w in sorted(alt[k])], **fixed(a)}
+                          for k, a in enumerate(ARMS) if a.source == "match" and a.fallback is not None},
         "oracle_arm_per_domain": pol["oracle:per-domain"]["arm_per_domain"],
         "by_order": {o: headline(pol, o) for o in ("interleaved", "blocked")},
     }
@@ -824,7 +879,7 @@ def plot(result: Mapping[str, Any], traces: Mapping[str, Any], stem: Path) -> No
     ax.set_ylim(-0.5, len(names) - 0.2)
     ax2.set_ylabel(f"share, last {window} steps")
     ax2.set_ylim(0, 1)
-    ax2.legend(fontsize=7, ncol=len(names), loc="upper left")
+    ax2.legend(fontsize=7, ncol=4, loc="upper left")
     ax2.set_xlabel("decode step (blocked order: code, then prose, then edit)")
     ax.set_title(f"arm chosen by {pick}, seed 0 (replay; {label})", fontsize=10)
     fig.tight_layout()
@@ -876,8 +931,11 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def _ms(v: float | Sequence[float]) -> str:
+def _ms(name: str, v: float | Sequence[float]) -> str:
     if isinstance(v, Sequence):  # by proposal width
+        if ">" in name:  # entry 0: the fallback's step
+            return (f"{1e3 * v[1]:.3g} ms (1 token) to {1e3 * v[-1]:.3g} ms ({len(v) - 1} tokens), "
+                    f"{1e3 * v[0]:.3g} ms when `{name.split('>')[1]}` takes over")
         return f"{1e3 * v[0]:.3g} ms (nothing proposed) to {1e3 * v[-1]:.3g} ms ({len(v) - 1} tokens)"
     return f"{1e3 * v:.3g} ms"
 
@@ -894,7 +952,7 @@ def render(result: Mapping[str, Any], full: bool = True) -> str:
         f"`{result['commit'][:10]}`.",
         "",
         "Modelled step time per arm: "
-        + ", ".join(f"`{k}` {_ms(v)}" for k, v in cfg["step_cost_s"].items()) + ".",
+        + ", ".join(f"`{k}` {_ms(k, v)}" for k, v in cfg["step_cost_s"].items()) + ".",
         "",
     ]
     if full:
@@ -917,7 +975,7 @@ def render(result: Mapping[str, Any], full: bool = True) -> str:
 
 def _acceptance_table(result: Mapping[str, Any]) -> list[str]:
     lines = ["**Acceptance per arm** (every position of every trace; acceptance = accepted / proposed tokens, "
-             "that is / gamma but for `lookup-match`; mean acc. = accepted tokens per step):", "",
+             "that is / gamma but for the `lookup-match` arms; mean acc. = accepted tokens per step):", "",
              "| arm | " + " | ".join(f"{d} acc. | {d} mean acc." for d in ("overall", *DOMAINS)) + " |",
              "|---|" + "---:|---:|" * (1 + len(DOMAINS))]
     for arm, by in result["arm_acceptance"].items():
@@ -929,6 +987,10 @@ def _acceptance_table(result: Mapping[str, Any]) -> list[str]:
                       + ", ".join(f"{_pct(by[d]['proposes'])} of {d} positions" for d in ("overall", *DOMAINS))
                       + "; mean width " + ", ".join(f"{d} {by[d]['mean_width']:.2f}" for d in ("overall", *DOMAINS))
                       + ". Its acceptance is accepted / proposed tokens."]
+        if "falls_back" in by["overall"]:
+            lines += ["", f"`{arm}` hands the step to `{arm.split('>')[1]}` at "
+                      + ", ".join(f"{_pct(by[d]['falls_back'])} of {d} positions" for d in ("overall", *DOMAINS))
+                      + "; its acceptance counts the tokens of whichever proposal the step verified."]
     return [*lines, ""]
 
 

@@ -80,26 +80,52 @@ def test_orders():
     assert bw.order_prompts(TRACES, "interleaved") == ["code-0", "prose-0", "edit-0", "code-1", "prose-1", "edit-1"]
 
 
+def _arm(name: str) -> int:
+    return [a.name for a in bw.ARMS].index(name)
+
+
 def test_fixed_arm_accounting_by_hand():
     costs = bw.step_costs(COSTS)
-    assert [c[a.gamma] for a, c in zip(bw.ARMS, costs, strict=True)] == pytest.approx(
+    names = ("draft0.5b-g3", "draft0.5b-g6", "lookup-g8", "lookup-match", "none")
+    assert [costs[_arm(n)][bw.ARMS[_arm(n)].gamma] for n in names] == pytest.approx(
         [1.2 + 0.01 + 0.9, 1.4 + 0.01 + 1.8, 1.5 + 0.01 + 0.02, 1.5 + 0.01 + 0.02, 1.0 + 0.01])
-    assert [len(c) for c in costs] == [1, 1, 1, 9, 1]
-    match = costs[3]
-    assert match[0] == pytest.approx(costs[4][0] + 0.02)  # no match: a plain step plus the search
+    assert [len(costs[_arm(n)]) for n in names] == [1, 1, 1, 9, 1]
+    match = costs[_arm("lookup-match")]
+    assert match[0] == pytest.approx(costs[_arm("none")][0] + 0.02)  # no match: a plain step plus the search
     assert all(match[w] < match[w + 1] for w in range(8))  # unmeasured widths from the fitted line
-    steps = bw.replay(_fixed(2), "acceptance", {"edit-1": TRACES["edit-1"]}, ["edit-1"], costs)
+    steps = bw.replay(_fixed(_arm("lookup-g8")), "acceptance", {"edit-1": TRACES["edit-1"]}, ["edit-1"], costs)
     # lookup run 8 at t=0 -> accept 8, emit 9; then t=9 -> run 1, accept 1 but only 1 token left
     assert [(s.accepted, s.emitted) for s in steps] == [(8, 9), (1, 1)]
 
 
 def test_match_arm_pays_for_the_width_it_proposes():
     costs = bw.step_costs(COSTS)
-    steps = bw.replay(_fixed(3), "acceptance", {"prose-1": TRACES["prose-1"]}, ["prose-1"], costs)
+    i = _arm("lookup-match")
+    steps = bw.replay(_fixed(i), "acceptance", {"prose-1": TRACES["prose-1"]}, ["prose-1"], costs)
     assert [(s.width, s.accepted, s.emitted) for s in steps] == [(0, 0, 1), (2, 0, 1), (0, 0, 1), (0, 0, 1),
                                                                   (3, 0, 1)]
-    assert [s.seconds for s in steps] == [costs[3][w] for w in (0, 2, 0, 0, 3)]
+    assert [s.seconds for s in steps] == [costs[i][w] for w in (0, 2, 0, 0, 3)]
     assert bw.tally(steps)["acceptance"] == 0.0  # 5 proposed, none accepted
+
+
+def test_fallback_arm_drafts_where_lookup_finds_nothing():
+    costs = bw.step_costs(COSTS)
+    i, g3, match = _arm("lookup-match>draft0.5b-g3"), _arm("draft0.5b-g3"), _arm("lookup-match")
+    assert bw.ARMS[i].fallback == bw.ARMS[g3] and bw.ARMS[i].primary == bw.ARMS[match]
+    assert costs[i][0] == pytest.approx(costs[g3][3] + 0.02)  # a draft step plus the search that found nothing
+    assert all(costs[i][w] == costs[match][w] for w in range(1, 9))  # a lookup step where it matched
+    # prose-1: widths 0 2 0 0 3, draft never right: t=0 draft (0 of 3) emits 1; t=1 lookup (0 of 2);
+    # t=2, t=3 draft; t=4 lookup (0 of 3)
+    steps = bw.replay(_fixed(i), "acceptance", {"prose-1": TRACES["prose-1"]}, ["prose-1"], costs)
+    assert [(s.width, s.accepted, s.emitted) for s in steps] == [(3, 0, 1), (2, 0, 1), (3, 0, 1), (3, 0, 1),
+                                                                  (3, 0, 1)]
+    assert [s.seconds for s in steps] == [costs[i][w] for w in (0, 2, 0, 0, 3)]
+    # code-1: lookup matches only at t=0 (run 1 of width 2), then the draft accepts 3 of 3 twice
+    steps = bw.replay(_fixed(i), "acceptance", {"code-1": TRACES["code-1"]}, ["code-1"], costs)
+    assert [(s.width, s.accepted, s.emitted) for s in steps] == [(2, 1, 2), (3, 3, 4), (3, 1, 1)]
+    assert [s.seconds for s in steps] == [costs[i][2], costs[i][0], costs[i][0]]
+    stats = bw.arm_stats(TRACES)[bw.ARMS[i].name]["code"]
+    assert stats["falls_back"] == pytest.approx(15 / 16)  # code-0: no match at all 9 positions, code-1: 6 of 7
 
 
 def _fixed(arm: int):
