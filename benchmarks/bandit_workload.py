@@ -701,9 +701,8 @@ def h200_costs(e2e: Mapping[str, Any], section: str = "b1_greedy") -> dict[str, 
         return widths[w] if w in widths else float(icept + slope * w)
 
     step = {}
-    for a in ARMS:
-        if a.fallback is not None:
-            continue  # step_costs derives it from its two arms
+    parts = [p for a in ARMS for p in ((a.primary, a.fallback) if a.fallback is not None else (a,))]
+    for a in dict.fromkeys(parts):  # an arm with a fallback: step_costs derives it from its two arms
         if a.source == "draft":
             step[a.name] = target(a.gamma + 1) + a.gamma * draft_fwd + med(big, "verify_ms") + med(big, "host_ms")
         elif a.source in ("lookup", "match"):
