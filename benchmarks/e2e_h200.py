@@ -33,12 +33,15 @@ def fast_table(model: str, max_len: int, fuse: bool) -> str:
 def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: int, verifier: str, max_len: int,
                   fuse: bool) -> str:
     """The bench config: the 0.5B draft at each gamma, padded and match-only prompt lookup,
-    no speculation, Thompson sampling with the throughput reward."""
+    match-only lookup falling back to the first draft, no speculation, Thompson sampling
+    with the throughput reward."""
     arms = [f"[[arm]]\n{fast_table(paths['draft'], max_len, fuse)}gamma = {g}\nname = \"draft0.5b-g{g}\"\n"
             for g in draft_gammas]
     arms.append(f'[[arm]]\nuse = "prompt_lookup"\ngamma = {lookup_gamma}\nname = "lookup-g{lookup_gamma}"\n')
-    arms.append(f'[[arm]]\nuse = "prompt_lookup"\ngamma = {lookup_gamma}\nmin_ngram = 2\nfill = false\n'
-                f'name = "lookup-match-g{lookup_gamma}"\n')
+    match = f'[[arm]]\nuse = "prompt_lookup"\ngamma = {lookup_gamma}\nmin_ngram = 2\nfill = false\n'
+    arms.append(f'{match}name = "lookup-match-g{lookup_gamma}"\n')
+    arms.append(f'{match}fallback = "draft0.5b-g{draft_gammas[0]}"\n'  # the draft where lookup finds nothing
+                f'name = "lookup-match-g{lookup_gamma}-or-draft0.5b-g{draft_gammas[0]}"\n')
     arms.append('[[arm]]\nuse = "none"\nname = "none"\n')
     return (f"[target]\n{fast_table(paths['target'], max_len, fuse)}\n" + "\n".join(arms)
             + f'\n[verifier]\nuse = "{verifier}"\n\n[selector]\nuse = "thompson"\nreward = "throughput"\n')

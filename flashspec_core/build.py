@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
 import torch
 
 from flashspec_core.config import ComponentChoice, PipelineConfig, load_config, parse_config
@@ -42,6 +43,8 @@ def build_pipeline(
         say(f"loading arm {arm.name} ({_describe(arm.draft)}, gamma={arm.gamma})")
         provider = registry.get("draft", arm.draft.use).factory(arm.draft.config, context)
         arms.append(Arm(name=arm.name, provider=provider, gamma=arm.gamma))
+    index = {a.name: i for i, a in enumerate(config.arms)}
+    arms = [attrs.evolve(a, fallback=index[c.fallback]) if c.fallback else a for a, c in zip(arms, config.arms, strict=True)]
     verifier = _verifier(registry, config.verifier, target.device)
     selector = registry.get("selector", config.selector.use).factory(config.selector.config, len(arms))
     hook = registry.manager.hook

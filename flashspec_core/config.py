@@ -1,7 +1,7 @@
 """TOML -> frozen :class:`PipelineConfig`, with errors that name file, table and key.
 
 ``use = "name"`` picks a registered component; the table's other keys (besides the
-pipeline's own: ``gamma`` and ``name`` for arms, ``reward`` for the selector) go to
+pipeline's own: ``gamma``, ``name`` and ``fallback`` for arms, ``reward`` for the selector) go to
 that component's config class, so an unknown key or a bad value fails at load time.
 
 .. code-block:: toml
@@ -61,6 +61,7 @@ class ArmConfig:
     name: str
     draft: ComponentChoice
     gamma: int
+    fallback: str | None = None  # another arm's name: proposes when this arm's proposal is empty
 
 
 @attrs.frozen
@@ -112,6 +113,17 @@ def parse_config(
     names = [a.name for a in arms]
     if len(set(names)) != len(names):
         raise ConfigError(source, "arm", "name", f"arm names must be unique, got {names}")
+    by_name = {a.name: a for a in arms}
+    for i, a in enumerate(arms):
+        if a.fallback is None:
+            continue
+        other = by_name.get(a.fallback)
+        if other is None or other is a:
+            raise ConfigError(source, f"arm.{i}", "fallback",
+                              f"must name another arm ({', '.join(n for n in names if n != a.name)}), got {a.fallback!r}")
+        if other.fallback is not None:
+            raise ConfigError(source, f"arm.{i}", "fallback",
+                              f"arm {other.name!r} has a fallback of its own; fallbacks do not chain")
     verifier = _choice(registry, "verifier", _table(data, "verifier", source), source, "verifier", "auto", base_dir)
     sel_table = dict(_table(data, "selector", source))
     reward = sel_table.pop("reward", "acceptance")
@@ -136,6 +148,9 @@ def _arm(registry: Registry, table: Any, source: str, where: str, base_dir: Path
     keys = dict(table)
     gamma = keys.pop("gamma", None)
     name = keys.pop("name", None)
+    fallback = keys.pop("fallback", None)
+    if fallback is not None and not isinstance(fallback, str):
+        raise ConfigError(source, where, "fallback", f"must be another arm's name, got {fallback!r}")
     draft = _choice(registry, "draft", keys, source, where, None, base_dir)
     if gamma is None:
         gamma = 0 if draft.use == "none" else 4
@@ -153,7 +168,9 @@ def _arm(registry: Registry, table: Any, source: str, where: str, base_dir: Path
         name = f"{Path(model).name if model else draft.use}-g{gamma}"
     if not isinstance(name, str) or not re.fullmatch(r"[\w.\-]+", name):
         raise ConfigError(source, where, "name", f"must be a word (letters, digits, _ . -), got {name!r}")
-    return ArmConfig(name=name, draft=draft, gamma=gamma)
+    if fallback is not None and draft.use == "none":
+        raise ConfigError(source, where, "fallback", "the 'none' arm's proposal is always empty: give it no fallback")
+    return ArmConfig(name=name, draft=draft, gamma=gamma, fallback=fallback)
 
 
 def _choice(

@@ -18,6 +18,7 @@ import torch
 
 from flashspec_core.contracts import (
     ArmSelector,
+    Draft,
     DraftProvider,
     RequestAware,
     SamplingParams,
@@ -36,6 +37,7 @@ class Arm:
     name: str
     provider: DraftProvider
     gamma: int
+    fallback: int | None = None  # index of the arm that proposes when this one's proposal is empty
 
 
 @attrs.frozen
@@ -171,10 +173,7 @@ class Pipeline:
         clock = _Clock(self.target.device)
         t0 = time.perf_counter()
         clock.mark()
-        draft = arm.provider.propose(tokens, lengths, arm.gamma, sampling, generator)
-        if draft.tokens.dim() != 2 or draft.tokens.shape[1] > arm.gamma:
-            raise RuntimeError(f"arm {arm.name!r}: the draft proposed tokens of shape {tuple(draft.tokens.shape)}, "
-                               f"not [B, <= gamma = {arm.gamma}]")
+        draft, drafter = self._propose(arm, tokens, lengths, sampling, generator)
         clock.mark()
         logits = self.target.score(tokens, lengths, draft.tokens.to(self.target.device))
         clock.mark()
@@ -184,7 +183,9 @@ class Pipeline:
         step_s = time.perf_counter() - t0
         accepted = host[:, 0].tolist()
         self.target.rollback(accepted)
-        arm.provider.rollback(accepted)
+        drafter.provider.rollback(accepted)
+        if drafter is not arm:  # the arm proposed nothing: none of its tokens entered the sequences
+            arm.provider.rollback([0] * len(accepted))
         emitted = [host[b, 1 : 2 + n].tolist() for b, n in enumerate(accepted)]
         rows = [b for b in range(len(active)) if active[b]]
         acc = tuple(accepted[b] for b in rows)
@@ -208,6 +209,21 @@ class Pipeline:
         self._step += 1
         self._observe(record)
         return record, emitted
+
+    def _propose(
+        self, arm: Arm, tokens: torch.Tensor, lengths: list[int], sampling: SamplingParams, generator: torch.Generator
+    ) -> tuple[Draft, Arm]:
+        """The arm's proposal, or its fallback arm's when the arm's is empty (a lookup
+        without a match): the switch depends on the sequences alone, never on this step's
+        random draws, so it is part of a deterministic arm and keeps the output law."""
+        draft, drafter = arm.provider.propose(tokens, lengths, arm.gamma, sampling, generator), arm
+        if draft.tokens.dim() == 2 and draft.tokens.shape[1] == 0 and arm.fallback is not None:
+            drafter = self.arms[arm.fallback]
+            draft = drafter.provider.propose(tokens, lengths, drafter.gamma, sampling, generator)
+        if draft.tokens.dim() != 2 or draft.tokens.shape[1] > drafter.gamma:
+            raise RuntimeError(f"arm {drafter.name!r}: the draft proposed tokens of shape {tuple(draft.tokens.shape)}, "
+                               f"not [B, <= gamma = {drafter.gamma}]")
+        return draft, drafter
 
     def _observe(self, record: StepRecord) -> None:
         if self.logger is not None:

@@ -74,13 +74,17 @@ def perturbed_lm(src: Path, path: Path, noise: float, seed: int = 0, layers: int
 def pipeline_dict(
     target: Path, drafts: list[Path], selector: str = "fixed", gamma: int = 3, dtype: str = "float64", **sel: object
 ) -> dict:
-    """A build_pipeline() dict: one hf arm per draft plus two lookup arms (one padded to
-    gamma, one proposing only what a bigram match gives: 0 to gamma tokens), in ``dtype``."""
+    """A build_pipeline() dict: one hf arm per draft plus lookup arms: one padded to gamma,
+    one proposing only what a bigram match gives (0 to gamma tokens), and, with a draft,
+    one that falls back to the first draft's proposal where it has no match; in ``dtype``."""
     arms: list[dict] = [
         {"use": "hf", "model": str(d), "gamma": gamma, "dtype": dtype, "name": f"d{i}"} for i, d in enumerate(drafts)
     ]
     arms.append({"use": "prompt_lookup", "gamma": gamma + 1, "name": "lookup"})
     arms.append({"use": "prompt_lookup", "gamma": gamma, "min_ngram": 2, "fill": False, "name": "lookup-match"})
+    if drafts:
+        arms.append({"use": "prompt_lookup", "gamma": gamma, "min_ngram": 2, "fill": False, "fallback": "d0",
+                     "name": "lookup-or-d0"})
     return {
         "target": {"model": str(target), "dtype": dtype, "chat_template": False},
         "arm": arms,

@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from flashspec_core import ComponentSpec, hookimpl
 from flashspec_core.build import build_pipeline
+from flashspec_core.config import ConfigError
 from flashspec_core.registry import build_registry
 from flashspec_lookup.lookup import LookupConfig, PromptLookupDraft
 from flashspec_reference.plugin import ReferenceVerifier
@@ -50,7 +51,7 @@ def test_greedy_speculative_equals_greedy_target(models: dict[str, Path], select
             assert got == _greedy_target(models["target"], prompt, 24, eos=15)
         used |= {r.arm_name for r in result.steps}
     # UCB1 tries every arm first, so arms switch in the middle of a sequence.
-    assert selector != "ucb1" or used == {"d0", "d1", "lookup", "lookup-match"}
+    assert selector != "ucb1" or used == {"d0", "d1", "lookup", "lookup-match", "lookup-or-d0"}
 
 
 def test_ragged_batch_rows_equal_rows_alone(models: dict[str, Path]) -> None:
@@ -184,3 +185,28 @@ def test_a_draft_wider_than_gamma_is_a_clear_error(models: dict[str, Path]) -> N
     pipe = build_pipeline(config, build_registry(extra_plugins=[_Greedy()]))
     with pytest.raises(RuntimeError, match=r"arm 'wide'.*gamma = 2"):
         pipe.generate([PROMPTS[0]], max_new_tokens=4)
+
+
+def test_an_arm_without_a_match_falls_back(models: dict[str, Path]) -> None:
+    """Steps of the composite arm are lookup steps where the context has a bigram match and
+    draft steps elsewhere; greedy output is still the target's."""
+    config = pipeline_dict(models["target"], [models["close"]], "fixed")
+    config["arm"] = [config["arm"][-1], config["arm"][0]]  # lookup-or-d0 first, so "fixed" plays it
+    pipe = build_pipeline(config)
+    prompt = [1, 2, 3, 4, 5, 1, 2]
+    result = pipe.generate([prompt], max_new_tokens=16)
+    assert result.token_ids[0] == _greedy_target(models["target"], prompt, 16, eos=15)
+    assert {r.arm_name for r in result.steps} == {"lookup-or-d0"}
+    assert len({r.gamma for r in result.steps}) > 1  # matched widths and the draft's gamma 3
+
+
+@pytest.mark.parametrize(
+    ("fallback", "match"),
+    [("nope", "must name another arm"), ("lookup-or-d0", "must name another arm"), ("chained", "do not chain")],
+)
+def test_bad_fallback_is_a_clear_error(models: dict[str, Path], fallback: str, match: str) -> None:
+    config = pipeline_dict(models["target"], [models["close"]], "fixed")
+    config["arm"][-1]["fallback"] = fallback
+    config["arm"].append({"use": "prompt_lookup", "gamma": 2, "fallback": "d0", "name": "chained"})
+    with pytest.raises(ConfigError, match=match):
+        build_pipeline(config)
