@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,32 @@ def test_attention_span_changes_nothing(models: dict[str, Path]) -> None:
     assert model.span_for(100) == 128 and model.span_for(129) == 256 and model.span_for(10_000) == 512
     full = model.forward(ids, pos, pos)
     assert torch.equal(model.forward(ids, pos, pos, span=model.span_for(100)), full)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="Inductor on CPU needs a C compiler")
+def test_fused_ops_match_eager(models: dict[str, Path]) -> None:
+    """fuse = true (Inductor-compiled norm, rotary + cache writes, SwiGLU), run here on
+    CPU: same logits and same cache contents as the eager pieces, ragged rows included.
+    RMSNorm computes in float32 as transformers' does (even for a float64 model), so the
+    two differ by float32 rounding of a reordered reduction; a wrong slot, rotation or
+    head would differ by O(1)."""
+    path = models["target"]
+    args = ModelArgs.from_hf(read_config(path))
+    weights = load_weights(path, args, torch.float64, torch.device("cpu"))
+    eager, fused = (Transformer(args, weights, max_len=64, fuse=f) for f in (False, True))
+    for m in (eager, fused):
+        m.allocate(2)
+    ids = torch.randint(0, 16, (2, 6))
+    pos = torch.tensor([[0, 1, 2, 3, 4, 5], [63, 63, 0, 1, 2, 3]])  # row 1: two padding writes to the scratch slot
+    for step in range(2):  # the second call reads what the first one cached
+        p = pos + 6 * step
+        w = torch.where(pos == 63, 63, p)
+        p = torch.where(pos == 63, 0, p)
+        torch.testing.assert_close(fused.forward(ids, p, w, span=64), eager.forward(ids, p, w, span=64), rtol=1e-5, atol=1e-5)
+    live = slice(0, 63)  # the scratch slot holds whichever padding write came last
+    torch.testing.assert_close(fused.k_cache[:, :, live], eager.k_cache[:, :, live], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused.v_cache[:, :, live], eager.v_cache[:, :, live], rtol=1e-5, atol=1e-5)
+    assert (fused.k_cache[:, :, live] != 0).sum() == (eager.k_cache[:, :, live] != 0).sum()  # same slots written
 
 
 def test_greedy_across_span_buckets_equals_hf(models: dict[str, Path]) -> None:
