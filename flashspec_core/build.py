@@ -6,7 +6,6 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import attrs
 import torch
 
 from flashspec_core.config import ComponentChoice, PipelineConfig, load_config, parse_config
@@ -39,12 +38,12 @@ def build_pipeline(
     target: Target = registry.get("target", config.target.use).factory(config.target.config)
     context = DraftContext(target=target, vocab=target.vocab, device=target.device)
     arms = []
+    index = {a.name: i for i, a in enumerate(config.arms)}
     for arm in config.arms:
         say(f"loading arm {arm.name} ({_describe(arm.draft)}, gamma={arm.gamma})")
         provider = registry.get("draft", arm.draft.use).factory(arm.draft.config, context)
-        arms.append(Arm(name=arm.name, provider=provider, gamma=arm.gamma))
-    index = {a.name: i for i, a in enumerate(config.arms)}
-    arms = [attrs.evolve(a, fallback=index[c.fallback]) if c.fallback else a for a, c in zip(arms, config.arms, strict=True)]
+        fallback = index[arm.fallback] if arm.fallback is not None else None
+        arms.append(Arm(name=arm.name, provider=provider, gamma=arm.gamma, fallback=fallback))
     verifier = _verifier(registry, config.verifier, target.device)
     selector = registry.get("selector", config.selector.use).factory(config.selector.config, len(arms))
     hook = registry.manager.hook
@@ -62,8 +61,7 @@ def _verifier(registry: Registry, choice: ComponentChoice, device: torch.device)
     if name == "auto":
         name = "triton" if device.type == "cuda" and "triton" in registry.names("verifier") else "reference"
         spec = registry.get("verifier", name)
-        config = spec.config_cls() if spec.config_cls is not None else None
-        return spec.factory(config, device)  # type: ignore[no-any-return]
+        return spec.factory(spec.default_config(), device)  # type: ignore[no-any-return]
     return registry.get("verifier", name).factory(choice.config, device)  # type: ignore[no-any-return]
 
 

@@ -105,6 +105,10 @@ class ComponentSpec(Generic[T]):
     config_cls: type | None = None
     description: str = ""
 
+    def default_config(self) -> Any:
+        """The config with every key at its default: what a table with only ``use`` gives."""
+        return self.config_cls() if self.config_cls is not None else None
+
 
 @runtime_checkable
 class Target(Protocol):

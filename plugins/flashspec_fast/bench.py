@@ -238,7 +238,7 @@ def make_selector(name: str, arms: int) -> Any:
     from flashspec_core.registry import build_registry
 
     spec = build_registry().get("selector", name)
-    return spec.factory(spec.config_cls() if spec.config_cls is not None else None, arms)
+    return spec.factory(spec.default_config(), arms)
 
 
 # --- Hugging Face baselines ---------------------------------------------------------------
