@@ -50,10 +50,13 @@ def lookup(seq: torch.Tensor, gamma: int, cfg: LookupConfig) -> list[int]:
         hits = hits[hits + n < length]
         if hits.numel():
             start = int(hits[-1]) + n
-            found = seq[start : start + gamma].tolist()
-            return found + [found[-1]] * (gamma - len(found)) if cfg.fill else found
-    last = int(seq[-1]) if length else 0
-    return [last] * gamma if cfg.fill else []
+            return _fit(seq[start : start + gamma].tolist(), gamma, cfg)
+    return _fit([int(seq[-1])] if length else [0], gamma, cfg) if cfg.fill else []
+
+
+def _fit(found: list[int], gamma: int, cfg: LookupConfig) -> list[int]:
+    """``found`` (non-empty), padded to ``gamma`` by repeating its last token if ``cfg.fill``."""
+    return found + [found[-1]] * (gamma - len(found)) if cfg.fill else found
 
 
 class NgramIndex:
@@ -83,10 +86,8 @@ class NgramIndex:
         for n in range(min(cfg.max_ngram, length - 1), cfg.min_ngram - 1, -1):
             start = self.latest.get(tuple(seq[length - n :]))
             if start is not None and start >= first:
-                found = seq[start + n : start + n + gamma]
-                return found + [found[-1]] * (gamma - len(found)) if cfg.fill else found
-        last = seq[-1] if length else 0
-        return [last] * gamma if cfg.fill else []
+                return _fit(seq[start + n : start + n + gamma], gamma, cfg)
+        return _fit([seq[-1]] if length else [0], gamma, cfg) if cfg.fill else []
 
 
 class PromptLookupDraft:
