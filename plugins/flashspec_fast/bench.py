@@ -629,6 +629,9 @@ def exactness(args: argparse.Namespace, data: dict[str, Any], prompts: list[list
     from flashspec_core.build import build_pipeline
 
     _say("exactness: float32, TF32 off")
+    # The bf16 runs filled dynamo's per-function cache (the fused ops compile with fullgraph=True); float32 inputs
+    # would recompile each of them past the limit, so start from an empty cache.
+    torch._dynamo.reset()
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
