@@ -90,6 +90,9 @@ ARMS = (
     with_fallback(_MATCH, _G6),
     Arm("none", "none", 0),
 )
+# The lookup-first pair (the engine's `select = false` on the draft): the selector only decides
+# whether to draft where lookup finds nothing, so it never pays to explore a draft-only arm.
+ADAPTIVE = (_MATCH, with_fallback(_MATCH, _G3))
 
 
 def say(msg: str) -> None:
@@ -545,14 +548,14 @@ def tally(steps: Sequence[Step], arms: Sequence[Arm] = ARMS) -> dict[str, Any]:
     }
 
 
-def tally_domains(steps: Sequence[Step]) -> dict[str, Any]:
-    out = {"overall": tally(steps)}
+def tally_domains(steps: Sequence[Step], arms: Sequence[Arm] = ARMS) -> dict[str, Any]:
+    out = {"overall": tally(steps, arms)}
     for d in DOMAINS:
-        out[d] = tally([s for s in steps if s.domain == d])
+        out[d] = tally([s for s in steps if s.domain == d], arms)
     return out
 
 
-def selector_makers(horizon: int | None = None, breakpoints: int | None = None
+def selector_makers(horizon: int | None = None, breakpoints: int | None = None, k: int = len(ARMS)
                     ) -> dict[str, tuple[Callable[[int], Any], bool]]:
     """name -> (make(seed), randomised): every selector with its default config, and, given
     ``horizon`` and ``breakpoints``, the three selectors with a stated default rule
@@ -572,7 +575,6 @@ def selector_makers(horizon: int | None = None, breakpoints: int | None = None
         UCB1Config,
     )
 
-    k = len(ARMS)
     out: dict[str, tuple[Callable[[int], Any], bool]] = {
         "ucb1": (lambda seed: UCB1(UCB1Config(), k), False),
         "thompson": (lambda seed: Thompson(ThompsonConfig(seed=seed), k), True),
@@ -605,18 +607,18 @@ def mean_ci(values: Sequence[float]) -> dict[str, Any]:
     return {"mean": float(v.mean()), "ci95": [float(v.mean() - half), float(v.mean() + half)], "n": len(v)}
 
 
-def simulate(traces: Mapping[str, Mapping[str, Any]], costs: Sequence[Mapping[int, float]], seeds: int
-             ) -> dict[str, Any]:
+def simulate(traces: Mapping[str, Mapping[str, Any]], costs: Sequence[Mapping[int, float]], seeds: int,
+             arms: Sequence[Arm] = ARMS) -> dict[str, Any]:
     """Every policy over both orders: fixed arms, selectors x rewards (seed-averaged), oracle."""
     from flashspec_selectors import FixedConfig, FixedSelector
 
     policies: dict[str, Any] = {}
     examples: dict[str, list[int]] = {}
     fixed = {}
-    for i, a in enumerate(ARMS):
-        steps = replay(FixedSelector(FixedConfig(arm=i), len(ARMS)), "acceptance", traces,
-                       order_prompts(traces, "blocked"), costs)
-        fixed[a.name] = tally_domains(steps)
+    for i, a in enumerate(arms):
+        steps = replay(FixedSelector(FixedConfig(arm=i), len(arms)), "acceptance", traces,
+                       order_prompts(traces, "blocked"), costs, arms)
+        fixed[a.name] = tally_domains(steps, arms)
         policies[f"fixed:{a.name}"] = {"kind": "fixed", "order": "any", **_flat(fixed[a.name])}
     best = {d: max(fixed, key=lambda name: fixed[name][d]["tps"]) for d in DOMAINS}
     emitted = sum(fixed[best[d]][d]["emitted"] for d in DOMAINS)
@@ -629,15 +631,15 @@ def simulate(traces: Mapping[str, Mapping[str, Any]], costs: Sequence[Mapping[in
     for order in ("interleaved", "blocked"):
         ids = order_prompts(traces, order)
         rules[order] = rule_inputs(traces, ids)
-        for name, (make, randomised) in selector_makers(**rules[order]).items():
+        for name, (make, randomised) in selector_makers(**rules[order], k=len(arms)).items():
             for reward in ("acceptance", "throughput"):
-                runs = [tally_domains(replay(make(seed), reward, traces, ids, costs))
+                runs = [tally_domains(replay(make(seed), reward, traces, ids, costs, arms), arms)
                         for seed in range(seeds if randomised else 1)]
                 policies[f"{name}+{reward}@{order}"] = {
                     "kind": "selector", "selector": name, "reward": reward, "order": order,
                     "seeds": len(runs), "randomised": randomised, **_seed_mean(runs)}
                 if order == "blocked":
-                    examples[f"{name}+{reward}"] = [s.arm for s in replay(make(0), reward, traces, ids, costs)]
+                    examples[f"{name}+{reward}"] = [s.arm for s in replay(make(0), reward, traces, ids, costs, arms)]
     return {"policies": policies, "blocked_arm_choices_seed0": examples, "rule_inputs": rules}
 
 
@@ -650,7 +652,8 @@ def _seed_mean(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         keys = ("tps", "mean_accepted", "tokens_per_step", "steps", "emitted", "seconds")
         out: dict[str, Any] = {k: float(np.mean([r[part][k] for r in runs])) for k in keys}
         out["tps_ci95"] = mean_ci([r[part]["tps"] for r in runs])["ci95"]
-        out["arm_share"] = {a.name: float(np.mean([r[part]["arm_share"][a.name] for r in runs])) for a in ARMS}
+        names = runs[0][part]["arm_share"]
+        out["arm_share"] = {n: float(np.mean([r[part]["arm_share"][n] for r in runs])) for n in names}
         return out
 
     overall = avg("overall")
@@ -769,6 +772,15 @@ def run_simulate(args: argparse.Namespace) -> int:
     policies = sim["policies"]
     by_order = {o: headline(policies, o) for o in ("interleaved", "blocked")}
     counts = {d: sum(tr["domain"] == d for tr in traces.values()) for d in DOMAINS}
+    adaptive = simulate(traces, step_costs(costs, ADAPTIVE), args.seeds, ADAPTIVE)["policies"]
+    all_oracle = policies["oracle:per-domain"]["tps"]
+    adaptive_by_order = {}
+    for o in ("interleaved", "blocked"):
+        h = headline(adaptive, o)
+        adaptive_by_order[o] = {**h, "selector_vs_all_arms_oracle": h["best_selector_tps"] / all_oracle,
+                                "selector_vs_all_arms_best_fixed": h["best_selector_tps"] / by_order[o]["best_fixed_tps"],
+                                "selector_within_5pct_of_all_arms_oracle": h["best_selector_tps"] >= 0.95 * all_oracle,
+                                "selector_ge_all_arms_best_fixed": h["best_selector_tps"] >= by_order[o]["best_fixed_tps"]}
     result = {
         "summary": {"workload": {
             **by_order["interleaved"], "by_order": by_order,
@@ -776,6 +788,11 @@ def run_simulate(args: argparse.Namespace) -> int:
             "note": "tokens/s are modelled (emitted tokens / modelled step time, replayed over exact greedy "
                     "traces), not measured end-to-end throughput",
             "prompts_per_domain": counts,
+            "adaptive": {"arms": [a.name for a in ADAPTIVE], "by_order": adaptive_by_order,
+                         "note": "the selectors choose between these two arms only; the oracle and best fixed arm "
+                                 "`selector_vs_all_arms_*` compare with are those of every arm above",
+                         "policies": {k: {"tps": v["tps"], "per_domain": {d: v["per_domain"][d]["tps"] for d in DOMAINS}}
+                                      for k, v in adaptive.items()}},
             "policies": {k: {"tps": v["tps"], "per_domain": {d: v["per_domain"][d]["tps"] for d in DOMAINS}}
                          for k, v in policies.items()},
         }},
@@ -801,6 +818,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         "arm_acceptance": arm_stats(traces),
         "sensitivity_cheap_match_step": match_sensitivity(traces, costs, per_arm, args.seeds),
         "policies": policies,
+        "adaptive_policies": adaptive,
         "blocked_arm_choices_seed0": sim["blocked_arm_choices_seed0"],
         "rule_inputs": sim["rule_inputs"],
         "domain_boundaries_blocked": _boundaries(traces),

@@ -31,10 +31,20 @@ def fast_table(model: str, max_len: int, fuse: bool) -> str:
 
 
 def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: int, verifier: str, max_len: int,
-                  fuse: bool) -> str:
+                  fuse: bool, adaptive: bool = False) -> str:
     """The bench config: the 0.5B draft at each gamma, padded and match-only prompt lookup,
     match-only lookup falling back to the first draft, no speculation, Thompson sampling
-    with the throughput reward."""
+    with the throughput reward. ``adaptive``: only the two lookup-first arms to choose from
+    (match-only lookup, and the same falling back to the first draft, which is
+    ``select = false``): the choice is then whether to draft where lookup finds nothing."""
+    if adaptive:
+        g, d = lookup_gamma, draft_gammas[0]
+        match = f'[[arm]]\nuse = "prompt_lookup"\ngamma = {g}\nmin_ngram = 2\nfill = false\n'
+        arms = [f'{match}name = "lookup-match-g{g}"\n',
+                f'{match}fallback = "draft0.5b-g{d}"\nname = "lookup-match-g{g}-or-draft0.5b-g{d}"\n',
+                f"[[arm]]\n{fast_table(paths['draft'], max_len, fuse)}gamma = {d}\nname = \"draft0.5b-g{d}\"\nselect = false\n"]
+        return (f"[target]\n{fast_table(paths['target'], max_len, fuse)}\n" + "\n".join(arms)
+                + f'\n[verifier]\nuse = "{verifier}"\n\n[selector]\nuse = "thompson"\nreward = "throughput"\n')
     arms = [f"[[arm]]\n{fast_table(paths['draft'], max_len, fuse)}gamma = {g}\nname = \"draft0.5b-g{g}\"\n"
             for g in draft_gammas]
     arms.append(f'[[arm]]\nuse = "prompt_lookup"\ngamma = {lookup_gamma}\nname = "lookup-g{lookup_gamma}"\n')
@@ -110,6 +120,8 @@ def full(args: argparse.Namespace) -> int:
     config.write_text(pipeline_toml(paths, [3, 5], 6, args.verifier, 768, args.fuse))
     wconfig = Path("/tmp/fs_workload.toml")  # issue 6's arms, as in benchmarks/bandit_workload.py
     wconfig.write_text(pipeline_toml(paths, [3, 6], 8, args.verifier, 1024, args.fuse))
+    aconfig = Path("/tmp/fs_adaptive.toml")  # the same, reduced to the two lookup-first arms
+    aconfig.write_text(pipeline_toml(paths, [3, 6], 8, args.verifier, 1024, args.fuse, adaptive=True))
     work = args.out  # each section's bench.json lands in --out/<section>/ as soon as it is written
     sections: dict[str, Any] = {}
     limit = ["--prompts", str(args.prompts)] if args.prompts else []
@@ -128,13 +140,18 @@ def full(args: argparse.Namespace) -> int:
         "workload_interleaved": ["--max-new-tokens", "48", *limit, "--order", "interleaved", "--systems", "flashspec,target_only",
                                  *sel, *fuse],
         "workload_blocked": ["--max-new-tokens", "48", *limit, "--systems", "flashspec", "--no-fixed-arms", *sel, *fuse],
+        "workload_adaptive": ["--max-new-tokens", "48", *limit, "--order", "interleaved", "--systems",
+                              "flashspec,target_only", *sel, *fuse],
+        "workload_adaptive_blocked": ["--max-new-tokens", "48", *limit, "--systems", "flashspec", "--no-fixed-arms",
+                                      *sel, *fuse],
         "synthetic": ["--systems", "", "--synthetic-shapes", "qwen2.5-7b,qwen2.5-14b,qwen2.5-32b",
                       "--synthetic-acceptance", "0.6,0.8", "--synthetic-gammas", "4", *fuse],
     }
     for name, extra in plan.items():
         if args.sections == "all" or name in args.sections.split(","):
             domains = name == "b32_greedy" or name.startswith("workload")
-            sections[name] = bench(work / name, wconfig if name.startswith("workload") else config, deadline, *extra,
+            cfg = aconfig if name.startswith("workload_adaptive") else wconfig if name.startswith("workload") else config
+            sections[name] = bench(work / name, cfg, deadline, *extra,
                                    workload=DOMAINS if domains else WORKLOAD)
             write(args.out, sections, work)
     write(args.out, sections, work)
@@ -194,7 +211,7 @@ def floor_table(bench: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 SECTIONS = ("b1_greedy", "b8_greedy", "b32_greedy", "b1_t07", "b1_nf4", "synthetic", "workload_interleaved",
-            "workload_blocked")
+            "workload_blocked", "workload_adaptive", "workload_adaptive_blocked")
 
 
 def workload_summary(inter: dict[str, Any] | None, blocked: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -277,6 +294,13 @@ def summarize_dir(args: argparse.Namespace) -> int:
     workload = workload_summary(sections["workload_interleaved"], sections["workload_blocked"])
     if workload:
         summary["workload_gpu"] = workload
+    adaptive = workload_summary(sections["workload_adaptive"], sections["workload_adaptive_blocked"])
+    if adaptive:
+        adaptive["label"] += "; arms: match-only lookup, and the same falling back to the 0.5B draft (select = false)"
+        if workload and adaptive["best_selector"]:  # against every arm of the full workload config, same GPU
+            adaptive["selector_vs_all_arms_oracle"] = adaptive["best_selector_tps"] / workload["oracle_tps"]
+            adaptive["selector_vs_all_arms_best_fixed"] = adaptive["best_selector_tps"] / workload["best_fixed_tps"]
+        summary["workload_gpu_adaptive"] = adaptive
     summary["skipped_sections"] = [k for k, v in sections.items() if v is None]
     summary["measured_at_commit"] = args.commit
     args.out.mkdir(parents=True, exist_ok=True)

@@ -43,9 +43,9 @@ def build_pipeline(
         say(f"loading arm {arm.name} ({_describe(arm.draft)}, gamma={arm.gamma})")
         provider = registry.get("draft", arm.draft.use).factory(arm.draft.config, context)
         fallback = index[arm.fallback] if arm.fallback is not None else None
-        arms.append(Arm(name=arm.name, provider=provider, gamma=arm.gamma, fallback=fallback))
+        arms.append(Arm(name=arm.name, provider=provider, gamma=arm.gamma, fallback=fallback, selectable=arm.select))
     verifier = _verifier(registry, config.verifier, target.device)
-    selector = registry.get("selector", config.selector.use).factory(config.selector.config, len(arms))
+    selector = registry.get("selector", config.selector.use).factory(config.selector.config, sum(a.selectable for a in arms))
     hook = registry.manager.hook
     logger = run_logger(target=_describe(config.target), selector=config.selector.use)
     on_step: Callable[[StepRecord], None] | None = None

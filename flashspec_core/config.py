@@ -62,6 +62,7 @@ class ArmConfig:
     draft: ComponentChoice
     gamma: int
     fallback: str | None = None  # another arm's name: proposes when this arm's proposal is empty
+    select: bool = True  # False: the arm serves only as another arm's fallback
 
 
 @attrs.frozen
@@ -124,6 +125,13 @@ def parse_config(
         if other.fallback is not None:
             raise ConfigError(source, f"arm.{i}", "fallback",
                               f"arm {other.name!r} has a fallback of its own; fallbacks do not chain")
+    if not any(a.select for a in arms):
+        raise ConfigError(source, "arm", "select", "every arm has select = false: the selector needs at least one arm")
+    fallbacks = {a.fallback for a in arms}
+    for i, a in enumerate(arms):
+        if not a.select and a.name not in fallbacks:
+            raise ConfigError(source, f"arm.{i}", "select",
+                              f"arm {a.name!r} has select = false and no arm falls back to it, so it would never run")
     verifier = _choice(registry, "verifier", _table(data, "verifier", source), source, "verifier", "auto", base_dir)
     sel_table = dict(_table(data, "selector", source))
     reward = sel_table.pop("reward", "acceptance")
@@ -149,6 +157,9 @@ def _arm(registry: Registry, table: Any, source: str, where: str, base_dir: Path
     gamma = keys.pop("gamma", None)
     name = keys.pop("name", None)
     fallback = keys.pop("fallback", None)
+    select = keys.pop("select", True)
+    if not isinstance(select, bool):
+        raise ConfigError(source, where, "select", f"must be true or false, got {select!r}")
     if fallback is not None and not isinstance(fallback, str):
         raise ConfigError(source, where, "fallback", f"must be another arm's name, got {fallback!r}")
     draft = _choice(registry, "draft", keys, source, where, None, base_dir)
@@ -170,7 +181,7 @@ def _arm(registry: Registry, table: Any, source: str, where: str, base_dir: Path
         raise ConfigError(source, where, "name", f"must be a word (letters, digits, _ . -), got {name!r}")
     if fallback is not None and draft.use == "none":
         raise ConfigError(source, where, "fallback", "the 'none' arm's proposal is always empty: give it no fallback")
-    return ArmConfig(name=name, draft=draft, gamma=gamma, fallback=fallback)
+    return ArmConfig(name=name, draft=draft, gamma=gamma, fallback=fallback, select=select)
 
 
 def _choice(

@@ -38,6 +38,7 @@ class Arm:
     provider: DraftProvider
     gamma: int
     fallback: int | None = None  # index of the arm that proposes when this one's proposal is empty
+    selectable: bool = True  # False: only another arm's fallback; the selector never picks it
 
 
 @attrs.frozen
@@ -168,7 +169,8 @@ class Pipeline:
         sampling: SamplingParams,
         generator: torch.Generator,
     ) -> tuple[StepRecord, list[list[int]]]:
-        index = self.selector.select()
+        choice = self.selector.select()
+        index = self.choices[choice]
         arm = self.arms[index]
         clock = _Clock(self.target.device)
         t0 = time.perf_counter()
@@ -191,7 +193,7 @@ class Pipeline:
         acc = tuple(accepted[b] for b in rows)
         width = int(draft.tokens.shape[1])  # the arm's gamma, or fewer (a lookup without a match)
         reward = self.reward(width, acc, sum(n + 1 for n in acc), max(step_s, 1e-9))
-        self.selector.update(index, reward)
+        self.selector.update(choice, reward)
         record = StepRecord(
             step=self._step,
             arm=index,
@@ -209,6 +211,11 @@ class Pipeline:
         self._step += 1
         self._observe(record)
         return record, emitted
+
+    @property
+    def choices(self) -> list[int]:
+        """Indices of the arms the selector chooses between (its arm ``k`` is ``arms[choices[k]]``)."""
+        return [i for i, a in enumerate(self.arms) if a.selectable]
 
     def _propose(
         self, arm: Arm, tokens: torch.Tensor, lengths: list[int], sampling: SamplingParams, generator: torch.Generator

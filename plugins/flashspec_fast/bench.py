@@ -219,10 +219,11 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
     if "target_only" in args.systems:
         plan.append(("target_only", [Arm(name="none", provider=NoDraft(), gamma=0)], Always(0, 1)))
     if "flashspec" in args.systems:
-        if not args.no_fixed_arms:
-            plan += [(f"fixed:{a.name}", arms, Always(i, len(arms))) for i, a in enumerate(arms) if a.gamma > 0]
+        if not args.no_fixed_arms:  # every arm, fallback-only ones (select = false) too
+            every = [attrs.evolve(a, selectable=True) for a in arms]
+            plan += [(f"fixed:{a.name}", every, Always(i, len(every))) for i, a in enumerate(every) if a.gamma > 0]
         plan.append((f"bandit:{type(selector).__name__}", arms, selector))
-        plan += [(f"bandit:{name}", arms, make_selector(name, len(arms))) for name in args.selectors]
+        plan += [(f"bandit:{name}", arms, make_selector(name, len(pipeline.choices))) for name in args.selectors]
     for name, use_arms, sel in plan:
         pipeline.arms, pipeline.selector = use_arms, sel
         _say(f"{name}: warm-up")

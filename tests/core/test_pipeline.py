@@ -210,3 +210,34 @@ def test_bad_fallback_is_a_clear_error(models: dict[str, Path], fallback: str, m
     config["arm"].append({"use": "prompt_lookup", "gamma": 2, "fallback": "d0", "name": "chained"})
     with pytest.raises(ConfigError, match=match):
         build_pipeline(config)
+
+
+def test_a_fallback_only_arm_is_never_selected(models: dict[str, Path]) -> None:
+    """select = false: the selector chooses between the other arms alone (its arm k is the
+    k-th selectable arm), and the fallback still proposes where the lookup finds nothing."""
+    config = pipeline_dict(models["target"], [models["close"]], "ucb1")
+    config["arm"] = [{**config["arm"][0], "select": False}, *config["arm"][1:]]  # d0 only as lookup-or-d0's fallback
+    pipe = build_pipeline(config)
+    assert pipe.choices == [1, 2, 3] and pipe.selector.num_arms == 3
+    prompts = [[1, 2, 3, 4, 5, 1, 2], [9, 8, 7, 6]]
+    result = pipe.generate(prompts, max_new_tokens=24)
+    for prompt, out in zip(prompts, result.token_ids, strict=True):
+        assert out == _greedy_target(models["target"], prompt, 24, eos=15)
+    assert "d0" not in {r.arm_name for r in result.steps}
+    assert {r.arm_name for r in result.steps} == {"lookup", "lookup-match", "lookup-or-d0"}  # UCB1 tries each
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [("all", "every arm has select = false"), ("orphan", "no arm falls back to it"), ("type", "must be true or false")],
+)
+def test_bad_select_is_a_clear_error(models: dict[str, Path], change: str, match: str) -> None:
+    config = pipeline_dict(models["target"], [models["close"]], "fixed")
+    if change == "all":
+        config["arm"] = [{**a, "select": False} for a in config["arm"]]
+    elif change == "orphan":
+        config["arm"][1]["select"] = False  # the padded lookup: nothing falls back to it
+    else:
+        config["arm"][0]["select"] = "no"
+    with pytest.raises(ConfigError, match=match):
+        build_pipeline(config)
