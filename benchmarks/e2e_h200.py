@@ -129,7 +129,7 @@ def full(args: argparse.Namespace) -> int:
     fuse = ["--fuse"] if args.fuse else []
     sel = ["--selectors", args.selectors] if args.selectors else []
     plan = {
-        "b1_greedy": [*common, "--hf-prompts", str(args.hf_prompts), "--exactness", "2", "--warmup", "1", *sel, *fuse],
+        "b1_greedy": [*common, "--hf-prompts", str(args.hf_prompts), "--exactness", "2", *sel, *fuse],
         "b8_greedy": [*common, "--batch-size", "8", "--systems", "flashspec,target_only,hf_eager", "--hf-prompts", "8",
                       "--no-fixed-arms", *sel, *fuse],
         "b32_greedy": [*common, "--batch-size", "32", "--prompts", "32", "--systems", "flashspec,target_only",
@@ -151,7 +151,7 @@ def full(args: argparse.Namespace) -> int:
         if args.sections == "all" or name in args.sections.split(","):
             domains = name == "b32_greedy" or name.startswith("workload")
             cfg = aconfig if name.startswith("workload_adaptive") else wconfig if name.startswith("workload") else config
-            sections[name] = bench(work / name, cfg, deadline, *extra,
+            sections[name] = bench(work / name, cfg, deadline, *extra, *args.bench_extra.split(),
                                    workload=DOMAINS if domains else WORKLOAD)
             write(args.out, sections, work)
     write(args.out, sections, work)
@@ -414,6 +414,8 @@ def main() -> int:
     f.add_argument("--max-new-tokens", type=int, default=128)
     f.add_argument("--hf-prompts", type=int, default=4)
     f.add_argument("--prompts", type=int, default=0, help="only the first N prompts of each section (0: all)")
+    f.add_argument("--bench-extra", default="", help="more `flashspec bench` arguments for every section, after "
+                   "the section's own (a later option wins), e.g. \"--systems flashspec,target_only\"")
     f.add_argument("--fuse", action="store_true")
     f.add_argument("--verifier", default="auto", help="the config's verifier (auto: triton on CUDA)")
     f.add_argument("--selectors", default="", help="more bandits to run besides the config's (bench --selectors)")

@@ -18,6 +18,7 @@ device times, host time), then a ``summary``. Plots go next to it when matplotli
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import itertools
 import json
@@ -224,14 +225,24 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
             plan += [(f"fixed:{a.name}", every, Always(i, len(every))) for i, a in enumerate(every) if a.gamma > 0]
         plan.append((f"bandit:{type(selector).__name__}", arms, selector))
         plan += [(f"bandit:{name}", arms, make_selector(name, len(pipeline.choices))) for name in args.selectors]
+    reward = pipeline.reward
     for name, use_arms, sel in plan:
-        pipeline.arms, pipeline.selector = use_arms, sel
+        # Warm-up on copies of the selector and the reward's running state: the timed run starts untrained.
+        pipeline.arms, pipeline.selector, pipeline.reward = use_arms, copy.deepcopy(sel), copy.deepcopy(reward)
         _say(f"{name}: warm-up")
-        run_pipeline(pipeline, prompts, groups[: args.warmup], args, domains)
+        run_pipeline(pipeline, prompts, warm_groups(groups, args.warmup), args, domains)
+        pipeline.selector, pipeline.reward = sel, copy.deepcopy(reward)
         runs = [run_pipeline(pipeline, prompts, groups, args, domains) for _ in range(args.repeats)]
         merged = {"requests": [r for x in runs for r in x["requests"]], "steps": [s for x in runs for s in x["steps"]]}
         record(name, merged)
-    pipeline.arms, pipeline.selector = arms, selector
+    pipeline.arms, pipeline.selector, pipeline.reward = arms, selector, reward
+
+
+def warm_groups(groups: list[list[int]], warmup: int) -> list[list[int]]:
+    """The batches run untimed before a system is timed: all of them for ``warmup < 0``, so
+    that every shape the system meets (prefill widths, attention spans, draft widths) is
+    captured and compiled before its clock starts; else the first ``warmup``."""
+    return groups if warmup < 0 else groups[:warmup]
 
 
 def make_selector(name: str, arms: int) -> Any:
@@ -300,7 +311,7 @@ def hf_runs(paths: dict[str, str | None], prompts: list[list[int]], domains: lis
     n = min(args.hf_prompts or len(prompts), len(prompts))
     groups = batches(n, args.batch_size)
     single = batches(n, 1)
-    warm = groups[: max(args.warmup, 1)]
+    warm = warm_groups(groups, args.warmup) or groups[:1]
     for system in ("hf_eager", "hf_compiled", "hf_assisted", "hf_lookup"):
         if system not in args.systems:
             continue
@@ -488,7 +499,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--warmup", type=int, default=1, help="batches run before timing, per system")
+    p.add_argument("--warmup", type=int, default=-1,
+                   help="batches run untimed before timing, per system (-1: all of them, so no capture or compile "
+                        "of a new shape lands in a timed run; selectors warm up on a copy and are timed untrained)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prompts", type=int, default=0, help="use only the first N prompts (0 = all)")

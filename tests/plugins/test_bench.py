@@ -99,3 +99,23 @@ def test_helpers() -> None:
     run = {"requests": [{"prompt": 0, "domain": "x", "new_tokens": 10, "wall_s": 2.0, "batch": [0, 1], "batch_id": 7},
                         {"prompt": 1, "domain": "x", "new_tokens": 6, "wall_s": 2.0, "batch": [0, 1], "batch_id": 7}]}
     assert summarize_run(run)["tokens_per_s"] == 8.0
+
+
+def test_warm_up_runs_every_batch_and_leaves_the_selector_untrained(setup: dict[str, Path]) -> None:
+    """The default warm-up covers every batch (no capture lands in a timed run), on copies:
+    the timed bandit run's selector has seen exactly the timed steps."""
+    from flashspec_core.build import build_pipeline
+    from flashspec_fast.bench import flashspec_runs, load_config_dict, parser, warm_groups
+
+    assert warm_groups([[0], [1], [2]], -1) == [[0], [1], [2]] and warm_groups([[0], [1]], 1) == [[0]]
+    args = parser().parse_args(["--workload", str(setup["workload"]), "--config", str(setup["config"]),
+                                "--out", str(setup["root"] / "o2"), "--max-new-tokens", "8",
+                                "--no-fixed-arms", "--systems", "flashspec"])
+    assert args.warmup == -1
+    args.systems = ["flashspec"]
+    pipe = build_pipeline(load_config_dict(args.config, args.dtype, args.fuse, args.quantization))
+    prompts = [pipe._encode(p) for p in ("t1 t2 t3 t4 t1 t2", "t5 t6", "t7 t8 t9 t1 t2 t3")]
+    runs: dict[str, dict] = {}
+    flashspec_runs(pipe, prompts, batches(3, 1), args, ["code", "prose", "code"], lambda n, r: runs.__setitem__(n, r))
+    (name,) = runs
+    assert pipe.selector.t == len(runs[name]["steps"]) > 0  # UCB1's step count: the timed run's alone
