@@ -36,6 +36,7 @@ per-domain oracle over the traces with a step-cost model per arm and proposal wi
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import platform
 import statistics
@@ -661,13 +662,14 @@ def _seed_mean(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "per_domain": {d: avg(d) for d in DOMAINS}}
 
 
-E2E_H200 = OUT / "e2e-h200.json"
+E2E_H200 = OUT / "e2e-h200-raw.json.gz"  # e2e-h200.json's step rows
 
 
 def load_costs(model: str, cpu_path: Path) -> dict[str, Any]:
-    """The step-cost table and its label: ``h200`` from e2e-h200.json, ``cpu`` from ``costs``."""
+    """The step-cost table and its label: ``h200`` from e2e-h200's raw rows, ``cpu`` from ``costs``."""
     if model == "h200":
-        return h200_costs(json.loads(E2E_H200.read_text()))
+        with gzip.open(E2E_H200, "rt") as f:
+            return h200_costs(json.load(f))
     if not cpu_path.is_file():
         raise SystemExit(f"{cpu_path} missing: run `python benchmarks/bandit_workload.py costs` first")
     return json.loads(cpu_path.read_text())
