@@ -75,11 +75,12 @@ from flashspec_core.contracts import SamplingParams, Verdict
 from flashspec_core.sampling import Noise, filter_logits, verify_greedy, verify_random
 
 # Block sizes: the fastest in benchmarks/verify_kernels.py's sweeps on an H200
-# (docs/benchmarks/verify-kernels-h200.json, "pass_sweep" and "race_sweep").
+# (docs/benchmarks/verify-kernels-h200.json, "pass_sweep" and "race_sweep", commit 1b9e1fc):
+# the pass's best pair at the 4 programs per SM the launcher uses, in both dtypes.
 # full pass (and greedy argmax): bytes per logit -> (logits per block, warps per program)
-PASS_CONFIG = {2: (8192, 8), 4: (8192, 8)}
-RACE_BLOCK_V = 2048  # logits per block in the race (four quarters, one philox call per quad)
-RACE_WARPS = 4
+PASS_CONFIG = {2: (4096, 8), 4: (4096, 8)}
+RACE_BLOCK_V = 8192  # logits per block in the race (four quarters, one philox call per quad)
+RACE_WARPS = 8
 # Register cap of the race on CUDA (the interpreter ignores it). The one-row race compiled
 # to ~128 registers in philox mode; its [1, N]-tile form compiles to ~167 uncapped, one
 # program fewer per SM and up to 15% slower; exact mode gains 25-30% from the cap.
