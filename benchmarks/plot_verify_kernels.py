@@ -11,6 +11,7 @@ number of logits it reads.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -41,13 +42,19 @@ def table(data: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    if sys.argv[1:2] == ["--table"]:
-        src = Path(sys.argv[2]) if len(sys.argv) > 2 else ROOT / "docs/benchmarks/verify-kernels-h200.json"
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Plot (or tabulate) the verify-kernels JSON.")
+    p.add_argument("json", nargs="?", type=Path, default=ROOT / "docs/benchmarks/verify-kernels-h200.json")
+    p.add_argument("png", nargs="?", type=Path, help="default: the JSON's path with .png")
+    p.add_argument("--table", action="store_true", help="print the markdown table of docs/kernels.md instead")
+    args = p.parse_args(argv)
+    if not args.json.is_file():
+        p.error(f"{args.json}: no such file (write it with benchmarks/verify_kernels.py)")
+    src: Path = args.json
+    if args.table:
         print(table(json.loads(src.read_text())))
-        return
-    src = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs/benchmarks/verify-kernels-h200.json"
-    dst = Path(sys.argv[2]) if len(sys.argv) > 2 else src.with_suffix(".png")
+        return 0
+    dst = args.png or src.with_suffix(".png")
     data = json.loads(src.read_text())
     rows = data["summary"]["rows"]
     fig, (ax_t, ax_bw) = plt.subplots(1, 2, figsize=(14, 5.5))
@@ -83,7 +90,8 @@ def main() -> None:
     fig.tight_layout()
     fig.savefig(dst, dpi=120)
     print(f"wrote {dst}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
