@@ -152,7 +152,7 @@ def check_step_graphs() -> dict:
             logits, tokens, q = make_inputs(b, gamma, v, dtype, with_q, seed=7 * b + gamma)
             for noise_mode in ("philox", "exact"):
                 graphed = TritonVerifier(TritonVerifierConfig(noise=noise_mode), DEV)
-                direct = TritonVerifier(TritonVerifierConfig(noise=noise_mode, graph_max_logits=0), DEV)
+                direct = TritonVerifier(TritonVerifierConfig(noise=noise_mode, graph_max_bytes=0), DEV)
                 for name, sp in params.items():
                     same = True
                     for trial in range(3):  # the first call captures, later ones replay
@@ -392,7 +392,7 @@ def time_shape(b: int, gamma: int, v: int, dtype: torch.dtype, ctx: dict) -> dic
 def time_shapes(cfg: dict, copy_gbs: float, deadline: float) -> list[dict]:
     ctx = {
         "philox": TritonVerifier(TritonVerifierConfig(noise="philox"), DEV),
-        "direct": TritonVerifier(TritonVerifierConfig(noise="philox", graph_max_logits=0), DEV),
+        "direct": TritonVerifier(TritonVerifierConfig(noise="philox", graph_max_bytes=0), DEV),
         "exact": TritonVerifier(TritonVerifierConfig(noise="exact"), DEV),
         "ref": ReferenceVerifier(),
         "compiled": {},

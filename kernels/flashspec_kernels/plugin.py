@@ -12,7 +12,7 @@ the same generator; the distribution is the same.
 exactly as the reference verifier does (one ``[B, V]`` float32 exponential tensor per
 step, which the race then reads) and so emits the reference's tokens.
 
-On CUDA, steps of up to ``graph_max_logits`` logits replay a captured graph of the
+On CUDA, steps whose logits take up to ``graph_max_bytes`` bytes replay a captured graph of the
 kernels instead of launching them from Python (:mod:`flashspec_kernels.stepgraphs`).
 """
 
@@ -36,7 +36,7 @@ class TritonVerifierConfig:
         default="philox", validator=attrs.validators.in_(("exact", "philox"))
     )
     programs: int = attrs.field(default=0, converter=int, validator=attrs.validators.ge(0))  # 0 = auto
-    graph_max_logits: int = attrs.field(default=1 << 24, converter=int, validator=attrs.validators.ge(0))  # 0 = never
+    graph_max_bytes: int = attrs.field(default=96 << 20, converter=int, validator=attrs.validators.ge(0))  # 0 = never
 
 
 class TritonVerifier:
@@ -49,7 +49,7 @@ class TritonVerifier:
         self._ops = ops
         self.config = config
         self.device = torch.device(device) if device is not None else None
-        self._graphs = StepGraphs(config.graph_max_logits)
+        self._graphs = StepGraphs(config.graph_max_bytes)
 
     def verify(
         self,

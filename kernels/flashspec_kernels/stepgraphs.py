@@ -3,7 +3,7 @@
 A verify step is three Triton launches plus a few small tensor ops. On the H200 the
 GPU work of a batch-1 step over 152k logits is ~35 us, while the launches from Python
 take 100-250 us (docs/benchmarks/verify-kernels-h200.json: ``triton_graph_ms`` against
-``triton_ms``). For inputs up to :data:`GRAPH_MAX_LOGITS` logits, the first call of a
+``triton_ms``). For logits of up to :data:`GRAPH_MAX_BYTES` bytes, the first call of a
 shape captures the step in a CUDA graph over static inputs; later calls copy their
 inputs in (cheap at these sizes), replay, and return copies of the outputs. Larger
 inputs, CPU tensors, and calls made while the caller is itself capturing a graph run
@@ -23,7 +23,10 @@ import torch
 
 from flashspec_core.contracts import Verdict
 
-GRAPH_MAX_LOGITS = 1 << 24  # B * (gamma + 1) * V up to this: copy in and replay
+# Logits of up to this many bytes: copy in and replay. In the H200 run (verify-kernels-h200.json,
+# raw rows) a graph replay plus a device copy of the logits beat the direct launches for
+# every shape up to 93 MiB of logits (e.g. 94 vs 147 us at 39 MiB) and lost from 141 MiB on.
+GRAPH_MAX_BYTES = 96 << 20
 MAX_GRAPHS = 32  # captured shapes kept (least recently used dropped)
 
 Step = Callable[..., Verdict]
@@ -32,8 +35,8 @@ Step = Callable[..., Verdict]
 class StepGraphs:
     """``graphs(key, step, *inputs)``: ``step(*inputs)``, replayed from a graph when it pays."""
 
-    def __init__(self, max_logits: int = GRAPH_MAX_LOGITS, max_graphs: int = MAX_GRAPHS) -> None:
-        self.max_logits = max_logits
+    def __init__(self, max_bytes: int = GRAPH_MAX_BYTES, max_graphs: int = MAX_GRAPHS) -> None:
+        self.max_bytes = max_bytes
         self.max_graphs = max_graphs
         self._graphs: OrderedDict[Hashable, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], Verdict]] = OrderedDict()
         self._pool: Any = None
@@ -43,9 +46,9 @@ class StepGraphs:
 
     def wanted(self, logits: torch.Tensor) -> bool:
         return (
-            self.max_logits > 0
+            self.max_bytes > 0
             and logits.is_cuda
-            and logits.numel() <= self.max_logits
+            and logits.numel() * logits.element_size() <= self.max_bytes
             and not torch.cuda.is_current_stream_capturing()
         )
 

@@ -305,3 +305,29 @@ def test_gpu_launch_shapes(small_blocks, monkeypatch: pytest.MonkeyPatch) -> Non
     got = _all_modes(logits, tokens, q, seed=23)
     for g, w in zip(got, want, strict=True):
         assert_same(g, w)
+
+
+def test_step_graphs_threshold_is_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA steps replay a graph when their logits take at most graph_max_bytes; CPU never."""
+    from flashspec_kernels.plugin import TritonVerifierConfig
+    from flashspec_kernels.stepgraphs import StepGraphs
+
+    class Logits:  # what wanted() reads of a CUDA tensor
+        is_cuda = True
+
+        def __init__(self, n: int, size: int) -> None:
+            self.n, self.size = n, size
+
+        def numel(self) -> int:
+            return self.n
+
+        def element_size(self) -> int:
+            return self.size
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # a CPU build has no CUDA
+    graphs = StepGraphs(TritonVerifierConfig().graph_max_bytes)
+    mib = 1 << 20
+    assert graphs.wanted(Logits(48 * mib, 2)) and not graphs.wanted(Logits(48 * mib + 1, 2))  # bf16: 96 MiB
+    assert graphs.wanted(Logits(24 * mib, 4)) and not graphs.wanted(Logits(24 * mib + 1, 4))  # fp32
+    assert not StepGraphs(0).wanted(Logits(1, 2))
+    assert not graphs.wanted(torch.zeros(2, 3, 5))  # CPU tensors launch directly
