@@ -75,6 +75,26 @@ def test_attention_span_changes_nothing(models: dict[str, Path]) -> None:
     assert torch.equal(model.forward(ids, pos, pos, span=model.span_for(100)), full)
 
 
+def test_a_used_cache_changes_no_logit(models: dict[str, Path]) -> None:
+    """A request scored after a longer one (whose keys and values still fill the slots past
+    this request's positions) gets the fresh cache's logits bit for bit: stale slots are masked."""
+    from flashspec_fast.options import FastOptions
+    from flashspec_fast.target import make_target
+
+    def target() -> Any:
+        return make_target(FastOptions(model=str(models["target"]), dtype="float32", max_len=512, chat_template=False))
+
+    def score(t: Any, prompt: list[int], drafts: list[int]) -> torch.Tensor:
+        tokens = torch.tensor([prompt])
+        t.prefill(tokens, [len(prompt)])
+        return t.score(tokens, [len(prompt)], torch.tensor([drafts]))
+
+    prompt, drafts = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [13, 14, 15]
+    used = target()
+    score(used, [(i * 7) % 16 for i in range(240)], [5, 6, 7, 8, 9, 10, 11])  # fills slots up to 247
+    assert torch.equal(score(used, prompt, drafts), score(target(), prompt, drafts))
+
+
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="Inductor on CPU needs a C compiler")
 def test_fused_ops_match_eager(models: dict[str, Path]) -> None:
     """fuse = true (Inductor-compiled norm, rotary + cache writes, SwiGLU), run here on
