@@ -683,8 +683,9 @@ def h200_costs(e2e: Mapping[str, Any], section: str = "b1_greedy") -> dict[str, 
     run; one draft forward = pooled draft ms / pooled gamma of the two draft runs; target
     forward of ``w`` tokens measured at w = 1, 4, 6, 7 and otherwise (2, 3, 5, 8, 9) from
     a least-squares line through those; verify and host time of the nearest measured arm
-    of the same kind (lookup-match: the lookup run's propose, verify and host time at
-    every width, so a width-0 step is a target-only forward plus a lookup search; an arm
+    of the same kind (lookup-match: the measured match-only lookup run's propose, verify and
+    host time where the run has one, else the padded lookup run's, at every width, so a
+    width-0 step is a target-only forward plus a lookup search; an arm
     with a fallback: its own step where it proposes, else the fallback's step plus that search).
     """
     runs = e2e["sections"][section]["runs"]
@@ -697,7 +698,8 @@ def h200_costs(e2e: Mapping[str, Any], section: str = "b1_greedy") -> dict[str, 
     draft_fwd = sum(med(k, "draft_ms") for k in drafts) / sum(gammas.values())
     widths = {1: med("target_only", "target_ms")}
     widths.update({gammas[k] + 1: med(k, "target_ms") for k in drafts})
-    lookup_run = next(k for k in runs if k.startswith("fixed:lookup"))
+    lookup_run = next(k for k in runs if k.startswith("fixed:lookup") and "match" not in k)
+    match_run = next((k for k in runs if k.startswith("fixed:lookup-match") and "-or-" not in k), None)
     widths[int(runs[lookup_run]["steps"][0]["gamma"]) + 1] = med(lookup_run, "target_ms")
     slope, icept = np.polyfit(list(widths), list(widths.values()), 1)
     big = max(drafts, key=lambda k: gammas[k])
@@ -711,7 +713,8 @@ def h200_costs(e2e: Mapping[str, Any], section: str = "b1_greedy") -> dict[str, 
         if a.source == "draft":
             step[a.name] = target(a.gamma + 1) + a.gamma * draft_fwd + med(big, "verify_ms") + med(big, "host_ms")
         elif a.source in ("lookup", "match"):
-            rest = med(lookup_run, "draft_ms") + med(lookup_run, "verify_ms") + med(lookup_run, "host_ms")
+            own = match_run if a.source == "match" and match_run else lookup_run  # measured match-only steps if any
+            rest = med(own, "draft_ms") + med(own, "verify_ms") + med(own, "host_ms")
             by = [target(w + 1) + rest for w in widths_of(a)]
             step[a.name] = by if a.source == "match" else by[0]
         else:
@@ -979,14 +982,14 @@ def render(result: Mapping[str, Any], full: bool = True) -> str:
     else:
         oracle = pol["oracle:per-domain"]
         lines += ["Per-domain oracle: " + ", ".join(f"{d} `{a}`" for d, a in oracle["arm_per_domain"].items())
-                  + "; fixed arms: " + ", ".join(f"`{k.removeprefix('fixed:')}` {v['tps']:.3g}" for k, v in pol.items()
+                  + "; fixed arms: " + ", ".join(f"`{k.removeprefix('fixed:')}` {v['tps']:.1f}" for k, v in pol.items()
                                                  if v["kind"] == "fixed") + " tok/s.", ""]
     lines += ["**Goals** (best selector per order against the best single fixed arm and the per-domain oracle):",
               "", "| order | best selector | tok/s | best fixed arm | tok/s | oracle tok/s | selector / oracle | "
               ">= best fixed? | within 5% of oracle? |", "|---|---|---:|---|---:|---:|---:|---|---|"]
     for order, h in w["by_order"].items():
-        lines.append(f"| {order} | `{h['best_selector'].split('@')[0]}` | {h['best_selector_tps']:.3g} | "
-                     f"`{h['best_fixed'].removeprefix('fixed:')}` | {h['best_fixed_tps']:.3g} | {h['oracle_tps']:.3g} | "
+        lines.append(f"| {order} | `{h['best_selector'].split('@')[0]}` | {h['best_selector_tps']:.1f} | "
+                     f"`{h['best_fixed'].removeprefix('fixed:')}` | {h['best_fixed_tps']:.1f} | {h['oracle_tps']:.1f} | "
                      f"{_pct(h['selector_vs_oracle'])} | {'yes' if h['selector_ge_fixed'] else 'no'} | "
                      f"{'yes' if h['selector_within_5pct_of_oracle'] else 'no'} |")
     return "\n".join(lines)
@@ -1021,13 +1024,13 @@ def _policy_table(pol: Mapping[str, Any]) -> list[str]:
              "|---|---|---:|---|" + "---:|" * len(DOMAINS) + "---:|"]
     for k, v in sorted(pol.items(), key=lambda kv: -kv[1]["tps"]):
         ci = v.get("tps_ci95")
-        ci_s = f"[{ci[0]:.3g}, {ci[1]:.3g}]" if ci and v.get("seeds", 1) > 1 else "-"
+        ci_s = f"[{ci[0]:.1f}, {ci[1]:.1f}]" if ci and v.get("seeds", 1) > 1 else "-"
         mal = v["overall"]["mean_accepted"] if "overall" in v else None
-        doms = " | ".join(f"{v['per_domain'][d]['tps']:.3g}" for d in DOMAINS)
+        doms = " | ".join(f"{v['per_domain'][d]['tps']:.1f}" for d in DOMAINS)
         name = k.split("@")[0]
         if v["kind"] == "oracle":
             name += " (" + ", ".join(f"{d}: {a}" for d, a in v["arm_per_domain"].items()) + ")"
-        lines.append(f"| `{name}` | {v['order']} | {v['tps']:.3g} | {ci_s} | {doms} | "
+        lines.append(f"| `{name}` | {v['order']} | {v['tps']:.1f} | {ci_s} | {doms} | "
                      + ("-" if mal is None else f"{mal:.2f}") + " |")
     return [*lines, ""]
 
