@@ -81,6 +81,9 @@ from flashspec_core.sampling import Noise, filter_logits, verify_greedy, verify_
 PASS_CONFIG = {2: (4096, 8), 4: (4096, 8)}
 RACE_BLOCK_V = 8192  # logits per block in the race (four quarters, one philox call per quad)
 RACE_WARPS = 8
+# Programs the launcher aims for per SM (verify_kernels.py's pass sweep sets it for the rest of
+# its run; its 1b9e1fc sweep preferred 16 for the bf16 pass alone, not yet timed for whole steps).
+PROGRAMS_PER_SM = 4
 # Register cap of the race on CUDA (the interpreter ignores it). The one-row race compiled
 # to ~128 registers in philox mode; its [1, N]-tile form compiles to ~167 uncapped, one
 # program fewer per SM and up to 15% slower; exact mode gains 25-30% from the cap.
@@ -470,7 +473,7 @@ def _programs_wanted(device: torch.device) -> int:
     """Programs that fill the device a few times over (1 on the CPU interpreter)."""
     if device.type != "cuda":
         return 1
-    return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _interpreting(device: torch.device) -> bool:
