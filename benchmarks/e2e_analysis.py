@@ -1,0 +1,678 @@
+"""Derived figures behind docs/performance.md and docs/bandits.md, from the raw H200 rows.
+
+    python benchmarks/e2e_analysis.py [--raw PATH] [--model PATH] [--out PATH]
+
+Reads ``docs/benchmarks/e2e-h200-raw.json.gz`` (written by ``benchmarks/e2e_h200.py
+summarize``: every request and step row of every section) and writes
+``docs/benchmarks/e2e-h200-analysis.json``: the figures the two pages quote that are not
+already fields of ``e2e-h200.json`` (per-domain rates, per-request pauses, medians over
+subsets of steps, the draft's catch-up, bf16 divergence counts, ...). Each group carries a
+``how`` string that says how its numbers are made; a group whose sections are absent is
+left out. ``--model`` names the modelled workload (``bandit-workload.json``), which only
+``model_vs_measured`` reads (left out when the file is missing); ``model_costs_warm_vs_cold``
+applies ``benchmarks/bandit_workload.py``'s own cost rules to the raw rows.
+
+A step row has no request id. At batch 1 the steps of a run follow its requests in order,
+and a request ends at the first step whose emitted tokens reach its ``new_tokens`` (the
+pipeline keeps tokens up to EOS or the cap, but records all it emitted); larger batches
+are split the same way row by row, from each step's per-row ``accepted``
+(``split_batches``). A run whose rows do not line up is an error, never guessed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import subprocess
+import sys
+import tomllib
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from e2e_h200 import floor_table  # noqa: E402  (a sibling script, not a package)
+
+Json = dict[str, Any]
+
+PAUSE_MS = 100.0  # time outside a request's steps above this is a pause (a capture or compile), not prefill
+SLOW_STEP_MS = 20.0  # a step this long is an outlier at these shapes (the slowest regular step is ~11 ms)
+DRAFTED_MS = 1.0  # batch 1: longer than any lookup search (<= 0.7 ms), shorter than any draft (>= 3.9 ms)
+MODEL_ARM = {  # measured system in workload_adaptive -> arm of the modelled workload
+    "target_only": "none",
+    "fixed:lookup-match-g8": "lookup-match",
+    "fixed:lookup-match-g8-or-draft0.5b-g3": "lookup-match>draft0.5b-g3",
+    "fixed:draft0.5b-g3": "draft0.5b-g3",
+}
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One ``generate()`` call of a run: its request rows and its step rows."""
+
+    requests: list[Json]
+    steps: list[Json]
+
+    @property
+    def outside_ms(self) -> float:
+        """Wall time of the call not spent in its decode steps (prefill, setup, pauses)."""
+        return self.requests[0]["wall_s"] * 1e3 - sum(s["step_ms"] for s in self.steps)
+
+
+def split_batches(run: Json) -> list[Batch]:
+    """The run's steps, cut into its batches (see the module docstring)."""
+    calls: dict[int, list[Json]] = {}
+    for r in run["requests"]:
+        calls.setdefault(r["batch_id"], []).append(r)
+    steps, out, i = run.get("steps") or [], [], 0
+    for reqs in calls.values():
+        got, start = [0] * len(reqs), i
+        while active := [k for k, r in enumerate(reqs) if got[k] < r["new_tokens"]]:
+            if i >= len(steps) or len(steps[i]["accepted"]) != len(active):
+                raise ValueError(f"step {i} does not line up with batch {reqs[0]['batch_id']}")
+            for k, a in zip(active, steps[i]["accepted"], strict=True):
+                got[k] += a + 1
+            i += 1
+        out.append(Batch(reqs, steps[start:i]))
+    if i != len(steps):
+        raise ValueError(f"{len(steps) - i} step rows left over after the last batch")
+    return out
+
+
+def tokens_per_s(requests: Iterable[Json]) -> float:
+    """New tokens over the wall time of the distinct batches (as ``summarize_run``)."""
+    reqs = list(requests)
+    walls = {r["batch_id"]: r["wall_s"] for r in reqs}
+    return sum(r["new_tokens"] for r in reqs) / sum(walls.values())
+
+
+def per_domain_tps(requests: Iterable[Json]) -> dict[str, float]:
+    """tokens/s per domain at batch 1 (as ``flashspec_fast.bench.by_domain``)."""
+    acc: dict[str, list[Json]] = {}
+    for r in requests:
+        acc.setdefault(r["domain"], []).append(r)
+    return {d: tokens_per_s(rs) for d, rs in acc.items()}
+
+
+def median(xs: Iterable[float]) -> float | None:
+    xs = list(xs)
+    return statistics.median(xs) if xs else None
+
+
+def span(xs: Iterable[float]) -> dict[str, float] | None:
+    xs = list(xs)
+    return {"min": min(xs), "max": max(xs)} if xs else None
+
+
+def runs_draft(arm_name: str) -> bool:
+    """The arm can run the 0.5B draft (a draft arm, or lookup falling back to the draft)."""
+    return "draft" in arm_name
+
+
+def ran(step: Json, draft_arm: str) -> bool:
+    """The step ran ``draft_arm``'s provider: that arm, or an arm falling back to it that drafted.
+
+    Whether a fallback step drafted is read from its draft time, which tells a draft from a
+    lookup search only with one row (in a batch of 32 a search took up to 5.7 ms), so a
+    fallback step with more rows never counts as drafting."""
+    return step["arm_name"] == draft_arm or (step["arm_name"].endswith(f"-or-{draft_arm}")
+                                             and step["batch_size"] == 1 and step["draft_ms"] > DRAFTED_MS)
+
+
+def spec_names(section: Json) -> list[str]:
+    return [n for n in section["runs"] if n.startswith(("fixed:", "bandit:"))]
+
+
+def bandit_names(section: Json) -> list[str]:
+    return [n for n in section["runs"] if n.startswith("bandit:")]
+
+
+def draft_arms(section: Json) -> list[str]:
+    """The draft-only arms that ran in the section, e.g. ``draft0.5b-g3``."""
+    names = {s["arm_name"] for run in section["runs"].values() for s in run.get("steps") or []}
+    return sorted(n for n in names if n.startswith("draft"))
+
+
+# --- groups ------------------------------------------------------------------------------
+
+
+def overview(sections: dict[str, Json]) -> Json:
+    envs = [json.dumps(s["environment"], sort_keys=True) for s in sections.values()]
+    per = {}
+    for name, sec in sections.items():
+        rows = max(sec["runs"].values(), key=lambda r: len(r["requests"]))["requests"]
+        prompts = {r["prompt"]: r["domain"] for r in rows}
+        per[name] = {"rows": len(rows), "prompts": len(prompts), "prompts_per_domain": dict(Counter(prompts.values()))}
+    return {"how": "sections that ran; environments compared as whole records; rows and distinct prompts of the "
+                   "section's largest run, prompts counted per domain",
+            "sections": len(sections), "distinct_environments": len(set(envs)), "per_section": per}
+
+
+def outside_steps(sections: dict[str, Json]) -> Json:
+    out: Json = {"how": f"per batch: wall time minus the sum of its step times, ms; pauses are batches above "
+                        f"{PAUSE_MS:g} ms (a capture or compile inside the timed run)", "sections": {}}
+    for name, sec in sections.items():
+        if sec["args"].get("batch_size", 1) != 1 or "target_only" not in sec["runs"]:
+            continue
+        plain = split_batches(sec["runs"]["target_only"])
+        pauses = [{"system": n, "prompt": b.requests[0]["prompt"], "ms": b.outside_ms}
+                  for n, run in sec["runs"].items() if run.get("steps")
+                  for b in split_batches(run) if b.outside_ms > PAUSE_MS]
+        out["sections"][name] = {"target_only_ms_per_request": span(b.outside_ms for b in plain), "pauses": pauses}
+    return out
+
+
+def without_pauses(sections: dict[str, Json]) -> Json:
+    """tokens/s of every system without the prompts on which target-only paused."""
+    out: Json = {"how": f"the prompts on which target-only spent over {PAUSE_MS:g} ms outside its steps are left out "
+                        "of every system of the section; tokens/s over the rest and the ratio to target-only over "
+                        "the rest", "sections": {}}
+    for name, sec in sections.items():
+        if sec["args"].get("batch_size", 1) != 1 or "target_only" not in sec["runs"]:
+            continue
+        drop = {b.requests[0]["prompt"] for b in split_batches(sec["runs"]["target_only"]) if b.outside_ms > PAUSE_MS}
+        if not drop:
+            continue
+        tps = {n: tokens_per_s(r for r in run["requests"] if r["prompt"] not in drop)
+               for n, run in sec["runs"].items() if run.get("steps")}
+        ratio = {n: v / tps["target_only"] for n, v in tps.items()}
+        fixed = [ratio[n] for n in ratio if n.startswith("fixed:")]
+        out["sections"][name] = {"left_out_prompts": sorted(drop), "tokens_per_s": tps, "vs_target_only": ratio,
+                                 "fixed_vs_target_only": span(fixed),
+                                 "bandits_vs_target_only": span(ratio[n] for n in bandit_names(sec))}
+    return out
+
+
+def cold_vs_warm(sections: dict[str, Json]) -> Json | None:
+    """How far the cold b1_greedy ratios without the pause are from the warmed re-run's."""
+    cold, warm = sections.get("b1_greedy"), sections.get("b1_greedy_warm")
+    if not cold or not warm:
+        return None
+    rest = without_pauses({"b1_greedy": cold})["sections"].get("b1_greedy")
+    if not rest:
+        return None
+    plain = warm["summaries"]["target_only"]["tokens_per_s"]
+    diff = {n: rest["vs_target_only"][n] - warm["summaries"][n]["tokens_per_s"] / plain
+            for n in spec_names(warm) if n in rest["vs_target_only"]}
+    return {"how": "b1_greedy's ratio to target-only without target-only's paused prompt, minus b1_greedy_warm's "
+                   "ratio, per system", "difference": diff, "max_abs_difference": max(abs(v) for v in diff.values())}
+
+
+def vs_target_only(sections: dict[str, Json]) -> Json:
+    out: Json = {"how": "tokens/s / target-only tokens/s per system (whole section, as summarize_run), and its min "
+                        "and max over a section's fixed arms and over its bandits", "sections": {}}
+    for name, sec in sections.items():
+        if "target_only" not in sec["summaries"]:
+            continue
+        plain = sec["summaries"]["target_only"]["tokens_per_s"]
+        r = {n: sec["summaries"][n]["tokens_per_s"] / plain for n in spec_names(sec)}
+        out["sections"][name] = {"systems": r, "fixed": span(v for n, v in r.items() if n.startswith("fixed:")),
+                                 "bandits": span(v for n, v in r.items() if n.startswith("bandit:"))}
+    return out
+
+
+def per_domain(section: Json) -> Json:
+    tps = {n: per_domain_tps(run["requests"]) for n, run in section["runs"].items() if run.get("steps")}
+    plain = tps["target_only"]
+    return {"how": "tokens/s over each domain's requests (batch 1: each request its own batch), and over "
+                   "target-only's in the same domain",
+            "tokens_per_s": tps, "vs_target_only": {n: {d: v / plain[d] for d, v in t.items()} for n, t in tps.items()}}
+
+
+def host_fraction(sections: dict[str, Json]) -> Json:
+    rows = [(v["host_fraction"], name, n) for name, sec in sections.items() for n, v in sec["summaries"].items()
+            if v.get("host_fraction") is not None]
+    worst = max(rows)
+    per = {name: max(f for f, s, _ in rows if s == name) for name in sections if any(s == name for _, s, _ in rows)}
+    return {"how": "summaries[...].host_fraction (mean host ms / mean step ms): the largest per section and overall",
+            "max": worst[0], "max_section": worst[1], "max_system": worst[2], "max_per_section": per}
+
+
+def step_economics(section: Json) -> Json:
+    """What a step of each fixed arm costs and emits, in target-only steps."""
+    s = section["summaries"]
+    plain, fwd = s["target_only"]["step_ms_p50"], s["target_only"]["breakdown_ms"]["target_ms"]
+    arms: Json = {}
+    for n in spec_names(section):
+        if not n.startswith("fixed:"):
+            continue
+        v, gamma = s[n], next(iter(s[n]["arms"].values()))["gamma"]
+        cost = v["step_ms_p50"] / plain
+        arms[n] = {"step_p50_over_target_only_p50": cost, "tokens_per_step": v["mean_accepted_length"],
+                   "tokens_per_target_only_step_time": v["mean_accepted_length"] / cost,
+                   "target_ms_over_target_only": v["breakdown_ms"]["target_ms"] / fwd}
+        if n.removeprefix("fixed:").startswith("draft"):
+            arms[n]["draft_ms_per_token"] = v["breakdown_ms"]["draft_ms"] / gamma
+            arms[n]["draft_token_over_target_forward"] = v["breakdown_ms"]["draft_ms"] / gamma / fwd
+    rate = {n: sum(x["emitted"] for x in run["steps"]) / sum(x["step_ms"] for x in run["steps"])
+            for n, run in section["runs"].items() if n == "target_only" or n.startswith("fixed:")}
+    return {"how": "per fixed arm: step p50 / target-only step p50; mean accepted length (tokens per step) divided "
+                   "by that; mean draft ms / gamma, and over target-only's mean target-forward ms; "
+                   "tokens_per_step_ms: emitted tokens / summed step ms of the run",
+            "target_only_step_p50_ms": plain, "target_only_target_ms": fwd, "arms": arms,
+            "tokens_per_step_ms": rate}
+
+
+def floor(section: Json) -> Json:
+    fl = section["floor"]
+    draft = next((a["draft_forward_bytes"] for a in fl["arms"].values() if a.get("draft_forward_bytes")), None)
+    return {"how": "benchmarks/e2e_h200.py floor_table on this section: bytes a step reads / the copy bandwidth "
+                   "measured in the same run; draft_over_target_bytes: one draft forward's bytes / one target "
+                   "forward's", "bandwidth_bytes_per_s": section["bandwidth_bytes_per_s"],
+            "rows": floor_table(section),
+            "draft_over_target_bytes": draft / fl["target_forward_bytes"] if draft else None}
+
+
+def slow_steps(section: Json, names: Sequence[str]) -> Json:
+    out = {}
+    for n in names:
+        steps = section["runs"][n]["steps"]
+        slow = [s for s in steps if s["step_ms"] > SLOW_STEP_MS]
+        out[n] = {"count": len(slow), "ms": sum(s["step_ms"] for s in slow), "all_step_ms": sum(s["step_ms"] for s in steps),
+                  "steps": [{"arm": s["arm_name"], "ms": s["step_ms"]} for s in slow]}
+    return out
+
+
+def arm_mix(section: Json) -> Json:
+    """Steps and step time each bandit gave the arms that can run the draft, and `none`."""
+    out = {}
+    for n in bandit_names(section):
+        steps = section["runs"][n]["steps"]
+        total = sum(s["step_ms"] for s in steps)
+        d = [s for s in steps if runs_draft(s["arm_name"])]
+        only = [s for s in d if s["arm_name"].startswith("draft")]
+        out[n] = {"steps": len(steps), "draft_arm_step_share": len(d) / len(steps),
+                  "draft_arm_time_share": sum(s["step_ms"] for s in d) / total,
+                  "draft_only_arm_steps": len(only), "draft_only_arm_step_share": len(only) / len(steps),
+                  "draft_only_arm_time_share": sum(s["step_ms"] for s in only) / total,
+                  "none_step_share": sum(s["arm_name"] == "none" for s in steps) / len(steps)}
+    return out
+
+
+def catch_up(section: Json, names: Sequence[str], arms: Sequence[str] | None = None) -> Json:
+    """Draft steps of the ``names`` runs after a step that ran the same draft, and after one
+    that did not, per draft arm (default: every draft-only arm of the section)."""
+    base = median(s["step_ms"] for s in section["runs"]["target_only"]["steps"]) if "target_only" in section["runs"] else None
+    out: Json = {}
+    for arm in draft_arms(section) if arms is None else arms:
+        cls: dict[str, list[Json]] = {"after_same_draft": [], "after_other": []}
+        for n in names:
+            for b in split_batches(section["runs"][n]):
+                for prev, s in zip(b.steps, b.steps[1:], strict=False):
+                    if ran(s, arm):
+                        cls["after_same_draft" if ran(prev, arm) else "after_other"].append(s)
+        rec: Json = {}
+        for k, steps in cls.items():
+            rows = sum(len(s["accepted"]) for s in steps)
+            rec[k] = {"steps": len(steps), "draft_ms_median": median(s["draft_ms"] for s in steps),
+                      "step_ms_median": median(s["step_ms"] for s in steps),
+                      "tokens_per_row": sum(s["emitted"] for s in steps) / rows if rows else None}
+            if base and steps:
+                rec[k]["step_over_target_only_median"] = rec[k]["step_ms_median"] / base
+        same = rec["after_same_draft"]["draft_ms_median"]
+        rec["extra_draft_s"] = (sum(s["draft_ms"] - same for s in cls["after_other"]) / 1e3
+                                if same is not None else None)
+        fixed = section["runs"].get(f"fixed:{arm}")
+        if fixed:
+            rec["fixed_run"] = {"draft_ms_median": median(s["draft_ms"] for s in fixed["steps"]),
+                                "step_ms_median": median(s["step_ms"] for s in fixed["steps"])}
+        out[arm] = rec
+    return out
+
+
+CATCH_UP_HOW = (f"steps that ran a draft arm's provider (the arm itself, or, with one row, a lookup arm falling "
+                f"back to it that spent over {DRAFTED_MS:g} ms drafting), split by whether the previous step of the same batch ran "
+                "it too; the first step of a batch is in neither class. A draft that did not run on the previous "
+                "step first catches up on the tokens emitted since (flashspec_fast.draft). extra_draft_s: the "
+                "summed draft ms of the after_other steps above the after_same_draft median")
+
+
+def pooled_arms(section: Json, names: Sequence[str]) -> Json:
+    """Per arm, pooled over the given runs: medians and tokens per row, against target-only's median step."""
+    plain = section["runs"]["target_only"]["steps"]
+    base = statistics.median(s["step_ms"] for s in plain)
+    out: Json = {"target_only": {"step_ms_median": base, "target_ms_median": median(s["target_ms"] for s in plain)}}
+    pool: dict[str, list[Json]] = {}
+    for n in names:
+        for s in section["runs"][n]["steps"]:
+            pool.setdefault(s["arm_name"], []).append(s)
+    for arm, steps in sorted(pool.items()):
+        step = statistics.median(s["step_ms"] for s in steps)
+        out[arm] = {"steps": len(steps), "draft_ms_median": median(s["draft_ms"] for s in steps),
+                    "target_ms_median": median(s["target_ms"] for s in steps), "step_ms_median": step,
+                    "step_over_target_only_median": step / base,
+                    "tokens_per_row": sum(s["emitted"] for s in steps) / sum(len(s["accepted"]) for s in steps)}
+    return out
+
+
+def batch_b1(section: Json) -> Json:
+    return {"how": "b1_greedy_warm's step rows: per domain, per step, against the floor, and the bandits' arms",
+            "per_domain": per_domain(section),
+            "step_economics": step_economics(section),
+            "floor": floor(section),
+            "bandits": {"how": f"per bandit run (arm_mix): share of steps and of step time on the arms that can run "
+                               f"the draft (draft or fallback arms) and on the draft-only arms, share of `none` steps; "
+                               f"steps over {SLOW_STEP_MS:g} ms (slow_steps)",
+                        "arm_mix": arm_mix(section), "slow_steps": slow_steps(section, bandit_names(section))},
+            "catch_up": {"how": CATCH_UP_HOW + "; pooled over the four bandits", **catch_up(section, bandit_names(section))}}
+
+
+def batched(section: Json) -> Json:
+    """b8_greedy / b32_greedy: bandits only, so pooled over them."""
+    names = bandit_names(section)
+    plain = section["runs"]["target_only"]["steps"]
+    plain_ms = sum(s["step_ms"] for s in plain)
+    slow = slow_steps(section, names)
+    for v in slow.values():
+        v["ms_over_target_only_step_ms_total"] = v["ms"] / plain_ms
+    out = {"how": f"step rows pooled over the bandits, per arm (medians; tokens per row = emitted / rows stepped); "
+                  f"target-only's median step as the unit; steps over {SLOW_STEP_MS:g} ms per bandit, and their ms "
+                  f"over all of target-only's step ms; over_hf_batch: each system over the batches with the rows "
+                  f"hf_eager ran, against hf_eager",
+           "target_only_steps": len(plain), "target_only_step_ms_total": plain_ms,
+           "pooled_arms": pooled_arms(section, names), "arm_mix": arm_mix(section), "slow_steps": slow,
+           "catch_up": {"how": CATCH_UP_HOW, **catch_up(section, names)}}
+    hf = section["runs"].get("hf_eager")
+    if hf and hf["requests"]:
+        rows = {tuple(r["batch"]) for r in hf["requests"]}
+        base = tokens_per_s(hf["requests"])
+        out["over_hf_batch"] = {n: tokens_per_s(r for r in run["requests"] if tuple(r["batch"]) in rows) / base
+                                for n, run in section["runs"].items() if run.get("steps")}
+    return out
+
+
+def hf_cross_run(cold: Json, warm: Json) -> Json | None:
+    hf = {n: run for n, run in cold["runs"].items() if n.startswith("hf_")}
+    if not hf:
+        return None
+    prompts = {r["prompt"] for r in next(iter(hf.values()))["requests"]}
+    rates = {n: tokens_per_s(r for r in run["requests"] if r["prompt"] in prompts)
+             for n, run in warm["runs"].items() if run.get("steps")}
+    rates.update({n: tokens_per_s(run["requests"]) for n, run in hf.items()})
+    ratio = {n: {h: v / rates[h] for h in hf} for n, v in rates.items()}
+    bandits = [n for n in rates if n.startswith("bandit:")]
+    return {"how": "b1_greedy_warm's systems over the prompts the HF baselines ran in b1_greedy, against those "
+                   "(cold) HF rates: every system over every HF baseline; per-request tokens/s of each HF baseline",
+            "prompts": sorted(prompts), "tokens_per_s": rates, "over_hf": ratio,
+            "bandits_over_hf": {h: span(ratio[n][h] for n in bandits) for h in hf},
+            "hf_request_tokens_per_s": {n: span(r["new_tokens"] / r["wall_s"] for r in run["requests"])
+                                        for n, run in hf.items()}}
+
+
+def nf4(sections: dict[str, Json]) -> Json | None:
+    q, cold = sections.get("b1_nf4"), sections.get("b1_greedy")
+    if not q or not cold:
+        return None
+    drop = {b.requests[0]["prompt"] for b in split_batches(q["runs"]["target_only"]) if b.outside_ms > PAUSE_MS}
+    every = {r["prompt"] for r in q["runs"]["target_only"]["requests"]}
+    keep = every - drop
+
+    def rate(sec: Json, n: str, ps: set[int]) -> float:
+        return tokens_per_s(r for r in sec["runs"][n]["requests"] if r["prompt"] in ps)
+
+    names = [n for n in q["runs"] if q["runs"][n].get("steps")]
+    tps = {n: {"nf4_all": rate(q, n, every), "nf4_kept": rate(q, n, keep), "bf16_cold_kept": rate(cold, n, keep)}
+           for n in names}
+    spec = next(n for n in names if n.startswith("bandit:"))
+
+    def med(sec: Json, n: str, key: str, arm: str | None = None) -> float | None:
+        return median(s[key] for s in sec["runs"][n]["steps"] if arm is None or s["arm_name"] == arm)
+
+    arms = sorted({s["arm_name"] for s in q["runs"][spec]["steps"]} - {"none"})
+    return {"how": f"b1_nf4 against cold b1_greedy (bf16) over the prompts on which NF4 target-only did not pause "
+                   f"(over {PAUSE_MS:g} ms outside its steps); medians of step components, in {spec}'s steps per arm",
+            "prompts_kept": sorted(keep), "tokens_per_s": tps,
+            "nf4_target_only_over_bf16": tps["target_only"]["nf4_kept"] / tps["target_only"]["bf16_cold_kept"],
+            "nf4_spec_over_nf4_target_only": tps[spec]["nf4_kept"] / tps["target_only"]["nf4_kept"],
+            "nf4_spec_over_bf16_target_only": tps[spec]["nf4_kept"] / tps["target_only"]["bf16_cold_kept"],
+            "target_only_target_ms_median": {"nf4": med(q, "target_only", "target_ms"),
+                                             "bf16": med(cold, "target_only", "target_ms")},
+            "spec_by_arm": {a: {"target_ms_median": {"nf4": med(q, spec, "target_ms", a), "bf16": med(cold, spec, "target_ms", a)},
+                                "draft_ms_median": {"nf4": med(q, spec, "draft_ms", a), "bf16": med(cold, spec, "draft_ms", a)}}
+                            for a in arms}}
+
+
+def synthetic(summary: Json) -> Json | None:
+    rows = summary.get("scaling_synthetic")
+    if not rows:
+        return None
+    extra = [r["spec_step_ms_p50"] - r["target_only_step_ms_p50"] for r in rows]
+    shapes = {r["target_shape"]: r["target_only_step_ms_p50"] / r["target_forward_floor_ms"] for r in rows}
+    return {"how": "summary.scaling_synthetic: speculative step p50 minus target-only step p50 per row; target-only "
+                   "step p50 / target forward floor per shape", "spec_minus_target_only_step_ms": span(extra),
+            "target_only_over_floor": shapes}
+
+
+def oracle(policies: dict[str, Json], tokens: dict[str, int], names: Sequence[str]) -> Json:
+    """The best of ``names`` per domain, chosen after the fact (as e2e_h200.workload_summary)."""
+    arm = {d: max(names, key=lambda n: policies[n]["per_domain"][d]) for d in tokens}
+    time = sum(t / policies[arm[d]]["per_domain"][d] for d, t in tokens.items())
+    return {"arms": arm, "tps": sum(tokens.values()) / time}
+
+
+def workload(summary: Json, sections: dict[str, Json]) -> Json:
+    out: Json = {"how": "summary.workload_gpu(_adaptive).policies: ranges of the bandits' tokens/s per order and as "
+                        "fractions of the best fixed arm; every policy over target-only; the oracle over the "
+                        "selectable arms only (best per domain, after the fact)"}
+    g = summary.get("workload_gpu")
+    if g:
+        pol = g["policies"]
+        by_order = {o: [v["tps"] for k, v in pol.items() if k.endswith(f"@{o}")] for o in ("interleaved", "blocked")}
+        out["all_arms"] = {o: {"tps": span(v), "vs_best_fixed": span(x / g["best_fixed_tps"] for x in v)}
+                           for o, v in by_order.items() if v}
+    a = summary.get("workload_gpu_adaptive")
+    sec = sections.get("workload_adaptive")
+    if a and sec:
+        pol = a["policies"]
+        plain = pol["target_only"]["tps"]
+        tokens: Counter[str] = Counter()
+        for r in sec["runs"]["target_only"]["requests"]:
+            tokens[r["domain"]] += r["new_tokens"]
+        selectable = [f"fixed:{arm['name']}" for arm in tomllib.loads(sec["config"])["arm"] if arm.get("select", True)]
+        two = oracle(pol, dict(tokens), selectable)
+        out["two_arms"] = {"vs_target_only": {k: v["tps"] / plain for k, v in pol.items()},
+                           "bandits_vs_target_only": span(v["tps"] / plain for k, v in pol.items() if k.startswith("bandit")),
+                           "oracle_vs_target_only": a["oracle_tps"] / plain,
+                           "selectable_arms": selectable, "selectable_oracle": two,
+                           "best_selector_vs_selectable_oracle": a["best_selector_tps"] / two["tps"]}
+    return out
+
+
+def per_domain_steps(run: Json) -> dict[str, Json]:
+    """Batch 1: steps, accepted tokens per step, mean step ms and tokens/s per domain."""
+    acc: dict[str, list[Json]] = {}
+    for b in split_batches(run):
+        acc.setdefault(b.requests[0]["domain"], []).extend(b.steps)
+    rates = per_domain_tps(run["requests"])
+    return {d: {"steps": len(st), "accepted_per_step": sum(sum(s["accepted"]) for s in st) / len(st),
+                "step_ms_mean": sum(s["step_ms"] for s in st) / len(st), "tps": rates[d]} for d, st in acc.items()}
+
+
+def adaptive_steps(section: Json) -> Json:
+    """workload_adaptive: match-only lookup steps by width, and the draft's catch-up."""
+    runs = section["runs"]
+    match = next(n for n in runs if n.startswith("fixed:lookup-match") and "-or-" not in n)
+    fall = next(n for n in runs if n.startswith("fixed:lookup-match") and "-or-" in n)
+    arm = fall.split("-or-")[1]
+    steps = runs[match]["steps"]
+    top = max(s["gamma"] for s in steps)
+    no_match = [s for s in steps if s["gamma"] == 0]
+    share = {d: {"steps": v["steps"]} for d, v in per_domain_steps(runs[match]).items()}
+    for b in split_batches(runs[match]):
+        d = b.requests[0]["domain"]
+        share[d]["with_match"] = share[d].get("with_match", 0) + sum(s["gamma"] > 0 for s in b.steps)
+    for v in share.values():
+        v["no_match_share"] = 1 - v.get("with_match", 0) / v["steps"]
+    fb = catch_up(section, [fall], [arm])[arm]
+    by_dom: dict[str, dict[str, int]] = {}
+    for b in split_batches(runs[fall]):
+        rec = by_dom.setdefault(b.requests[0]["domain"], {"draft_steps": 0, "after_other": 0})
+        for i, s in enumerate(b.steps):
+            if ran(s, arm):
+                rec["draft_steps"] += 1
+                rec["after_other"] += i > 0 and not ran(b.steps[i - 1], arm)
+    sel = {n: {**catch_up(section, [n], [arm])[arm],
+               "draft_steps": sum(ran(s, arm) for s in runs[n]["steps"]),
+               "step_s_total": sum(s["step_ms"] for s in runs[n]["steps"]) / 1e3} for n in bandit_names(section)}
+    return {"how": f"{match}: median step ms of its steps without a match (width 0) and of those at the full width "
+                   f"({top}); steps without a match per domain. {fall}: {CATCH_UP_HOW}; per domain, draft steps and "
+                   f"those after a step without the draft; the same per bandit",
+            "match_arm": match, "no_match_step_ms_median": median(s["step_ms"] for s in no_match),
+            "no_match_steps": len(no_match), "full_width": top,
+            "full_width_step_ms_median": median(s["step_ms"] for s in steps if s["gamma"] == top),
+            "target_only_step_ms_median": median(s["step_ms"] for s in runs["target_only"]["steps"]),
+            "match_per_domain": share, "fallback_arm": fall, "fallback_catch_up": fb,
+            "fallback_draft_steps": sum(ran(s, arm) for s in runs[fall]["steps"]),
+            "fallback_draft_steps_per_domain": by_dom,
+            "fallback_step_s_total": sum(s["step_ms"] for s in runs[fall]["steps"]) / 1e3,
+            "bandits": sel}
+
+
+def model_vs_measured(section: Json, model: Json) -> Json:
+    """The measured two-arm run's fixed systems against the modelled workload's replay of the same arms."""
+    pol = model["policies"]
+    out: Json = {}
+    for n, arm in MODEL_ARM.items():
+        if n not in section["runs"] or f"fixed:{arm}" not in pol:
+            continue
+        m = pol[f"fixed:{arm}"]
+        measured = per_domain_steps(section["runs"][n])
+        modelled = {d: {"steps": v["steps"], "accepted_per_step": v["mean_accepted"],
+                        "step_ms_mean": v["seconds"] / v["steps"] * 1e3, "tps": v["tps"]}
+                    for d, v in m["per_domain"].items()}
+        tps = tokens_per_s(section["runs"][n]["requests"])
+        out[n] = {"model_arm": arm, "measured": measured, "modelled": modelled, "measured_tps": tps,
+                  "modelled_tps": m["tps"], "measured_over_modelled": tps / m["tps"]}
+    return {"how": "workload_adaptive's fixed systems (and target-only) per domain: steps, accepted tokens per step, "
+                   "mean step ms, tokens/s; the same fields of the modelled replay (policies['fixed:<arm>'] of "
+                   "bandit-workload.json; step ms = modelled seconds / steps); end-to-end measured tokens/s over "
+                   "the modelled rate", "systems": out}
+
+
+def model_costs_warm(raw: Json) -> Json | None:
+    """The modelled workload's step costs from the warmed re-run, against those it uses (cold b1_greedy)."""
+    if not {"b1_greedy", "b1_greedy_warm"} <= {k for k, v in raw["sections"].items() if v}:
+        return None
+    from bandit_workload import h200_costs  # the model's own rules (imports numpy)
+
+    cold, warm = h200_costs(raw)["step_s"], h200_costs(raw, "b1_greedy_warm")["step_s"]
+    rel = {a: ([w / c - 1 for w, c in zip(warm[a], cold[a], strict=True)] if isinstance(cold[a], list)
+               else warm[a] / cold[a] - 1) for a in cold}
+    flat = [x for v in rel.values() for x in (v if isinstance(v, list) else [v])]
+    return {"how": "benchmarks/bandit_workload.py h200_costs on b1_greedy_warm against the same on b1_greedy (the "
+                   "section the model reads): warm / cold - 1 of each arm's modelled step cost (a list: per "
+                   "proposal width)", "relative_difference": rel, "range": span(flat)}
+
+
+def bf16(sections: dict[str, Json]) -> Json:
+    out: Json = {"how": "sections.*.bf16_divergence (greedy bf16 speculative tokens against target-only's, per "
+                        "system and prompt): runs that diverged, prompts diverged in at least one system, and the "
+                        "target's top-2 logit gap at each first divergence in bf16 spacings of the top logit "
+                        "(rounded); target_only_token_differences: prompts whose greedy target-only tokens differ "
+                        "between two sections that ran the same prompts with the same target", "sections": {}}
+    for name, sec in sections.items():
+        div = sec.get("bf16_divergence")
+        if not div:
+            continue
+        rows = [r for rs in div.values() for r in rs]
+        if not rows:  # batch > 1: the bench compares batch-1 rows only
+            continue
+        hit = [r for r in rows if r["first_divergence"] is not None]
+        gaps = Counter(round(r["top2_gap"] / r["bf16_spacing"]) for r in hit if r.get("top2_gap") is not None)
+        out["sections"][name] = {"prompt_runs": len(rows), "diverged": len(hit),
+                                 "prompts": len({r["prompt"] for r in rows}),
+                                 "prompts_diverged": len({r["prompt"] for r in hit}),
+                                 "gap_in_spacings": {str(k): v for k, v in sorted(gaps.items())}}
+    pairs = {}
+    for a, b in (("b1_greedy", "b1_greedy_warm"), ("workload_interleaved", "workload_adaptive")):
+        if a in sections and b in sections and "target_only" in sections[a]["runs"] and "target_only" in sections[b]["runs"]:
+            ta = {r["prompt"]: r["tokens"] for r in sections[a]["runs"]["target_only"]["requests"]}
+            tb = {r["prompt"]: r["tokens"] for r in sections[b]["runs"]["target_only"]["requests"]}
+            common = sorted(set(ta) & set(tb))
+            pairs[f"{a} vs {b}"] = {"prompts": len(common), "differ": sum(ta[p] != tb[p] for p in common)}
+    out["target_only_token_differences"] = pairs
+    return out
+
+
+# --- driver ------------------------------------------------------------------------------
+
+
+def git_head() -> tuple[str | None, bool | None]:
+    """HEAD, and whether this script differs from it (or is not committed)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", str(Path(__file__).resolve())], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None, None
+    return head, bool(dirty)
+
+
+def rounded(x: Any, digits: int = 6) -> Any:
+    if isinstance(x, float):
+        return round(x, digits)
+    if isinstance(x, dict):
+        return {k: rounded(v, digits) for k, v in x.items()}
+    if isinstance(x, list):
+        return [rounded(v, digits) for v in x]
+    return x
+
+
+def analyse(raw: Json, model: Json | None) -> Json:
+    summary = raw["summary"]
+    sections = {k: v for k, v in raw["sections"].items() if v}
+    groups: dict[str, Callable[[], Json | None]] = {
+        "overview": lambda: overview(sections),
+        "outside_steps": lambda: outside_steps(sections),
+        "without_pauses": lambda: without_pauses(sections),
+        "cold_vs_warm": lambda: cold_vs_warm(sections),
+        "vs_target_only": lambda: vs_target_only(sections),
+        "host_fraction": lambda: host_fraction(sections),
+        "b1_greedy_warm": lambda: batch_b1(sections["b1_greedy_warm"]) if "b1_greedy_warm" in sections else None,
+        "hf_cross_run": lambda: (hf_cross_run(sections["b1_greedy"], sections["b1_greedy_warm"])
+                                 if {"b1_greedy", "b1_greedy_warm"} <= set(sections) else None),
+        "b8_greedy": lambda: batched(sections["b8_greedy"]) if "b8_greedy" in sections else None,
+        "b32_greedy": lambda: batched(sections["b32_greedy"]) if "b32_greedy" in sections else None,
+        "b1_nf4": lambda: nf4(sections),
+        "synthetic": lambda: synthetic(summary),
+        "workload": lambda: workload(summary, sections),
+        "workload_adaptive_steps": lambda: adaptive_steps(sections["workload_adaptive"]) if "workload_adaptive" in sections else None,
+        "model_vs_measured": lambda: (model_vs_measured(sections["workload_adaptive"], model)
+                                      if model and "workload_adaptive" in sections else None),
+        "model_costs_warm_vs_cold": lambda: model_costs_warm(raw),
+        "bf16_divergence": lambda: bf16(sections),
+    }
+    return {k: v for k, f in groups.items() if (v := f()) is not None}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--raw", type=Path, default=ROOT / "docs" / "benchmarks" / "e2e-h200-raw.json.gz")
+    p.add_argument("--model", type=Path, default=ROOT / "docs" / "benchmarks" / "bandit-workload.json",
+                   help="the modelled workload, for model_vs_measured (left out if the file is missing)")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "e2e-h200-analysis.json")
+    args = p.parse_args(argv)
+    if not args.raw.is_file():
+        p.error(f"no such file: {args.raw}")
+    with gzip.open(args.raw, "rt") as f:
+        raw = json.load(f)
+    model = json.loads(args.model.read_text()) if args.model.is_file() else None
+    head, dirty = git_head()
+    result = {"source": {"raw": args.raw.name, "measured_at_commit": raw["summary"].get("measured_at_commit"),
+                         "model": args.model.name if model else None, "model_commit": (model or {}).get("commit")},
+              "commit": head, "script_modified_since_commit": dirty,
+              "script": "benchmarks/e2e_analysis.py",
+              **analyse(raw, model)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rounded(result), indent=1) + "\n")
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""benchmarks/e2e_analysis.py on a tiny hand-made raw file (no GPU, no models)."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load() -> Any:
+    spec = importlib.util.spec_from_file_location("e2e_analysis", ROOT / "benchmarks" / "e2e_analysis.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["e2e_analysis"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ea = _load()
+
+
+def _step(arm: str, gamma: int, accepted: int, step_ms: float, draft_ms: float = 0.05) -> dict[str, Any]:
+    return {"arm_name": arm, "gamma": gamma, "batch_size": 1, "accepted": [accepted], "emitted": accepted + 1,
+            "draft_ms": draft_ms, "target_ms": 1.8, "verify_ms": 0.02, "step_ms": step_ms}
+
+
+def _request(prompt: int, domain: str, new_tokens: int, wall_ms: float) -> dict[str, Any]:
+    return {"prompt": prompt, "domain": domain, "new_tokens": new_tokens, "wall_s": wall_ms / 1e3,
+            "batch": [prompt], "batch_id": hash((prompt, wall_ms)), "tokens": list(range(new_tokens))}
+
+
+def _summary(run: dict[str, Any]) -> dict[str, Any]:
+    """What flashspec_fast.bench.summarize_run gives for these fields."""
+    steps, n = run["steps"], len(run["steps"])
+
+    def mean(key: str) -> float:
+        return sum(s[key] for s in steps) / n
+
+    host = mean("step_ms") - mean("draft_ms") - mean("target_ms") - mean("verify_ms")
+    return {"tokens_per_s": sum(r["new_tokens"] for r in run["requests"]) / sum(r["wall_s"] for r in run["requests"]),
+            "step_ms_p50": statistics.median(s["step_ms"] for s in steps),
+            "mean_accepted_length": sum(s["emitted"] for s in steps) / n,
+            "breakdown_ms": {"draft_ms": mean("draft_ms"), "target_ms": mean("target_ms"),
+                             "verify_ms": mean("verify_ms"), "host_ms": host},
+            "host_fraction": host / mean("step_ms"), "arms": {s["arm_name"]: {"gamma": s["gamma"]} for s in steps}}
+
+
+RUNS = {
+    # prompt 0: 3 steps of 2 ms in 10 ms (4 ms outside); prompt 1: 4 ms of steps in 200 ms, a pause
+    "target_only": {"requests": [_request(0, "code", 3, 10.0), _request(1, "prose", 2, 200.0)],
+                    "steps": [_step("none", 0, 0, 2.0)] * 5},
+    # prompt 0: one step emits 4 tokens where 3 are kept (the cap), so it alone is the request
+    "fixed:draft0.5b-g3": {"requests": [_request(0, "code", 3, 10.0), _request(1, "prose", 2, 20.0)],
+                           "steps": [_step("draft0.5b-g3", 3, 3, 6.0, 4.0), _step("draft0.5b-g3", 3, 0, 5.0, 3.0),
+                                     _step("draft0.5b-g3", 3, 1, 5.0, 3.0)]},
+    # prompt 0: none, then the draft after another arm (a catch-up); prompt 1: the draft twice,
+    # its first step the batch's first (no class), its second after itself
+    "bandit:Thompson": {"requests": [_request(0, "code", 4, 12.0), _request(1, "prose", 2, 15.0)],
+                        "steps": [_step("none", 0, 0, 2.0), _step("draft0.5b-g3", 3, 2, 8.0, 6.0),
+                                  _step("draft0.5b-g3", 3, 0, 6.0, 4.0), _step("draft0.5b-g3", 3, 0, 6.2, 4.2)]},
+}
+SECTION = {
+    "environment": {"gpu": "test"}, "args": {"batch_size": 1, "warmup": -1}, "config": "", "runs": RUNS,
+    "summaries": {n: _summary(r) for n, r in RUNS.items()},
+    "bandwidth_bytes_per_s": 1e12,  # 1e9 bytes a target forward: 1 ms; a draft forward 0.3 ms
+    "floor": {"target_forward_bytes": 1e9, "arms": {"draft0.5b-g3": {"draft_forward_bytes": 3e8}}},
+    "bf16_divergence": {"fixed:draft0.5b-g3": [
+        {"prompt": 0, "first_divergence": 2, "top2_gap": 0.125, "bf16_spacing": 0.125},
+        {"prompt": 1, "first_divergence": None, "top2_gap": None, "bf16_spacing": None}]},
+}
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("e2e")
+    raw = tmp / "raw.json.gz"
+    with gzip.open(raw, "wt") as f:
+        json.dump({"summary": {"measured_at_commit": "abc1234"}, "sections": {"b1_greedy_warm": SECTION, "skipped": None}}, f)
+    out = tmp / "analysis.json"
+    assert ea.main(["--raw", str(raw), "--model", str(tmp / "absent.json"), "--out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_source_and_groups(result: dict[str, Any]) -> None:
+    assert result["source"] == {"raw": "raw.json.gz", "measured_at_commit": "abc1234", "model": None,
+                                "model_commit": None}
+    assert "model_vs_measured" not in result and "b8_greedy" not in result  # inputs absent: left out
+    assert all("how" in g for k, g in result.items() if isinstance(g, dict) and k != "source")
+
+
+def test_outside_steps_and_pauses(result: dict[str, Any]) -> None:
+    sec = result["outside_steps"]["sections"]["b1_greedy_warm"]
+    assert sec["target_only_ms_per_request"] == {"min": pytest.approx(4.0), "max": pytest.approx(196.0)}
+    assert sec["pauses"] == [{"system": "target_only", "prompt": 1, "ms": pytest.approx(196.0)}]
+    rest = result["without_pauses"]["sections"]["b1_greedy_warm"]
+    assert rest["left_out_prompts"] == [1]
+    assert rest["tokens_per_s"]["target_only"] == pytest.approx(300.0)  # 3 tokens in 10 ms
+    assert rest["vs_target_only"]["bandit:Thompson"] == pytest.approx((4 / 0.012) / 300.0, abs=1e-4)
+
+
+def test_per_domain_and_step_economics(result: dict[str, Any]) -> None:
+    b1 = result["b1_greedy_warm"]
+    assert b1["per_domain"]["tokens_per_s"]["target_only"] == {"code": pytest.approx(300.0), "prose": pytest.approx(10.0)}
+    assert b1["per_domain"]["vs_target_only"]["fixed:draft0.5b-g3"]["prose"] == pytest.approx(10.0)  # 100 against 10
+    eco = b1["step_economics"]["arms"]["fixed:draft0.5b-g3"]
+    assert eco["draft_ms_per_token"] == pytest.approx(10 / 3 / 3, abs=1e-4)  # mean draft ms 10/3 over gamma 3
+    assert eco["step_p50_over_target_only_p50"] == pytest.approx(2.5)  # 5 ms against 2 ms
+    assert eco["tokens_per_step"] == pytest.approx(7 / 3, abs=1e-4)
+    rows = {r["config"]: r for r in b1["floor"]["rows"]}
+    assert rows["fixed:draft0.5b-g3"]["floor_step_ms"] == pytest.approx(1.9)  # 1 + 3 x 0.3
+
+
+def test_catch_up(result: dict[str, Any]) -> None:
+    cu = result["b1_greedy_warm"]["catch_up"]["draft0.5b-g3"]
+    assert cu["after_other"]["steps"] == 1 and cu["after_other"]["draft_ms_median"] == pytest.approx(6.0)
+    assert cu["after_same_draft"]["steps"] == 1 and cu["after_same_draft"]["draft_ms_median"] == pytest.approx(4.2)
+    assert cu["extra_draft_s"] == pytest.approx(0.0018)
+    assert cu["fixed_run"]["draft_ms_median"] == pytest.approx(3.0)
+    mix = result["b1_greedy_warm"]["bandits"]["arm_mix"]["bandit:Thompson"]
+    assert mix["draft_arm_step_share"] == pytest.approx(0.75)
+    assert mix["draft_arm_time_share"] == pytest.approx(20.2 / 22.2, abs=1e-4)
+
+
+def test_bf16_divergence(result: dict[str, Any]) -> None:
+    assert result["bf16_divergence"]["sections"]["b1_greedy_warm"] == {
+        "prompt_runs": 2, "diverged": 1, "prompts": 2, "prompts_diverged": 1, "gap_in_spacings": {"1": 1}}
+
+
+def test_misaligned_steps_are_an_error() -> None:
+    run = {"requests": [_request(0, "code", 3, 10.0)], "steps": [_step("none", 0, 0, 2.0)] * 4}
+    with pytest.raises(ValueError, match="left over"):
+        ea.split_batches(run)
+    with pytest.raises(ValueError, match="does not line up"):
+        ea.split_batches({"requests": run["requests"], "steps": run["steps"][:2]})
