@@ -1,13 +1,16 @@
 """The fast draft: a whole ``gamma``-token proposal is one graph replay.
 
-Inside the graph: a 2-token forward over each row's last two tokens (the second
-to last is usually in the cache already; rewriting it with the same token keeps
-the shape fixed whether the previous step accepted everything or not), then
-``gamma - 1`` one-token forwards, each followed by greedy argmax or an
-exponential race on noise drawn outside the graph (so the graph is a
-deterministic function of its inputs). A row that fell further behind (another
-arm ran meanwhile) first catches up with one ragged forward, padded to a power-of-two
-width and graph-captured per width like the rest.
+Inside the graph: a first forward over each row's tokens from the first one the
+cache lacks to the last (at least the last two: the second to last is usually in the
+cache already, and rewriting it with the same token keeps the shape fixed whether the
+previous step accepted everything or not), then ``gamma - 1`` one-token forwards, each
+followed by greedy argmax or an exponential race on noise drawn outside the graph (so
+the graph is a deterministic function of its inputs). The first forward's width is a
+power of two (rows right-aligned, padding written to the scratch slot), graph-captured
+per width: a row that fell behind because another arm ran meanwhile catches up in the
+same forward that drafts its first token, instead of in a forward of its own. Only a
+row more than :data:`FUSED_CATCH_UP` tokens behind catches up with a separate ragged
+forward first.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from flashspec_fast.options import FastOptions, build_model
 from flashspec_fast.target import HostInputs, check_room, ragged_forward
 
 _TINY = torch.finfo(torch.float32).tiny
+FUSED_CATCH_UP = 16  # widest first forward of the draft loop (tokens per row)
 
 
 def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -65,19 +69,18 @@ class FastDraft:
             self.seen = [0] * batch
         check_room(self.model, max(lengths) + gamma, "draft")
         behind = [max(n - 2, 0) for n in lengths]
-        if any(s < e for s, e in zip(self.seen, behind, strict=True)):
-            starts = [min(s, e) for s, e in zip(self.seen, behind, strict=True)]
+        starts = [min(s, e) for s, e in zip(self.seen, behind, strict=True)]  # first token the cache lacks
+        width = bucket(max(n - s for s, n in zip(starts, lengths, strict=True)))
+        if width > FUSED_CATCH_UP:  # far behind: a ragged forward of its own first
             ragged_forward(self.model, tokens, starts, behind, self._stage, self.graphs)
-        last = torch.tensor(lengths, dtype=torch.long) - 1
-        prev = (last - 1).clamp_min(0)
-        head = tokens[:, : int(last.max()) + 1]
-        host = torch.stack([head.gather(1, prev[:, None]).squeeze(1), head.gather(1, last[:, None]).squeeze(1), prev, last], 1)
+            starts, width = behind, 2
+        host = first_inputs(tokens, starts, lengths, width, self.model.scratch)
         noise = torch.empty(0, device=self.model.device)
         if not sampling.greedy:
             noise = torch.empty((gamma, batch, self.vocab), device=self.model.device).exponential_(generator=generator)
             noise.clamp_min_(_TINY)
         span = self.model.span_for(max(lengths) + gamma)
-        key = (batch, gamma, sampling, span)
+        key = (batch, gamma, sampling, span, width)
         loop = lambda h, e: self._loop(h, e, gamma, sampling, span)  # noqa: E731
         out_tokens, out_probs = self.graphs(key, loop, self._stage(host), noise)
         self._lengths, self._gamma = list(lengths), gamma
@@ -86,12 +89,11 @@ class FastDraft:
     def _loop(
         self, host: torch.Tensor, noise: torch.Tensor, gamma: int, sampling: SamplingParams, span: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """host: [B, 4] (second-to-last and last token, their positions; a one-token row
-        repeats its token at position 0); noise: [gamma, B, V] Exp(1)."""
-        ids, pos = host[:, :2], host[:, 2:]
+        """host: [3, B, W] (see :func:`first_inputs`); noise: [gamma, B, V] Exp(1)."""
+        ids, pos, write = host[0], host[1], host[2]
         drafted, probs = [], []
         for i in range(gamma):
-            logits = fit_vocab(self.model.forward(ids, pos, pos, last_only=True, span=span)[:, -1], self.vocab)  # [B, V]
+            logits = fit_vocab(self.model.forward(ids, pos, write, last_only=True, span=span)[:, -1], self.vocab)
             if sampling.greedy:
                 x = torch.argmax(filter_logits(logits, sampling), dim=-1)
             else:
@@ -100,6 +102,7 @@ class FastDraft:
                 probs.append(q)
             drafted.append(x)
             ids, pos = x[:, None], pos[:, -1:] + 1
+            write = pos
         tokens = torch.stack(drafted, dim=1)  # [B, gamma]
         return tokens, torch.stack(probs, dim=1) if probs else tokens
 
@@ -107,6 +110,30 @@ class FastDraft:
         """The loop fed the row's last token and ``gamma - 1`` drafts: keep the accepted ones."""
         fed = self._gamma - 1
         self.seen = [n + min(k, fed) for n, k in zip(self._lengths, num_accepted, strict=True)]
+
+
+def bucket(width: int) -> int:
+    """The first forward's width: a power of two, at least 2."""
+    return max(2, 1 << (width - 1).bit_length())
+
+
+def first_inputs(tokens: torch.Tensor, starts: Sequence[int], lengths: Sequence[int], width: int, scratch: int
+                 ) -> torch.Tensor:
+    """[3, B, width] int64: token ids, positions and cache write slots of each row's tokens
+    ``starts[b]:lengths[b]``, right-aligned (the last token last); padding is token 0 at
+    position 0 written to the ``scratch`` slot. A one-token row repeats its token at
+    position 0 (the same write twice), so every row feeds at least two tokens."""
+    host = torch.zeros((3, len(lengths), width), dtype=torch.long)
+    host[2] = scratch
+    for b, (s, n) in enumerate(zip(starts, lengths, strict=True)):
+        s = min(s, max(n - 2, 0))
+        k = n - s
+        host[0, b, width - k :] = tokens[b, s:n]
+        host[1, b, width - k :] = torch.arange(s, n)
+        host[2, b, width - k :] = torch.arange(s, n)
+        if k == 1:  # one token: feed it twice at position 0 (the second write wins; both are the same)
+            host[:, b, width - 2] = host[:, b, width - 1]
+    return host
 
 
 def make_draft(opts: FastOptions, context: DraftContext) -> FastDraft:

@@ -219,3 +219,42 @@ def test_synthetic_verifier_accepts_at_the_given_rate(models: dict[str, Path]) -
     cfg["target"]["max_len"] = 128
     result = build_pipeline(cfg).generate([PROMPTS[1]], max_new_tokens=25)
     assert all(r.accepted == (4,) for r in result.steps)
+
+
+@pytest.mark.parametrize("behind", [0, 5, 14, 30])
+def test_draft_catches_up_inside_its_first_forward(models: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
+                                                    behind: int) -> None:
+    """A draft whose rows fell behind (another arm ran) drafts what a draft that catches up in a
+    forward of its own drafts, in one forward fewer while it is at most FUSED_CATCH_UP behind."""
+    from flashspec_core import SamplingParams
+    from flashspec_core.contracts import DraftContext
+    from flashspec_fast import draft as fd
+    from flashspec_fast.options import FastOptions
+
+    opts = FastOptions(model=str(models["close"]), dtype="float64", max_len=128, chat_template=False)
+    context = DraftContext(target=None, vocab=16, device=torch.device("cpu"))
+    rows = [[1, 2, 3, 4, 5, 1, 2, 3, 9, 4], [3, 4, 5, 6, 7, 8]]
+    grown = [r + [(7 * i + len(r)) % 16 for i in range(behind)] for r in rows]  # tokens another arm emitted
+    lengths = [len(r) for r in grown]
+    tokens = torch.tensor([r + [0] * (max(lengths) - len(r)) for r in grown])
+    sampling = SamplingParams(temperature=1.0)
+
+    def propose(fused: int) -> tuple[Any, int]:
+        monkeypatch.setattr(fd, "FUSED_CATCH_UP", fused)
+        d = fd.make_draft(opts, context)
+        first = torch.tensor([rows[0], rows[1] + [0] * (len(rows[0]) - len(rows[1]))])
+        d.propose(first, [len(r) for r in rows], 3, sampling, torch.Generator().manual_seed(1))
+        d.rollback([0, 0])  # the draft has seen each row up to its last token
+        calls = []
+        forward = d.model.forward
+        monkeypatch.setattr(d.model, "forward", lambda *a, **k: calls.append(a[0].shape) or forward(*a, **k))
+        out = d.propose(tokens, lengths, 3, sampling, torch.Generator().manual_seed(2))
+        return out, len(calls)
+
+    limit = fd.FUSED_CATCH_UP
+    fused, n_fused = propose(limit)
+    apart, n_apart = propose(0)
+    assert torch.equal(fused.tokens, apart.tokens)
+    torch.testing.assert_close(fused.probs, apart.probs, rtol=1e-9, atol=1e-12)
+    # the first forward feeds `behind` tokens (at least 2); more than `limit` need a catch-up forward of their own
+    assert n_apart == 3 + int(behind > 2) and n_fused == 3 + int(fd.bucket(behind) > limit)
