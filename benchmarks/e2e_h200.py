@@ -115,6 +115,9 @@ def convert_only(args: argparse.Namespace) -> int:
 
 
 def full(args: argparse.Namespace) -> int:
+    unknown = set(args.sections.split(",")) - set(SECTIONS) - {"all", "none", "b1_greedy_warm"}
+    if unknown:  # before the minutes of GGUF conversion
+        raise SystemExit(f"--sections: unknown {sorted(unknown)}; choose from {', '.join(SECTIONS)}, all, none")
     deadline = time.time() + args.budget
     paths = convert(args.gguf, Path("/tmp/fsbf16"))
     config = Path("/tmp/fs_e2e.toml")
@@ -483,8 +486,8 @@ def main() -> int:
     f.add_argument("--verifier", default="auto", help="the config's verifier (auto: triton on CUDA)")
     f.add_argument("--selectors", default="", help="more bandits to run besides the config's (bench --selectors)")
     f.add_argument("--sections", default="b1_greedy,b8_greedy,b32_greedy,b1_t07,b1_nf4,synthetic",
-                   help="comma list of b1_greedy,b8_greedy,b32_greedy,b1_t07,b1_nf4,synthetic,workload_interleaved,workload_blocked, or 'none' to convert only "
-                        "(split a run over several calls on a warm machine; /tmp/fsbf16 is reused)")
+                   help=f"comma list of {','.join(s for s in SECTIONS if s != 'b1_greedy_warm')}, 'all', or 'none' "
+                        "to convert only (split a run over several calls on a warm machine; /tmp/fsbf16 is reused)")
     c = sub.add_parser("convert", help="only convert (e.g. one model in the background while the other travels)")
     c.add_argument("--gguf", type=Path, required=True)
     c.add_argument("--which", default="target,draft", help="comma list of target,draft")
