@@ -25,7 +25,7 @@ from flashspec_core.sampling import filter_logits, probs_from_logits, race
 from flashspec_fast.graphs import GraphCache
 from flashspec_fast.model import Transformer
 from flashspec_fast.options import FastOptions, build_model
-from flashspec_fast.target import HostInputs, check_room, ragged_forward
+from flashspec_fast.target import HostInputs, bucket, check_room, ragged_forward, ragged_inputs
 
 _TINY = torch.finfo(torch.float32).tiny
 FUSED_CATCH_UP = 16  # widest first forward of the draft loop (tokens per row)
@@ -70,7 +70,7 @@ class FastDraft:
         check_room(self.model, max(lengths) + gamma, "draft")
         behind = [max(n - 2, 0) for n in lengths]
         starts = [min(s, e) for s, e in zip(self.seen, behind, strict=True)]  # first token the cache lacks
-        width = bucket(max(n - s for s, n in zip(starts, lengths, strict=True)))
+        width = bucket(max(n - s for s, n in zip(starts, lengths, strict=True)), least=2)
         if width > FUSED_CATCH_UP:  # far behind: a ragged forward of its own first
             ragged_forward(self.model, tokens, starts, behind, self._stage, self.graphs)
             starts, width = behind, 2
@@ -112,26 +112,15 @@ class FastDraft:
         self.seen = [n + min(k, fed) for n, k in zip(self._lengths, num_accepted, strict=True)]
 
 
-def bucket(width: int) -> int:
-    """The first forward's width: a power of two, at least 2."""
-    return max(2, 1 << (width - 1).bit_length())
-
-
 def first_inputs(tokens: torch.Tensor, starts: Sequence[int], lengths: Sequence[int], width: int, scratch: int
                  ) -> torch.Tensor:
-    """[3, B, width] int64: token ids, positions and cache write slots of each row's tokens
-    ``starts[b]:lengths[b]``, right-aligned (the last token last); padding is token 0 at
-    position 0 written to the ``scratch`` slot. A one-token row repeats its token at
-    position 0 (the same write twice), so every row feeds at least two tokens."""
-    host = torch.zeros((3, len(lengths), width), dtype=torch.long)
-    host[2] = scratch
+    """The loop's first forward: :func:`~flashspec_fast.target.ragged_inputs` of each row's
+    tokens ``starts[b]:lengths[b]`` (at least its last two). A one-token row repeats its
+    token at position 0 (the same write twice), so every row feeds at least two tokens."""
+    starts = [min(s, max(n - 2, 0)) for s, n in zip(starts, lengths, strict=True)]
+    host = ragged_inputs(tokens, starts, lengths, width, scratch)
     for b, (s, n) in enumerate(zip(starts, lengths, strict=True)):
-        s = min(s, max(n - 2, 0))
-        k = n - s
-        host[0, b, width - k :] = tokens[b, s:n]
-        host[1, b, width - k :] = torch.arange(s, n)
-        host[2, b, width - k :] = torch.arange(s, n)
-        if k == 1:  # one token: feed it twice at position 0 (the second write wins; both are the same)
+        if n - s == 1:  # the second write wins; both are the same
             host[:, b, width - 2] = host[:, b, width - 1]
     return host
 

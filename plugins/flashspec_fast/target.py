@@ -55,9 +55,23 @@ class HostInputs:
         return buf.to(self.device, non_blocking=True)
 
 
-def bucket(width: int) -> int:
-    """Widths are padded to a power of two (>= 4), so a few captured graphs serve every prefill."""
-    return max(4, 1 << (width - 1).bit_length())
+def bucket(width: int, least: int = 4) -> int:
+    """Widths are padded to a power of two (>= ``least``), so a few captured graphs serve every width."""
+    return max(least, 1 << (width - 1).bit_length())
+
+
+def ragged_inputs(tokens: torch.Tensor, starts: Sequence[int], stops: Sequence[int], width: int, scratch: int
+                  ) -> torch.Tensor:
+    """[3, B, width] int64: token ids, positions and cache write slots of ``tokens[b, starts[b]:stops[b]]``,
+    right-aligned (each row's last token last); padding is token 0 at position 0 written to ``scratch``."""
+    host = torch.zeros((3, len(starts), width), dtype=torch.long)
+    host[2] = scratch
+    for b, (s, e) in enumerate(zip(starts, stops, strict=True)):
+        if e > s:
+            host[0, b, width - (e - s) :] = tokens[b, s:e]
+            host[1, b, width - (e - s) :] = torch.arange(s, e)
+            host[2, b, width - (e - s) :] = torch.arange(s, e)
+    return host
 
 
 def ragged_forward(
@@ -78,14 +92,7 @@ def ragged_forward(
     if need == 0:
         return
     width = bucket(need) if bucket(need) < model.scratch else need
-    host = torch.zeros((3, batch, width), dtype=torch.long)  # ids, positions, write slots
-    host[2] = model.scratch
-    for b, (s, e) in enumerate(zip(starts, stops, strict=True)):
-        if e > s:
-            host[0, b, width - (e - s) :] = tokens[b, s:e]
-            host[1, b, width - (e - s) :] = torch.arange(s, e)
-            host[2, b, width - (e - s) :] = torch.arange(s, e)
-    dev = stage(host)
+    dev = stage(ragged_inputs(tokens, starts, stops, width, model.scratch))
     span = model.span_for(max(stops))
     run = lambda d: model.forward(d[0], d[1], d[2], last_only=True, span=span)  # noqa: E731
     if graphs is None:
