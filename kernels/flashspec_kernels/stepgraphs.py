@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from flashspec_core.contracts import Verdict
+from flashspec_core.cudagraph import capture
 
 # Logits of up to this many bytes: copy in and replay. In the H200 run (verify-kernels-h200.json,
 # raw rows) a graph replay plus a device copy of the logits beat the direct launches for
@@ -70,13 +71,6 @@ class StepGraphs:
 
     def _capture(self, step: Step, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor], Verdict]:
         static = [t.clone() for t in inputs]
-        side = torch.cuda.Stream(device=static[0].device)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # compiles the kernels before capture
-            step(*static)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = step(*static)
+        graph, out = capture(step, static, self._pool, warmups=1)  # the warm-up compiles the kernels
         self._pool = graph.pool()
         return graph, static, out

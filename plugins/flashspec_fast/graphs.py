@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from flashspec_core.cudagraph import capture
+
 
 class GraphCache:
     """``cache(key, fn, *args)``: run ``fn(*args)`` through the graph captured for ``key``.
@@ -48,14 +50,6 @@ class GraphCache:
 
     def _capture(self, fn: Callable[..., Any], args: tuple[torch.Tensor, ...]) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor], Any]:
         inputs = [a.clone() for a in args]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: lazy inits, compiled kernels, cuBLAS workspaces
-            for _ in range(2):
-                fn(*inputs)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = fn(*inputs)
+        graph, out = capture(fn, inputs, self._pool, warmups=2)
         self._pool = graph.pool()
         return graph, inputs, out
