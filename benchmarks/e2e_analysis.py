@@ -602,11 +602,12 @@ def bf16(sections: dict[str, Json]) -> Json:
 # --- driver ------------------------------------------------------------------------------
 
 
-def git_head() -> tuple[str | None, bool | None]:
-    """HEAD, and whether this script differs from it (or is not committed)."""
+def git_head(script: Path | None = None) -> tuple[str | None, bool | None]:
+    """HEAD, and whether ``script`` (default: this one) differs from it (or is not committed)."""
+    script = script or Path(__file__).resolve()
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", str(Path(__file__).resolve())], cwd=ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", str(script)], cwd=ROOT,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None, None
