@@ -42,10 +42,6 @@ def test_every_config_key_is_documented() -> None:
 
 
 def test_readme_results_come_from_the_committed_json() -> None:
-    import importlib.util
+    from _scripts import load_benchmark
 
-    spec = importlib.util.spec_from_file_location("render_readme", ROOT / "benchmarks" / "render_readme.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.main(["--check"]) == 0
+    assert load_benchmark("render_readme").main(["--check"]) == 0

@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from _scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("bandit_workload", ROOT / "benchmarks" / "bandit_workload.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bandit_workload"] = mod  # attrs needs the module registered to resolve annotations
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bw = _load()
+bw = load_benchmark("bandit_workload")
 
 
 def _trace(domain: str, draft: list[bool], lookup: list[int], width: list[int] | None = None) -> dict:

@@ -3,28 +3,18 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load() -> Any:
-    spec = importlib.util.spec_from_file_location("e2e_analysis", ROOT / "benchmarks" / "e2e_analysis.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["e2e_analysis"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ea = _load()
+ea = load_benchmark("e2e_analysis")
 
 
 def _step(arm: str, gamma: int, accepted: int, step_ms: float, draft_ms: float = 0.05) -> dict[str, Any]:
