@@ -25,6 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOAD = ROOT / "benchmarks" / "workloads" / "mixed.jsonl"
 DOMAINS = ROOT / "benchmarks" / "workloads" / "domains.jsonl"  # 60 prompts: enough rows for batch 32
+SPECULATE_MAX_BATCH = 4  # the bandits' rule at batch 8 and 32 (fixed arms run without it: flashspec_fast.bench)
 MODELS = {"target": "qwen2.5-coder-1.5b-instruct", "draft": "qwen2.5-coder-0.5b-instruct"}
 
 def fast_table(model: str, max_len: int, fuse: bool) -> str:
@@ -55,7 +56,8 @@ def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: 
                 f'name = "lookup-match-g{lookup_gamma}-or-draft0.5b-g{draft_gammas[0]}"\n')
     arms.append('[[arm]]\nuse = "none"\nname = "none"\n')
     return (f"[target]\n{fast_table(paths['target'], max_len, fuse)}\n" + "\n".join(arms)
-            + f'\n[verifier]\nuse = "{verifier}"\n\n[selector]\nuse = "thompson"\nreward = "throughput"\n')
+            + f'\n[verifier]\nuse = "{verifier}"\n\n[selector]\nuse = "thompson"\nreward = "throughput"\n'
+            + f"speculate_max_batch = {SPECULATE_MAX_BATCH}\n")
 
 
 def say(msg: str) -> None:
@@ -136,7 +138,7 @@ def full(args: argparse.Namespace) -> int:
     plan = {
         "b1_greedy": [*common, "--hf-prompts", str(args.hf_prompts), "--exactness", "2", *sel, *fuse],
         "b8_greedy": [*common, "--batch-size", "8", "--systems", "flashspec,target_only,hf_eager", "--hf-prompts", "8",
-                      "--no-fixed-arms", *sel, *fuse],
+                      *sel, *fuse],
         "b32_greedy": [*common, "--batch-size", "32", "--prompts", "32", "--systems", "flashspec,target_only",
                        "--no-fixed-arms", *sel, *fuse],
         "b1_t07": [*common, "--temperature", "0.7", "--systems", "flashspec,target_only", *sel, *fuse],
@@ -382,14 +384,13 @@ def smoke(args: argparse.Namespace) -> int:
     """Graph-captured fast path on random 1.5B/0.5B shapes vs eager, and HF compile on a tiny model."""
     import torch
 
-    from flashspec_core.pipeline import Arm, Pipeline
+    from flashspec_core.pipeline import Arm, NoDraft, Pipeline
     from flashspec_core.rewards import make_reward
     from flashspec_fast.bench import Always, run_pipeline, summarize_run
     from flashspec_fast.draft import FastDraft
     from flashspec_fast.options import FastOptions, build_model
     from flashspec_fast.synthetic import SyntheticVerifier
     from flashspec_fast.target import FastTarget
-    from flashspec_lookup.lookup import NoDraft
 
     res: dict[str, Any] = {}
     prompts = [list(range(100, 164)), list(range(200, 250))]

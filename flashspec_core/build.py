@@ -51,7 +51,8 @@ def build_pipeline(
     on_step: Callable[[StepRecord], None] | None = None
     if hook.flashspec_step_end.get_hookimpls():
         on_step = lambda record: hook.flashspec_step_end(record=record)  # noqa: E731
-    pipeline = Pipeline(target, arms, verifier, selector, make_reward(config.reward), logger, on_step, config)
+    pipeline = Pipeline(target, arms, verifier, selector, make_reward(config.reward), logger, on_step, config,
+                        config.speculate_max_batch)
     hook.flashspec_pipeline_built(pipeline=pipeline)
     return pipeline
 

@@ -86,6 +86,7 @@ class PipelineConfig:
     selector: ComponentChoice
     reward: str
     generation: GenerationDefaults
+    speculate_max_batch: int | None = None  # [selector] key: more live rows than this decode without drafting
 
 
 def load_config(path: str | os.PathLike[str], registry: Registry) -> PipelineConfig:
@@ -137,10 +138,14 @@ def parse_config(
     reward = sel_table.pop("reward", "acceptance")
     if reward not in REWARDS:
         raise ConfigError(source, "selector", "reward", f"must be one of {REWARDS}, got {reward!r}")
+    limit = sel_table.pop("speculate_max_batch", None)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ConfigError(source, "selector", "speculate_max_batch",
+                          f"must be an integer >= 1 (live rows up to which steps speculate), got {limit!r}")
     selector = _choice(registry, "selector", sel_table, source, "selector", "fixed", base_dir)
     gen_table = _table(data, "generation", source)
     generation = _build(GenerationDefaults, gen_table, source, "generation", "generation settings")
-    return PipelineConfig(source, target, arms, verifier, selector, reward, generation)
+    return PipelineConfig(source, target, arms, verifier, selector, reward, generation, limit)
 
 
 def _table(data: dict[str, Any], name: str, source: str) -> dict[str, Any]:

@@ -78,7 +78,7 @@ class StepRecord:
     """One decode step, as logged and handed to ``flashspec_step_end``."""
 
     step: int
-    arm: int
+    arm: int  # index into the pipeline's arms; -1: the batch limit ran the step without drafting
     arm_name: str
     gamma: int  # tokens proposed this step (the arm's gamma, or fewer: see DraftProvider)
     batch_size: int  # rows still generating

@@ -30,6 +30,7 @@ from flashspec_core.rewards import StepReward
 from flashspec_core.stats import summarize
 
 OnTokens = Callable[[int, list[int]], None]
+BATCH_LIMIT = "batch_limit"  # the arm name of steps that the batch limit ran without drafting
 
 
 @attrs.frozen
@@ -82,10 +83,16 @@ class Pipeline:
         logger: Any = None,
         on_step: Callable[[StepRecord], None] | None = None,
         config: Any = None,
+        speculate_max_batch: int | None = None,
     ) -> None:
         self.target, self.arms, self.verifier, self.selector = target, list(arms), verifier, selector
         self.reward, self.logger, self.on_step, self.config = reward, logger, on_step, config
+        # Above this many live rows a step decodes without drafting and the selector is neither
+        # asked nor updated (vLLM's disable_by_batch_size): at large batches the target forward
+        # is no longer much cheaper per token than a draft's, so speculation costs throughput.
+        self.speculate_max_batch = speculate_max_batch
         self._step = 0
+        self._plain = Arm(name=BATCH_LIMIT, provider=NoDraft(), gamma=0, selectable=False)
 
     def generate(
         self,
@@ -169,9 +176,11 @@ class Pipeline:
         sampling: SamplingParams,
         generator: torch.Generator,
     ) -> tuple[StepRecord, list[list[int]]]:
-        choice = self.selector.select()
-        index = self.choices[choice]
-        arm = self.arms[index]
+        rows = [b for b in range(len(active)) if active[b]]
+        limit = self.speculate_max_batch
+        choice = None if limit is not None and len(rows) > limit else self.selector.select()
+        index = -1 if choice is None else self.choices[choice]
+        arm = self._plain if choice is None else self.arms[index]
         clock = _Clock(self.target.device)
         t0 = time.perf_counter()
         clock.mark()
@@ -189,11 +198,11 @@ class Pipeline:
         if drafter is not arm:  # the arm proposed nothing: none of its tokens entered the sequences
             arm.provider.rollback([0] * len(accepted))
         emitted = [host[b, 1 : 2 + n].tolist() for b, n in enumerate(accepted)]
-        rows = [b for b in range(len(active)) if active[b]]
         acc = tuple(accepted[b] for b in rows)
         width = int(draft.tokens.shape[1])  # the arm's gamma, or fewer (a lookup without a match)
         reward = self.reward(width, acc, sum(n + 1 for n in acc), max(step_s, 1e-9))
-        self.selector.update(choice, reward)
+        if choice is not None:
+            self.selector.update(choice, reward)
         record = StepRecord(
             step=self._step,
             arm=index,
@@ -239,3 +248,17 @@ class Pipeline:
             self.logger.info("step", **fields)
         if self.on_step is not None:
             self.on_step(record)
+
+
+class NoDraft:
+    """No proposal: plain target decoding (the gamma = 0 arm, and the batch limit's steps)."""
+
+    def reset(self) -> None:
+        """Stateless."""
+
+    def propose(self, tokens: torch.Tensor, lengths: Sequence[int], gamma: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> Draft:
+        return Draft(tokens=torch.zeros((len(lengths), 0), dtype=torch.long), probs=None)
+
+    def rollback(self, num_accepted: Sequence[int]) -> None:
+        """Stateless."""

@@ -10,11 +10,12 @@ from flashspec_core.contracts import StepRecord
 
 def summarize(steps: Sequence[StepRecord], arm_names: Sequence[str], new_tokens: Sequence[int], wall_s: float) -> dict[str, Any]:
     """Acceptance per arm and per position, mean accepted length, tokens/s."""
-    per_arm: dict[str, dict[str, Any]] = {}
-    for name in arm_names:
-        per_arm[name] = {"steps": 0, "row_steps": 0, "drafted": 0, "accepted": 0, "emitted": 0, "by_position": []}
+    def blank() -> dict[str, Any]:
+        return {"steps": 0, "row_steps": 0, "drafted": 0, "accepted": 0, "emitted": 0, "by_position": []}
+
+    per_arm = {name: blank() for name in arm_names}
     for rec in steps:
-        arm = per_arm[rec.arm_name]
+        arm = per_arm.setdefault(rec.arm_name, blank())  # the batch limit's steps appear only when it ran
         arm["steps"] += 1
         arm["row_steps"] += len(rec.accepted)
         arm["drafted"] += rec.gamma * len(rec.accepted)

@@ -212,8 +212,7 @@ def by_domain(run: dict[str, Any]) -> dict[str, float]:
 
 def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[int]], args: argparse.Namespace,
                    domains: list[str], record: Callable[[str, dict[str, Any]], None]) -> None:
-    from flashspec_core.pipeline import Arm
-    from flashspec_lookup.lookup import NoDraft
+    from flashspec_core.pipeline import Arm, NoDraft
 
     arms, selector = list(pipeline.arms), pipeline.selector
     plan: list[tuple[str, list[Any], Any]] = []
@@ -225,8 +224,11 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
             plan += [(f"fixed:{a.name}", every, Always(i, len(every))) for i, a in enumerate(every) if a.gamma > 0]
         plan.append((f"bandit:{type(selector).__name__}", arms, selector))
         plan += [(f"bandit:{name}", arms, make_selector(name, len(pipeline.choices))) for name in args.selectors]
-    reward = pipeline.reward
+    reward, limit = pipeline.reward, pipeline.speculate_max_batch
     for name, use_arms, sel in plan:
+        # A fixed arm runs at every batch size (what the arm itself costs); the bandits keep the
+        # config's batch limit, which then shows as the arm "batch_limit" in their steps.
+        pipeline.speculate_max_batch = limit if name.startswith("bandit:") else None
         # Warm-up on copies of the selector and the reward's running state: the timed run starts untrained.
         pipeline.arms, pipeline.selector, pipeline.reward = use_arms, copy.deepcopy(sel), copy.deepcopy(reward)
         _say(f"{name}: warm-up")
@@ -236,6 +238,7 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
         merged = {"requests": [r for x in runs for r in x["requests"]], "steps": [s for x in runs for s in x["steps"]]}
         record(name, merged)
     pipeline.arms, pipeline.selector, pipeline.reward = arms, selector, reward
+    pipeline.speculate_max_batch = limit
 
 
 def warm_groups(groups: list[list[int]], warmup: int) -> list[list[int]]:
@@ -434,13 +437,12 @@ def floor_ms(bytes_read: int, bandwidth: float | None) -> float | None:
 def synthetic_scaling(args: argparse.Namespace, record: Callable[[str, dict[str, Any]], None], bandwidth: float | None,
                       deadline: float) -> list[dict[str, Any]]:
     """LABELLED SYNTHETIC: random weights with Qwen2.5 layer shapes, fixed acceptance."""
-    from flashspec_core.pipeline import Arm, Pipeline
+    from flashspec_core.pipeline import Arm, NoDraft, Pipeline
     from flashspec_core.rewards import make_reward
     from flashspec_fast.draft import FastDraft
     from flashspec_fast.options import FastOptions, build_model
     from flashspec_fast.synthetic import SyntheticVerifier
     from flashspec_fast.target import FastTarget
-    from flashspec_lookup.lookup import NoDraft
 
     table = []
     gen = torch.Generator().manual_seed(0)

@@ -13,6 +13,7 @@ import attrs
 import torch
 
 from flashspec_core import Draft, SamplingParams
+from flashspec_core.pipeline import NoDraft
 
 
 @attrs.frozen
@@ -134,26 +135,6 @@ class PromptLookupDraft:
 
 def make(config: LookupConfig, context: Any) -> PromptLookupDraft:
     return PromptLookupDraft(config)
-
-
-class NoDraft:
-    """The gamma = 0 arm: plain target decoding, no speculation."""
-
-    def reset(self) -> None:
-        """Stateless."""
-
-    def propose(
-        self,
-        tokens: torch.Tensor,
-        lengths: Sequence[int],
-        gamma: int,
-        sampling: SamplingParams,
-        generator: torch.Generator | None,
-    ) -> Draft:
-        return Draft(tokens=torch.zeros((len(lengths), 0), dtype=torch.long), probs=None)
-
-    def rollback(self, num_accepted: Sequence[int]) -> None:
-        """Stateless."""
 
 
 def make_none(config: None, context: Any) -> NoDraft:

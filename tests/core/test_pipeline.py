@@ -241,3 +241,44 @@ def test_bad_select_is_a_clear_error(models: dict[str, Path], change: str, match
         config["arm"][0]["select"] = "no"
     with pytest.raises(ConfigError, match=match):
         build_pipeline(config)
+
+
+def test_batch_limit_decodes_plainly_above_it_and_resumes_below(models: dict[str, Path]) -> None:
+    """speculate_max_batch: with more live rows than the limit a step drafts nothing and the
+    selector is neither asked nor updated; once rows finish, speculation resumes. Greedy
+    output is the target's either way."""
+    config = pipeline_dict(models["target"], [models["close"]], "ucb1")
+    config["selector"]["speculate_max_batch"] = 1
+    pipe = build_pipeline(config)
+    calls = {"select": 0, "update": 0}
+    select, update = pipe.selector.select, pipe.selector.update
+
+    def counted_select() -> int:
+        calls["select"] += 1
+        return select()
+
+    def counted_update(arm: int, reward: float) -> None:
+        calls["update"] += 1
+        update(arm, reward)
+
+    pipe.selector.select, pipe.selector.update = counted_select, counted_update  # type: ignore[method-assign]
+    prompts = [[1, 2, 3, 4, 5, 1, 2], [2, 2, 2]]  # the second row stops at EOS after 4 tokens
+    steps: list = []
+    pipe.on_step = steps.append
+    out = pipe.generate(prompts, max_new_tokens=24)
+    for prompt, got in zip(prompts, out.token_ids, strict=True):
+        assert got == _greedy_target(models["target"], prompt, 24, eos=15)
+    limited = [r for r in steps if r.arm_name == "batch_limit"]
+    assert limited and all(r.batch_size == 2 and r.gamma == 0 and r.arm == -1 for r in limited)
+    spec = [r for r in steps if r.arm_name != "batch_limit"]
+    assert spec and all(r.batch_size == 1 for r in spec)
+    assert calls == {"select": len(spec), "update": len(spec)}
+    assert out.summary["arms"]["batch_limit"]["steps"] == len(limited)
+
+
+@pytest.mark.parametrize("value", [0, -2, 1.5, True, "4"])
+def test_bad_batch_limit_is_a_clear_error(models: dict[str, Path], value: object) -> None:
+    config = pipeline_dict(models["target"], [models["close"]], "fixed")
+    config["selector"]["speculate_max_batch"] = value
+    with pytest.raises(ConfigError, match=r"\[selector\] key 'speculate_max_batch': must be an integer >= 1"):
+        build_pipeline(config)
