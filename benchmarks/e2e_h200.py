@@ -137,6 +137,7 @@ def full(args: argparse.Namespace) -> int:
     sel = ["--selectors", args.selectors] if args.selectors else []
     plan = {
         "b1_greedy": [*common, "--hf-prompts", str(args.hf_prompts), "--exactness", "2", *sel, *fuse],
+        "b1_adaptive": [*common, "--systems", "flashspec,target_only", *sel, *fuse],
         "b8_greedy": [*common, "--batch-size", "8", "--systems", "flashspec,target_only,hf_eager", "--hf-prompts", "8",
                       *sel, *fuse],
         "b32_greedy": [*common, "--batch-size", "32", "--prompts", "32", "--systems", "flashspec,target_only",
@@ -157,7 +158,7 @@ def full(args: argparse.Namespace) -> int:
     for name, extra in plan.items():
         if args.sections == "all" or name in args.sections.split(","):
             domains = name == "b32_greedy" or name.startswith("workload")
-            cfg = aconfig if name.startswith("workload_adaptive") else wconfig if name.startswith("workload") else config
+            cfg = aconfig if name.endswith(("adaptive", "adaptive_blocked")) else wconfig if name.startswith("workload") else config
             sections[name] = bench(work / name, cfg, deadline, *extra, *args.bench_extra.split(),
                                    workload=DOMAINS if domains else WORKLOAD)
             write(args.out, sections, work)
@@ -169,7 +170,7 @@ def write(out: Path, sections: dict[str, Any], work: Path) -> None:
     b1 = sections.get("b1_greedy") or {}
     summary: dict[str, Any] = dict(b1.get("summary", {}))
     summary["label"] = "real pair: Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft (bf16, dequantized Q4_K_M GGUF)"
-    for key in ("b8_greedy", "b32_greedy", "b1_t07", "b1_nf4"):
+    for key in ("b1_adaptive", "b8_greedy", "b32_greedy", "b1_t07", "b1_nf4"):
         s = (sections.get(key) or {}).get("summary")
         if s:
             summary[key] = {
@@ -217,7 +218,7 @@ def floor_table(bench: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-SECTIONS = ("b1_greedy", "b8_greedy", "b32_greedy", "b1_t07", "b1_nf4", "synthetic", "workload_interleaved",
+SECTIONS = ("b1_greedy", "b1_adaptive", "b8_greedy", "b32_greedy", "b1_t07", "b1_nf4", "synthetic", "workload_interleaved",
             "workload_blocked", "workload_adaptive", "workload_adaptive_blocked", "b1_greedy_warm")
 # b1_greedy_warm: b1_greedy's FlashSpec systems again (`--bench-extra "--systems flashspec,target_only
 # --exactness 0"`) where the section itself ran with a one-batch warm-up.
@@ -344,7 +345,7 @@ def summarize_dir(args: argparse.Namespace) -> int:
             [k for k, v in s.items() if v.get("error")] +
             [f"{x} (skipped: run budget)" for x in ("hf_eager", "hf_compiled", "hf_assisted", "hf_lookup")
              if x not in s] + (["greedy_identical (float32 check skipped: run budget)"] if "exactness" not in b1 else []))
-    for key in ("b8_greedy", "b32_greedy", "b1_t07", "b1_nf4"):
+    for key in ("b1_adaptive", "b8_greedy", "b32_greedy", "b1_t07", "b1_nf4"):
         if sections[key]:
             summary[key] = sections[key]["summary"]
     if sections["synthetic"] and sections["synthetic"].get("synthetic_scaling"):
