@@ -9,8 +9,7 @@ already fields of ``e2e-h200.json`` (per-domain rates, per-request pauses, media
 subsets of steps, the draft's catch-up, bf16 divergence counts, ...). Each group carries a
 ``how`` string that says how its numbers are made; a group whose sections are absent is
 left out. ``--model`` names the modelled workload (``bandit-workload.json``), which only
-``model_vs_measured`` reads (left out when the file is missing); ``model_costs_warm_vs_cold``
-applies ``benchmarks/bandit_workload.py``'s own cost rules to the raw rows.
+``model_vs_measured`` reads (left out when the file is missing).
 
 A step row has no request id. At batch 1 the steps of a run follow its requests in order,
 and a request ends at the first step whose emitted tokens reach its ``new_tokens`` (the
@@ -188,21 +187,6 @@ def without_pauses(sections: dict[str, Json]) -> Json:
     return out
 
 
-def cold_vs_warm(sections: dict[str, Json]) -> Json | None:
-    """How far the cold b1_greedy ratios without the pause are from the warmed re-run's."""
-    cold, warm = sections.get("b1_greedy"), sections.get("b1_greedy_warm")
-    if not cold or not warm:
-        return None
-    rest = without_pauses({"b1_greedy": cold})["sections"].get("b1_greedy")
-    if not rest:
-        return None
-    plain = warm["summaries"]["target_only"]["tokens_per_s"]
-    diff = {n: rest["vs_target_only"][n] - warm["summaries"][n]["tokens_per_s"] / plain
-            for n in spec_names(warm) if n in rest["vs_target_only"]}
-    return {"how": "b1_greedy's ratio to target-only without target-only's paused prompt, minus b1_greedy_warm's "
-                   "ratio, per system", "difference": diff, "max_abs_difference": max(abs(v) for v in diff.values())}
-
-
 def vs_target_only(sections: dict[str, Json]) -> Json:
     out: Json = {"how": "tokens/s / target-only tokens/s per system (whole section, as summarize_run), and its min "
                         "and max over a section's fixed arms and over its bandits", "sections": {}}
@@ -350,8 +334,17 @@ def pooled_arms(section: Json, names: Sequence[str]) -> Json:
     return out
 
 
-def batch_b1(section: Json) -> Json:
-    return {"how": "b1_greedy_warm's step rows: per domain, per step, against the floor, and the bandits' arms",
+def warm_b1(sections: dict[str, Json]) -> str | None:
+    """The batch-1 greedy section timed warm: b1_greedy_warm (a re-run of a cold b1_greedy), or
+    b1_greedy itself when it warmed up on every batch (``--warmup -1``)."""
+    if "b1_greedy_warm" in sections:
+        return "b1_greedy_warm"
+    b1 = sections.get("b1_greedy")
+    return "b1_greedy" if b1 and int(b1["args"].get("warmup", 1)) < 0 else None
+
+
+def batch_b1(section: Json, name: str) -> Json:
+    return {"how": f"{name}'s step rows: per domain, per step, against the floor, and the bandits' arms",
             "per_domain": per_domain(section),
             "step_economics": step_economics(section),
             "floor": floor(section),
@@ -373,8 +366,11 @@ def batched(section: Json) -> Json:
     out = {"how": f"step rows pooled over the bandits, per arm (medians; tokens per row = emitted / rows stepped); "
                   f"target-only's median step as the unit; steps over {SLOW_STEP_MS:g} ms per bandit, and their ms "
                   f"over all of target-only's step ms; over_hf_batch: each system over the batches with the rows "
-                  f"hf_eager ran, against hf_eager",
+                  f"hf_eager ran, against hf_eager; plain_steps: per system in the order it ran, the share of "
+                  f"steps that proposed no token (target-only, the batch limit, a lookup without a match) and "
+                  f"their median target-forward and step ms",
            "target_only_steps": len(plain), "target_only_step_ms_total": plain_ms,
+           "plain_steps": plain_steps(section),
            "pooled_arms": pooled_arms(section, names), "arm_mix": arm_mix(section), "slow_steps": slow,
            "catch_up": {"how": CATCH_UP_HOW, **catch_up(section, names)}}
     hf = section["runs"].get("hf_eager")
@@ -386,22 +382,16 @@ def batched(section: Json) -> Json:
     return out
 
 
-def hf_cross_run(cold: Json, warm: Json) -> Json | None:
-    hf = {n: run for n, run in cold["runs"].items() if n.startswith("hf_")}
-    if not hf:
-        return None
-    prompts = {r["prompt"] for r in next(iter(hf.values()))["requests"]}
-    rates = {n: tokens_per_s(r for r in run["requests"] if r["prompt"] in prompts)
-             for n, run in warm["runs"].items() if run.get("steps")}
-    rates.update({n: tokens_per_s(run["requests"]) for n, run in hf.items()})
-    ratio = {n: {h: v / rates[h] for h in hf} for n, v in rates.items()}
-    bandits = [n for n in rates if n.startswith("bandit:")]
-    return {"how": "b1_greedy_warm's systems over the prompts the HF baselines ran in b1_greedy, against those "
-                   "(cold) HF rates: every system over every HF baseline; per-request tokens/s of each HF baseline",
-            "prompts": sorted(prompts), "tokens_per_s": rates, "over_hf": ratio,
-            "bandits_over_hf": {h: span(ratio[n][h] for n in bandits) for h in hf},
-            "hf_request_tokens_per_s": {n: span(r["new_tokens"] / r["wall_s"] for r in run["requests"])
-                                        for n, run in hf.items()}}
+def plain_steps(section: Json) -> Json:
+    out = {}
+    for n, run in section["runs"].items():
+        if not run.get("steps"):
+            continue
+        plain = [s for s in run["steps"] if s["gamma"] == 0]
+        out[n] = {"steps": len(run["steps"]), "plain_share": len(plain) / len(run["steps"]),
+                  "plain_target_ms_median": median(s["target_ms"] for s in plain),
+                  "plain_step_ms_median": median(s["step_ms"] for s in plain)}
+    return out
 
 
 def nf4(sections: dict[str, Json]) -> Json | None:
@@ -416,7 +406,7 @@ def nf4(sections: dict[str, Json]) -> Json | None:
         return tokens_per_s(r for r in sec["runs"][n]["requests"] if r["prompt"] in ps)
 
     names = [n for n in q["runs"] if q["runs"][n].get("steps")]
-    tps = {n: {"nf4_all": rate(q, n, every), "nf4_kept": rate(q, n, keep), "bf16_cold_kept": rate(cold, n, keep)}
+    tps = {n: {"nf4_all": rate(q, n, every), "nf4_kept": rate(q, n, keep), "bf16_kept": rate(cold, n, keep)}
            for n in names}
     spec = next(n for n in names if n.startswith("bandit:"))
 
@@ -424,12 +414,13 @@ def nf4(sections: dict[str, Json]) -> Json | None:
         return median(s[key] for s in sec["runs"][n]["steps"] if arm is None or s["arm_name"] == arm)
 
     arms = sorted({s["arm_name"] for s in q["runs"][spec]["steps"]} - {"none"})
-    return {"how": f"b1_nf4 against cold b1_greedy (bf16) over the prompts on which NF4 target-only did not pause "
+    warmth = "warmed on every batch" if int(cold["args"].get("warmup", 1)) < 0 else "cold: one-batch warm-up"
+    return {"how": f"b1_nf4 against b1_greedy (bf16, {warmth}) over the prompts on which NF4 target-only did not pause "
                    f"(over {PAUSE_MS:g} ms outside its steps); medians of step components, in {spec}'s steps per arm",
             "prompts_kept": sorted(keep), "tokens_per_s": tps,
-            "nf4_target_only_over_bf16": tps["target_only"]["nf4_kept"] / tps["target_only"]["bf16_cold_kept"],
+            "nf4_target_only_over_bf16": tps["target_only"]["nf4_kept"] / tps["target_only"]["bf16_kept"],
             "nf4_spec_over_nf4_target_only": tps[spec]["nf4_kept"] / tps["target_only"]["nf4_kept"],
-            "nf4_spec_over_bf16_target_only": tps[spec]["nf4_kept"] / tps["target_only"]["bf16_cold_kept"],
+            "nf4_spec_over_bf16_target_only": tps[spec]["nf4_kept"] / tps["target_only"]["bf16_kept"],
             "target_only_target_ms_median": {"nf4": med(q, "target_only", "target_ms"),
                                              "bf16": med(cold, "target_only", "target_ms")},
             "spec_by_arm": {a: {"target_ms_median": {"nf4": med(q, spec, "target_ms", a), "bf16": med(cold, spec, "target_ms", a)},
@@ -554,21 +545,6 @@ def model_vs_measured(section: Json, model: Json) -> Json:
                    "the modelled rate", "systems": out}
 
 
-def model_costs_warm(raw: Json) -> Json | None:
-    """The modelled workload's step costs from the warmed re-run, against those it uses (cold b1_greedy)."""
-    if not {"b1_greedy", "b1_greedy_warm"} <= {k for k, v in raw["sections"].items() if v}:
-        return None
-    from bandit_workload import h200_costs  # the model's own rules (imports numpy)
-
-    cold, warm = h200_costs(raw)["step_s"], h200_costs(raw, "b1_greedy_warm")["step_s"]
-    rel = {a: ([w / c - 1 for w, c in zip(warm[a], cold[a], strict=True)] if isinstance(cold[a], list)
-               else warm[a] / cold[a] - 1) for a in cold}
-    flat = [x for v in rel.values() for x in (v if isinstance(v, list) else [v])]
-    return {"how": "benchmarks/bandit_workload.py h200_costs on b1_greedy_warm against the same on b1_greedy (the "
-                   "section the model reads): warm / cold - 1 of each arm's modelled step cost (a list: per "
-                   "proposal width)", "relative_difference": rel, "range": span(flat)}
-
-
 def bf16(sections: dict[str, Json]) -> Json:
     out: Json = {"how": "sections.*.bf16_divergence (greedy bf16 speculative tokens against target-only's, per "
                         "system and prompt): runs that diverged, prompts diverged in at least one system, and the "
@@ -627,16 +603,15 @@ def rounded(x: Any, digits: int = 6) -> Any:
 def analyse(raw: Json, model: Json | None) -> Json:
     summary = raw["summary"]
     sections = {k: v for k, v in raw["sections"].items() if v}
+    b1 = warm_b1(sections)
     groups: dict[str, Callable[[], Json | None]] = {
         "overview": lambda: overview(sections),
         "outside_steps": lambda: outside_steps(sections),
         "without_pauses": lambda: without_pauses(sections),
-        "cold_vs_warm": lambda: cold_vs_warm(sections),
         "vs_target_only": lambda: vs_target_only(sections),
         "host_fraction": lambda: host_fraction(sections),
-        "b1_greedy_warm": lambda: batch_b1(sections["b1_greedy_warm"]) if "b1_greedy_warm" in sections else None,
-        "hf_cross_run": lambda: (hf_cross_run(sections["b1_greedy"], sections["b1_greedy_warm"])
-                                 if {"b1_greedy", "b1_greedy_warm"} <= set(sections) else None),
+        "b1_greedy": lambda: batch_b1(sections[b1], b1) if b1 else None,
+        "b1_adaptive": lambda: batch_b1(sections["b1_adaptive"], "b1_adaptive") if "b1_adaptive" in sections else None,
         "b8_greedy": lambda: batched(sections["b8_greedy"]) if "b8_greedy" in sections else None,
         "b32_greedy": lambda: batched(sections["b32_greedy"]) if "b32_greedy" in sections else None,
         "b1_nf4": lambda: nf4(sections),
@@ -645,7 +620,6 @@ def analyse(raw: Json, model: Json | None) -> Json:
         "workload_adaptive_steps": lambda: adaptive_steps(sections["workload_adaptive"]) if "workload_adaptive" in sections else None,
         "model_vs_measured": lambda: (model_vs_measured(sections["workload_adaptive"], model)
                                       if model and "workload_adaptive" in sections else None),
-        "model_costs_warm_vs_cold": lambda: model_costs_warm(raw),
         "bf16_divergence": lambda: bf16(sections),
     }
     return {k: v for k, f in groups.items() if (v := f()) is not None}

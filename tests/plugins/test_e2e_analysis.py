@@ -97,7 +97,7 @@ def test_outside_steps_and_pauses(result: dict[str, Any]) -> None:
 
 
 def test_per_domain_and_step_economics(result: dict[str, Any]) -> None:
-    b1 = result["b1_greedy_warm"]
+    b1 = result["b1_greedy"]
     assert b1["per_domain"]["tokens_per_s"]["target_only"] == {"code": pytest.approx(300.0), "prose": pytest.approx(10.0)}
     assert b1["per_domain"]["vs_target_only"]["fixed:draft0.5b-g3"]["prose"] == pytest.approx(10.0)  # 100 against 10
     eco = b1["step_economics"]["arms"]["fixed:draft0.5b-g3"]
@@ -109,12 +109,12 @@ def test_per_domain_and_step_economics(result: dict[str, Any]) -> None:
 
 
 def test_catch_up(result: dict[str, Any]) -> None:
-    cu = result["b1_greedy_warm"]["catch_up"]["draft0.5b-g3"]
+    cu = result["b1_greedy"]["catch_up"]["draft0.5b-g3"]
     assert cu["after_other"]["steps"] == 1 and cu["after_other"]["draft_ms_median"] == pytest.approx(6.0)
     assert cu["after_same_draft"]["steps"] == 1 and cu["after_same_draft"]["draft_ms_median"] == pytest.approx(4.2)
     assert cu["extra_draft_s"] == pytest.approx(0.0018)
     assert cu["fixed_run"]["draft_ms_median"] == pytest.approx(3.0)
-    mix = result["b1_greedy_warm"]["bandits"]["arm_mix"]["bandit:Thompson"]
+    mix = result["b1_greedy"]["bandits"]["arm_mix"]["bandit:Thompson"]
     assert mix["draft_arm_step_share"] == pytest.approx(0.75)
     assert mix["draft_arm_time_share"] == pytest.approx(20.2 / 22.2, abs=1e-4)
 
@@ -130,3 +130,10 @@ def test_misaligned_steps_are_an_error() -> None:
         ea.split_batches(run)
     with pytest.raises(ValueError, match="does not line up"):
         ea.split_batches({"requests": run["requests"], "steps": run["steps"][:2]})
+
+
+def test_the_warm_batch1_section_is_b1_greedy_only_when_it_warmed_on_every_batch() -> None:
+    e2e_analysis = load_benchmark("e2e_analysis")
+    assert e2e_analysis.warm_b1({"b1_greedy": {"args": {"warmup": -1}}}) == "b1_greedy"
+    assert e2e_analysis.warm_b1({"b1_greedy": {"args": {"warmup": 1}}}) is None
+    assert e2e_analysis.warm_b1({"b1_greedy": {"args": {"warmup": 1}}, "b1_greedy_warm": {}}) == "b1_greedy_warm"
