@@ -366,7 +366,7 @@ def batched(section: Json) -> Json:
     out = {"how": f"step rows pooled over the bandits, per arm (medians; tokens per row = emitted / rows stepped); "
                   f"target-only's median step as the unit; steps over {SLOW_STEP_MS:g} ms per bandit, and their ms "
                   f"over all of target-only's step ms; over_hf_batch: each system over the batches with the rows "
-                  f"hf_eager ran, against hf_eager; plain_steps: per system in the order it ran, the share of "
+                  f"hf_eager ran, against hf_eager; plain_steps: per system (in the bench's order), the share of "
                   f"steps that proposed no token (target-only, the batch limit, a lookup without a match) and "
                   f"their median target-forward and step ms",
            "target_only_steps": len(plain), "target_only_step_ms_total": plain_ms,

@@ -225,7 +225,8 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
         plan.append((f"bandit:{type(selector).__name__}", arms, selector))
         plan += [(f"bandit:{name}", arms, make_selector(name, len(pipeline.choices))) for name in args.selectors]
     reward, limit = pipeline.reward, pipeline.speculate_max_batch
-    for name, use_arms, sel in plan:
+    timed: list[tuple[str, list[Any], Any, Any, list[dict[str, Any]]]] = []
+    for name, use_arms, sel in plan:  # every system warms up before any is timed
         # A fixed arm runs at every batch size (what the arm itself costs); the bandits keep the
         # config's batch limit, which then shows as the arm "batch_limit" in their steps.
         pipeline.speculate_max_batch = limit if name.startswith("bandit:") else None
@@ -233,10 +234,16 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
         pipeline.arms, pipeline.selector, pipeline.reward = use_arms, copy.deepcopy(sel), copy.deepcopy(reward)
         _say(f"{name}: warm-up")
         run_pipeline(pipeline, prompts, warm_groups(groups, args.warmup), args, domains)
-        pipeline.selector, pipeline.reward = sel, copy.deepcopy(reward)
-        runs = [run_pipeline(pipeline, prompts, groups, args, domains) for _ in range(args.repeats)]
-        merged = {"requests": [r for x in runs for r in x["requests"]], "steps": [s for x in runs for s in x["steps"]]}
-        record(name, merged)
+        timed.append((name, use_arms, sel, copy.deepcopy(reward), []))
+    for rep in range(args.repeats):
+        # Repeats alternate the order (ABBA): a drift over the run (clocks, allocator) then
+        # weighs on every system alike instead of on the ones that run last.
+        for name, use_arms, sel, rew, runs in timed if rep % 2 == 0 else timed[::-1]:
+            pipeline.speculate_max_batch = limit if name.startswith("bandit:") else None
+            pipeline.arms, pipeline.selector, pipeline.reward = use_arms, sel, rew
+            runs.append(run_pipeline(pipeline, prompts, groups, args, domains))
+            record(name, {"requests": [r for x in runs for r in x["requests"]],
+                          "steps": [s for x in runs for s in x["steps"]]})
     pipeline.arms, pipeline.selector, pipeline.reward = arms, selector, reward
     pipeline.speculate_max_batch = limit
 
@@ -504,7 +511,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=-1,
                    help="batches run untimed before timing, per system (-1: all of them, so no capture or compile "
                         "of a new shape lands in a timed run; selectors warm up on a copy and are timed untrained)")
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="timed runs per system; repeats alternate the systems' order (A B, B A, ...) after every "
+                        "system has warmed up, so use 2 or more to balance a drift over the run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prompts", type=int, default=0, help="use only the first N prompts (0 = all)")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list from {','.join(SYSTEMS)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _tiny import perturbed_lm, tiny_lm
@@ -119,3 +120,30 @@ def test_warm_up_runs_every_batch_and_leaves_the_selector_untrained(setup: dict[
     flashspec_runs(pipe, prompts, batches(3, 1), args, ["code", "prose", "code"], lambda n, r: runs.__setitem__(n, r))
     (name,) = runs
     assert pipe.selector.t == len(runs[name]["steps"]) > 0  # UCB1's step count: the timed run's alone
+
+
+def test_every_system_warms_up_first_and_repeats_alternate_the_order(
+    setup: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Warm-ups of all systems come before any timed run, and the timed runs go A B, B A, A B
+    (a drift over the run weighs on every system alike); each repeat is recorded."""
+    import flashspec_fast.bench as bench
+    from flashspec_core.build import build_pipeline
+
+    args = bench.parser().parse_args(["--workload", str(setup["workload"]), "--config", str(setup["config"]),
+                                      "--out", str(setup["root"] / "o3"), "--no-fixed-arms", "--repeats", "3"])
+    args.systems = ["target_only", "flashspec"]
+    pipe = build_pipeline(bench.load_config_dict(args.config, args.dtype, args.fuse, args.quantization))
+    calls: list[tuple[str, bool]] = []
+
+    def fake_run(pipeline: Any, prompts: Any, groups: Any, args: Any, domains: Any) -> dict[str, Any]:
+        calls.append((pipeline.arms[0].name if len(pipeline.arms) == 1 else "bandit", groups == ["warm"]))
+        return {"requests": [{"new_tokens": 1}], "steps": []}
+
+    monkeypatch.setattr(bench, "run_pipeline", fake_run)
+    monkeypatch.setattr(bench, "warm_groups", lambda groups, warmup: ["warm"])
+    recorded: dict[str, int] = {}
+    bench.flashspec_runs(pipe, [[1]], [[0]], args, ["code"], lambda n, r: recorded.__setitem__(n, len(r["requests"])))
+    assert calls == [("none", True), ("bandit", True),
+                     ("none", False), ("bandit", False), ("bandit", False), ("none", False), ("none", False), ("bandit", False)]
+    assert recorded == {"target_only": 3, "bandit:UCB1": 3}
