@@ -466,6 +466,12 @@ def main() -> None:
         "commit": args.commit,
         "config": {k: ([str(x) for x in v] if k == "dtypes" else v) for k, v in cfg.items()},
     }
+    result["config"]["defaults"] = {  # the code's settings before the sweep may replace them
+        "PASS_CONFIG": {str(k): list(v) for k, v in ops.PASS_CONFIG.items()},
+        "RACE_BLOCK_V": ops.RACE_BLOCK_V, "RACE_WARPS": ops.RACE_WARPS,
+        "PROGRAMS_PER_SM": getattr(ops, "PROGRAMS_PER_SM", None),
+        "graph_max_bytes": TritonVerifierConfig().graph_max_bytes,
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "verify-kernels-h200.json"

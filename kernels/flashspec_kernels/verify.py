@@ -75,15 +75,15 @@ from flashspec_core.contracts import SamplingParams, Verdict
 from flashspec_core.sampling import Noise, filter_logits, verify_greedy, verify_random
 
 # Block sizes: the fastest in benchmarks/verify_kernels.py's sweeps on an H200
-# (docs/benchmarks/verify-kernels-h200.json, "pass_sweep" and "race_sweep", commit 1b9e1fc):
-# the pass's best pair at the 4 programs per SM the launcher uses, in both dtypes.
+# (docs/benchmarks/verify-kernels-h200.json at dcd459a, "pass_sweep" and "race_sweep"; the
+# run's table was timed with these): the pass's best (block, warps, programs per SM) per dtype.
 # full pass (and greedy argmax): bytes per logit -> (logits per block, warps per program)
-PASS_CONFIG = {2: (4096, 8), 4: (4096, 8)}
+PASS_CONFIG = {2: (4096, 4), 4: (2048, 4)}
 RACE_BLOCK_V = 8192  # logits per block in the race (four quarters, one philox call per quad)
 RACE_WARPS = 8
-# Programs the launcher aims for per SM (verify_kernels.py's pass sweep sets it for the rest of
-# its run; its 1b9e1fc sweep preferred 16 for the bf16 pass alone, not yet timed for whole steps).
-PROGRAMS_PER_SM = 4
+# Programs the launcher aims for per SM (the pass sweep's pick in both dtypes at dcd459a; the
+# previous default, 4, was 1-12% slower on its bf16 shapes: verify-kernels-h200-analysis.json).
+PROGRAMS_PER_SM = 32
 # Register cap of the race on CUDA (the interpreter ignores it). The one-row race compiled
 # to ~128 registers in philox mode; its [1, N]-tile form compiles to ~167 uncapped, one
 # program fewer per SM and up to 15% slower; exact mode gains 25-30% from the cap.
