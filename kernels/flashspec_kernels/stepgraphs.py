@@ -24,10 +24,9 @@ import torch
 from flashspec_core.contracts import Verdict
 from flashspec_core.cudagraph import capture
 
-# Logits of up to this many bytes: copy in and replay. In the H200 run (verify-kernels-h200.json,
-# raw rows) a graph replay plus a device copy of the logits beat the direct launches for
-# every shape up to 93 MiB of logits (e.g. 94 vs 147 us at 39 MiB) and lost for every shape from 185 MiB
-# (verify-kernels-h200-analysis.json, graph_threshold).
+# Logits of up to this many bytes: copy in and replay. In the H200 runs a graph replay plus a
+# device copy of the logits beat the direct launches for every shape up to 93 MiB of logits and
+# lost for every shape from 185 MiB (verify-kernels-h200-analysis.json, graph_threshold).
 GRAPH_MAX_BYTES = 96 << 20
 MAX_GRAPHS = 32  # captured shapes kept (least recently used dropped)
 
