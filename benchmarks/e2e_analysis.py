@@ -344,8 +344,10 @@ def warm_b1(sections: dict[str, Json]) -> str | None:
 
 
 def batch_b1(section: Json, name: str) -> Json:
-    return {"how": f"{name}'s step rows: per domain, per step, against the floor, and the bandits' arms",
+    return {"how": f"{name}'s step rows: per domain, per step, against the floor, the bandits' arms, and "
+                   "per system the share of steps that proposed no token with their median times (plain_steps)",
             "per_domain": per_domain(section),
+            "plain_steps": plain_steps(section),
             "step_economics": step_economics(section),
             "floor": floor(section),
             "bandits": {"how": f"per bandit run (arm_mix): share of steps and of step time on the arms that can run "
@@ -466,7 +468,11 @@ def workload(summary: Json, sections: dict[str, Json]) -> Json:
             tokens[r["domain"]] += r["new_tokens"]
         selectable = [f"fixed:{arm['name']}" for arm in tomllib.loads(sec["config"])["arm"] if arm.get("select", True)]
         two = oracle(pol, dict(tokens), selectable)
-        out["two_arms"] = {"vs_target_only": {k: v["tps"] / plain for k, v in pol.items()},
+        best = max(v["tps"] for k, v in pol.items() if k.startswith("fixed:"))
+        orders = {o: [v["tps"] for k, v in pol.items() if k.endswith(f"@{o}")] for o in ("interleaved", "blocked")}
+        out["two_arms"] = {"by_order": {o: {"tps": span(v), "vs_best_fixed": span(x / best for x in v)}
+                                        for o, v in orders.items() if v},
+                           "vs_target_only": {k: v["tps"] / plain for k, v in pol.items()},
                            "bandits_vs_target_only": span(v["tps"] / plain for k, v in pol.items() if k.startswith("bandit")),
                            "oracle_vs_target_only": a["oracle_tps"] / plain,
                            "selectable_arms": selectable, "selectable_oracle": two,
