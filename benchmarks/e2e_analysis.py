@@ -35,7 +35,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from e2e_h200 import floor_table  # noqa: E402  (a sibling script, not a package)
+from e2e_h200 import cold, floor_table  # noqa: E402  (a sibling script, not a package)
 
 Json = dict[str, Any]
 
@@ -340,7 +340,7 @@ def warm_b1(sections: dict[str, Json]) -> str | None:
     if "b1_greedy_warm" in sections:
         return "b1_greedy_warm"
     b1 = sections.get("b1_greedy")
-    return "b1_greedy" if b1 and int(b1["args"].get("warmup", 1)) < 0 else None
+    return "b1_greedy" if b1 and not cold(b1) else None
 
 
 def batch_b1(section: Json, name: str) -> Json:
@@ -397,8 +397,8 @@ def plain_steps(section: Json) -> Json:
 
 
 def nf4(sections: dict[str, Json]) -> Json | None:
-    q, cold = sections.get("b1_nf4"), sections.get("b1_greedy")
-    if not q or not cold:
+    q, bf16 = sections.get("b1_nf4"), sections.get("b1_greedy")
+    if not q or not bf16:
         return None
     drop = {b.requests[0]["prompt"] for b in split_batches(q["runs"]["target_only"]) if b.outside_ms > PAUSE_MS}
     every = {r["prompt"] for r in q["runs"]["target_only"]["requests"]}
@@ -408,7 +408,7 @@ def nf4(sections: dict[str, Json]) -> Json | None:
         return tokens_per_s(r for r in sec["runs"][n]["requests"] if r["prompt"] in ps)
 
     names = [n for n in q["runs"] if q["runs"][n].get("steps")]
-    tps = {n: {"nf4_all": rate(q, n, every), "nf4_kept": rate(q, n, keep), "bf16_kept": rate(cold, n, keep)}
+    tps = {n: {"nf4_all": rate(q, n, every), "nf4_kept": rate(q, n, keep), "bf16_kept": rate(bf16, n, keep)}
            for n in names}
     spec = next(n for n in names if n.startswith("bandit:"))
 
@@ -416,7 +416,7 @@ def nf4(sections: dict[str, Json]) -> Json | None:
         return median(s[key] for s in sec["runs"][n]["steps"] if arm is None or s["arm_name"] == arm)
 
     arms = sorted({s["arm_name"] for s in q["runs"][spec]["steps"]} - {"none"})
-    warmth = "warmed on every batch" if int(cold["args"].get("warmup", 1)) < 0 else "cold: one-batch warm-up"
+    warmth = "cold: one-batch warm-up" if cold(bf16) else "warmed on every batch"
     return {"how": f"b1_nf4 against b1_greedy (bf16, {warmth}) over the prompts on which NF4 target-only did not pause "
                    f"(over {PAUSE_MS:g} ms outside its steps); medians of step components, in {spec}'s steps per arm",
             "prompts_kept": sorted(keep), "tokens_per_s": tps,
@@ -424,9 +424,9 @@ def nf4(sections: dict[str, Json]) -> Json | None:
             "nf4_spec_over_nf4_target_only": tps[spec]["nf4_kept"] / tps["target_only"]["nf4_kept"],
             "nf4_spec_over_bf16_target_only": tps[spec]["nf4_kept"] / tps["target_only"]["bf16_kept"],
             "target_only_target_ms_median": {"nf4": med(q, "target_only", "target_ms"),
-                                             "bf16": med(cold, "target_only", "target_ms")},
-            "spec_by_arm": {a: {"target_ms_median": {"nf4": med(q, spec, "target_ms", a), "bf16": med(cold, spec, "target_ms", a)},
-                                "draft_ms_median": {"nf4": med(q, spec, "draft_ms", a), "bf16": med(cold, spec, "draft_ms", a)}}
+                                             "bf16": med(bf16, "target_only", "target_ms")},
+            "spec_by_arm": {a: {"target_ms_median": {"nf4": med(q, spec, "target_ms", a), "bf16": med(bf16, spec, "target_ms", a)},
+                                "draft_ms_median": {"nf4": med(q, spec, "draft_ms", a), "bf16": med(bf16, spec, "draft_ms", a)}}
                             for a in arms}}
 
 

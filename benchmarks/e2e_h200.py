@@ -38,23 +38,21 @@ def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: 
     match-only lookup falling back to the first draft, no speculation, Thompson sampling
     with the throughput reward. ``adaptive``: only the two lookup-first arms to choose from
     (match-only lookup, and the same falling back to the first draft, which is
-    ``select = false``): the choice is then whether to draft where lookup finds nothing."""
+    ``select = false``): the choice is then whether to draft where lookup finds nothing.
+    Both stop speculating above :data:`SPECULATE_MAX_BATCH` live rows."""
+    g, d = lookup_gamma, draft_gammas[0]
+
+    def draft(gamma: int) -> str:
+        return f"[[arm]]\n{fast_table(paths['draft'], max_len, fuse)}gamma = {gamma}\nname = \"draft0.5b-g{gamma}\"\n"
+
+    match = f'[[arm]]\nuse = "prompt_lookup"\ngamma = {g}\nmin_ngram = 2\nfill = false\n'
+    lookup_first = [f'{match}name = "lookup-match-g{g}"\n',  # and the same with the draft where lookup finds nothing:
+                    f'{match}fallback = "draft0.5b-g{d}"\nname = "lookup-match-g{g}-or-draft0.5b-g{d}"\n']
     if adaptive:
-        g, d = lookup_gamma, draft_gammas[0]
-        match = f'[[arm]]\nuse = "prompt_lookup"\ngamma = {g}\nmin_ngram = 2\nfill = false\n'
-        arms = [f'{match}name = "lookup-match-g{g}"\n',
-                f'{match}fallback = "draft0.5b-g{d}"\nname = "lookup-match-g{g}-or-draft0.5b-g{d}"\n',
-                f"[[arm]]\n{fast_table(paths['draft'], max_len, fuse)}gamma = {d}\nname = \"draft0.5b-g{d}\"\nselect = false\n"]
-        return (f"[target]\n{fast_table(paths['target'], max_len, fuse)}\n" + "\n".join(arms)
-                + f'\n[verifier]\nuse = "{verifier}"\n\n[selector]\nuse = "thompson"\nreward = "throughput"\n')
-    arms = [f"[[arm]]\n{fast_table(paths['draft'], max_len, fuse)}gamma = {g}\nname = \"draft0.5b-g{g}\"\n"
-            for g in draft_gammas]
-    arms.append(f'[[arm]]\nuse = "prompt_lookup"\ngamma = {lookup_gamma}\nname = "lookup-g{lookup_gamma}"\n')
-    match = f'[[arm]]\nuse = "prompt_lookup"\ngamma = {lookup_gamma}\nmin_ngram = 2\nfill = false\n'
-    arms.append(f'{match}name = "lookup-match-g{lookup_gamma}"\n')
-    arms.append(f'{match}fallback = "draft0.5b-g{draft_gammas[0]}"\n'  # the draft where lookup finds nothing
-                f'name = "lookup-match-g{lookup_gamma}-or-draft0.5b-g{draft_gammas[0]}"\n')
-    arms.append('[[arm]]\nuse = "none"\nname = "none"\n')
+        arms = [*lookup_first, f"{draft(d)}select = false\n"]
+    else:
+        arms = [*map(draft, draft_gammas), f'[[arm]]\nuse = "prompt_lookup"\ngamma = {g}\nname = "lookup-g{g}"\n',
+                *lookup_first, '[[arm]]\nuse = "none"\nname = "none"\n']
     return (f"[target]\n{fast_table(paths['target'], max_len, fuse)}\n" + "\n".join(arms)
             + f'\n[verifier]\nuse = "{verifier}"\n\n[selector]\nuse = "thompson"\nreward = "throughput"\n'
             + f"speculate_max_batch = {SPECULATE_MAX_BATCH}\n")

@@ -225,22 +225,22 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
         plan.append((f"bandit:{type(selector).__name__}", arms, selector))
         plan += [(f"bandit:{name}", arms, make_selector(name, len(pipeline.choices))) for name in args.selectors]
     reward, limit = pipeline.reward, pipeline.speculate_max_batch
-    timed: list[tuple[str, list[Any], Any, Any, list[dict[str, Any]]]] = []
+    timed: list[tuple[str, list[Any], Any, Any, int | None, list[dict[str, Any]]]] = []
     for name, use_arms, sel in plan:  # every system warms up before any is timed
         # A fixed arm runs at every batch size (what the arm itself costs); the bandits keep the
         # config's batch limit, which then shows as the arm "batch_limit" in their steps.
-        pipeline.speculate_max_batch = limit if name.startswith("bandit:") else None
+        pipeline.speculate_max_batch = own_limit = limit if name.startswith("bandit:") else None
         # Warm-up on copies of the selector and the reward's running state: the timed run starts untrained.
         pipeline.arms, pipeline.selector, pipeline.reward = use_arms, copy.deepcopy(sel), copy.deepcopy(reward)
         _say(f"{name}: warm-up")
         run_pipeline(pipeline, prompts, warm_groups(groups, args.warmup), args, domains)
-        timed.append((name, use_arms, sel, copy.deepcopy(reward), []))
+        timed.append((name, use_arms, sel, copy.deepcopy(reward), own_limit, []))
     for rep in range(args.repeats):
         # Repeats alternate the order (ABBA): a drift over the run (clocks, allocator) then
         # weighs on every system alike instead of on the ones that run last.
-        for name, use_arms, sel, rew, runs in timed if rep % 2 == 0 else timed[::-1]:
-            pipeline.speculate_max_batch = limit if name.startswith("bandit:") else None
+        for name, use_arms, sel, rew, own_limit, runs in timed if rep % 2 == 0 else timed[::-1]:
             pipeline.arms, pipeline.selector, pipeline.reward = use_arms, sel, rew
+            pipeline.speculate_max_batch = own_limit
             runs.append(run_pipeline(pipeline, prompts, groups, args, domains))
             record(name, {"requests": [r for x in runs for r in x["requests"]],
                           "steps": [s for x in runs for s in x["steps"]]})
