@@ -8,8 +8,16 @@ Writes ``DIR/verify-kernels-h200.json``: device, versions, config, the GPU check
 copy bandwidth, and per shape the median times of
 
 * ``logits_pass_ms``: the one full pass over the logits (``_lse_partial_kernel``) alone;
+* ``read_floor_ms``: the same bytes read by the simplest streaming kernel (one block per
+  program, one sum; the fastest of three block sizes): what launch latency and the DRAM
+  ramp leave a kernel of this size;
 * ``triton_ms`` / ``triton_exact_ms``: a whole ``TritonVerifier.verify`` step as the
-  engine calls it (noise, the kernels, output allocation), philox and exact noise;
+  engine calls it (noise, the kernels, output allocation), philox and exact noise; the
+  logits stay at one address, as the fast target's output buffer does, so from the second
+  call on the step replays a pinned graph (:mod:`flashspec_kernels.stepgraphs`);
+* ``triton_unpinned_ms``: the same step with ``graph_pin = false`` (a graph over copies of
+  the inputs up to ``graph_max_bytes``, direct launches above);
+* ``triton_direct_ms``: the same step with ``graph_max_bytes = 0`` (always direct);
 * ``triton_graph_ms``: the philox step replayed from a CUDA graph (no launch gaps);
 * ``reference_ms``: ``ReferenceVerifier.verify`` on the same GPU;
 * ``compile_ms``: ``Noise.draw`` + ``torch.compile(verify_random, dynamic=True)``
@@ -18,7 +26,8 @@ copy bandwidth, and per shape the median times of
 Times are ``triton.testing.do_bench`` medians, which clear the L2 (256 MB write)
 before every timed call, so no input is served from the cache and inputs need no
 rotation; ``*_wall_ms`` are host medians of ``step(); synchronize()``.
-``bandwidth_fraction = B*(gamma+1)*V*bytes / logits_pass_ms / copy_bandwidth``.
+``bandwidth_fraction = B*(gamma+1)*V*bytes / logits_pass_ms / copy_bandwidth``;
+``read_floor_fraction`` is the same with ``read_floor_ms``.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from pathlib import Path
 
 import torch
 import triton
+import triton.language as tl
 from triton.testing import do_bench
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / p) for p in ("", "kernels", "plugins")]
@@ -147,7 +157,10 @@ def check_step_graphs() -> dict:
     """The verifier's own graph replay (small steps) against direct launches: same verdicts."""
     res: dict = {"cases": []}
     params = {"greedy": SamplingParams(temperature=0), "t1": SamplingParams(), "t0.7_topk": SamplingParams(0.7, top_k=50)}
-    for b, gamma, v, dtype in ((1, 4, 151936, torch.bfloat16), (8, 8, 32000, torch.bfloat16), (3, 1, 128256, torch.float32)):
+    # the last shape (141 MiB of fp32 logits) is above graph_max_bytes: only a pinned graph replays it
+    shapes = ((1, 4, 151936, torch.bfloat16), (8, 8, 32000, torch.bfloat16), (3, 1, 128256, torch.float32),
+              (32, 8, 128256, torch.float32))  # fmt: skip
+    for b, gamma, v, dtype in shapes:
         for with_q in (False, True):
             logits, tokens, q = make_inputs(b, gamma, v, dtype, with_q, seed=7 * b + gamma)
             for noise_mode in ("philox", "exact"):
@@ -155,13 +168,18 @@ def check_step_graphs() -> dict:
                 direct = TritonVerifier(TritonVerifierConfig(noise=noise_mode, graph_max_bytes=0), DEV)
                 for name, sp in params.items():
                     same = True
-                    for trial in range(3):  # the first call captures, later ones replay
+                    for trial in range(4):  # the first calls capture, later ones replay
+                        if trial == 3:  # new contents at the same addresses: a pinned graph must read them
+                            logits.copy_(make_inputs(b, gamma, v, dtype, with_q, seed=99)[0])
                         ga = graphed.verify(logits, tokens, q, sp, torch.Generator(device=DEV).manual_seed(trial))
                         da = direct.verify(logits, tokens, q, sp, torch.Generator(device=DEV).manual_seed(trial))
                         same &= bool(torch.equal(ga.tokens, da.tokens) and torch.equal(ga.num_accepted, da.num_accepted))
                     res["cases"].append(dict(B=b, gamma=gamma, V=v, dtype=str(dtype), q=with_q, noise=noise_mode,
-                                             sampling=name, identical=same, graphs=len(graphed._graphs)))  # fmt: skip
+                                             sampling=name, identical=same, graphs=len(graphed._graphs),
+                                             pinned_replays=graphed._graphs.pinned_replays,
+                                             copied_replays=graphed._graphs.copied_replays))  # fmt: skip
     res["ok"] = all(c["identical"] and c["graphs"] > 0 for c in res["cases"])
+    res["pinned_cases"] = sum(c["pinned_replays"] > 0 for c in res["cases"])
     log("step graphs:", res["ok"], sum(c["identical"] for c in res["cases"]), "of", len(res["cases"]))
     return res
 
@@ -284,6 +302,31 @@ def logits_pass_fn(logits: torch.Tensor, config: tuple[int, int] | None = None, 
     return run
 
 
+@triton.jit
+def _read_floor_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    # the least a kernel that reads every logit once can do: one block per program, one sum
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(x, axis=0))
+
+
+READ_FLOOR_CONFIGS = [(4096, 4), (8192, 8), (16384, 8)]  # (logits per program, warps)
+
+
+def read_floor(logits: torch.Tensor) -> dict:
+    """The fastest of READ_FLOOR_CONFIGS: the same bytes read by the simplest streaming kernel,
+    timed as the pass is; what launch latency and the DRAM ramp leave at this size."""
+    n = logits.numel()
+    times = {}
+    for block, warps in READ_FLOOR_CONFIGS:
+        out = torch.empty(triton.cdiv(n, block), dtype=torch.float32, device=DEV)
+        run = functools.partial(_read_floor_kernel[(triton.cdiv(n, block),)], logits, out, n, BLOCK=block, num_warps=warps)
+        run()
+        times[f"{block}x{warps}"] = do_bench(run, warmup=10, rep=25, return_mode="median")
+    best = min(times, key=times.get)
+    return {"ms": times[best], "config": best, "by_config": times}
+
+
 def graph_step(ver: TritonVerifier, logits, tokens, sp) -> callable:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -368,7 +411,9 @@ def time_shape(b: int, gamma: int, v: int, dtype: torch.dtype, ctx: dict) -> dic
     row["logits_pass"] = bench(logits_pass_fn(logits), wall=False)
     dst = torch.empty_like(logits)  # a copy of the same bytes: what a memory-bound kernel of this size reaches
     row["copy_same_size"] = bench(functools.partial(dst.copy_, logits), wall=False)
+    row["read_floor"] = read_floor(logits)
     row["triton"] = bench(lambda: ctx["philox"].verify(logits, tokens, None, sp, gen))
+    row["triton_unpinned"] = bench(lambda: ctx["unpinned"].verify(logits, tokens, None, sp, gen))
     row["triton_direct"] = bench(lambda: ctx["direct"].verify(logits, tokens, None, sp, gen))
     row["triton_exact"] = bench(lambda: ctx["exact"].verify(logits, tokens, None, sp, gen))
     row["triton_graph"] = bench(graph_step(ctx["philox"], logits, tokens, sp), wall=False)
@@ -383,6 +428,7 @@ def time_shape(b: int, gamma: int, v: int, dtype: torch.dtype, ctx: dict) -> dic
         row["compile_first_call_s"] = time.time() - t
         row["compile"] = bench(lambda: fn(logits, tokens, None, sp, Noise.draw(b, gamma, v, gen, DEV)))
     row["bandwidth_fraction"] = nbytes / (row["logits_pass"]["ms"] * 1e6) / ctx["copy_gbs"]
+    row["read_floor_fraction"] = nbytes / (row["read_floor"]["ms"] * 1e6) / ctx["copy_gbs"]
     # the same-size copy moves 2 * nbytes (read + write); the pass reads nbytes
     row["bandwidth_fraction_vs_same_size_copy"] = (nbytes / row["logits_pass"]["ms"]) / (
         2 * nbytes / row["copy_same_size"]["ms"])
@@ -393,6 +439,7 @@ def time_shapes(cfg: dict, copy_gbs: float, deadline: float) -> list[dict]:
     ctx = {
         "philox": TritonVerifier(TritonVerifierConfig(noise="philox"), DEV),
         "direct": TritonVerifier(TritonVerifierConfig(noise="philox", graph_max_bytes=0), DEV),
+        "unpinned": TritonVerifier(TritonVerifierConfig(noise="philox", graph_pin=False), DEV),
         "exact": TritonVerifier(TritonVerifierConfig(noise="exact"), DEV),
         "ref": ReferenceVerifier(),
         "compiled": {},
@@ -420,12 +467,13 @@ def summary_row(r: dict) -> dict:
     return dict(
         B=r["B"], gamma=r["gamma"], V=r["V"], dtype=r["dtype"],
         triton_ms=get("triton"), triton_direct_ms=get("triton_direct"), triton_exact_ms=get("triton_exact"),
-        triton_graph_ms=get("triton_graph"),
-        logits_pass_ms=get("logits_pass"), reference_ms=get("reference"), compile_ms=get("compile"),
+        triton_graph_ms=get("triton_graph"), triton_unpinned_ms=get("triton_unpinned"),
+        logits_pass_ms=get("logits_pass"), read_floor_ms=get("read_floor"), reference_ms=get("reference"), compile_ms=get("compile"),
         triton_greedy_ms=get("triton_greedy"), reference_greedy_ms=get("reference_greedy"),
         triton_wall_ms=r["triton"]["wall_ms"], reference_wall_ms=r["reference"]["wall_ms"],
         compile_wall_ms=r["compile"]["wall_ms"] if "compile" in r else None,
-        bandwidth_fraction=r["bandwidth_fraction"], copy_same_size_ms=get("copy_same_size"),
+        bandwidth_fraction=r["bandwidth_fraction"], read_floor_fraction=r.get("read_floor_fraction"),
+        copy_same_size_ms=get("copy_same_size"),
         bandwidth_fraction_vs_same_size_copy=r.get("bandwidth_fraction_vs_same_size_copy"),
         speedup_vs_reference=get("reference") / get("triton"),
         speedup_vs_compile=(get("compile") / get("triton")) if "compile" in r else None,

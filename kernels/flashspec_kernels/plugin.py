@@ -12,8 +12,10 @@ the same generator; the distribution is the same.
 exactly as the reference verifier does (one ``[B, V]`` float32 exponential tensor per
 step, which the race then reads) and so emits the reference's tokens.
 
-On CUDA, steps whose logits take up to ``graph_max_bytes`` bytes replay a captured graph of the
-kernels instead of launching them from Python (:mod:`flashspec_kernels.stepgraphs`).
+On CUDA, steps replay a captured graph of the kernels instead of launching them from Python
+(:mod:`flashspec_kernels.stepgraphs`): without copying the logits once they come back at an
+address seen before (``graph_pin``, as the fast target's static output buffer does), or over
+copies of the inputs when the logits take up to ``graph_max_bytes`` bytes.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class TritonVerifierConfig:
     )
     programs: int = attrs.field(default=0, converter=int, validator=attrs.validators.ge(0))  # 0 = auto
     graph_max_bytes: int = attrs.field(default=96 << 20, converter=int, validator=attrs.validators.ge(0))  # 0 = never
+    # replay without copying the logits when they come back at the same address (stepgraphs)
+    graph_pin: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
 
 class TritonVerifier:
@@ -49,7 +53,7 @@ class TritonVerifier:
         self._ops = ops
         self.config = config
         self.device = torch.device(device) if device is not None else None
-        self._graphs = StepGraphs(config.graph_max_bytes)
+        self._graphs = StepGraphs(config.graph_max_bytes, pin=config.graph_pin)
 
     def verify(
         self,
@@ -104,9 +108,7 @@ class TritonVerifier:
         inputs += [probs] if probs is not None else []
         inputs += [noise.uniform, noise.exponential] if noise is not None else []
         inputs += [state] if state is not None else []
-        if self._graphs.wanted(logits):
-            return self._graphs((sampling, has_q, has_noise, has_state, programs), step, *inputs)
-        return step(*inputs)
+        return self._graphs((sampling, has_q, has_noise, has_state, programs), step, *inputs)
 
 
 def _make(config: Any, device: torch.device | str | None = None) -> Verifier:

@@ -3,20 +3,34 @@
 A verify step is three Triton launches plus a few small tensor ops. On the H200 the
 GPU work of a batch-1 step over 152k logits is ~35 us, while the launches from Python
 take 100-250 us (docs/benchmarks/verify-kernels-h200.json: ``triton_graph_ms`` against
-``triton_ms``). For logits of up to :data:`GRAPH_MAX_BYTES` bytes, the first call of a
-shape captures the step in a CUDA graph over static inputs; later calls copy their
-inputs in (cheap at these sizes), replay, and return copies of the outputs. Larger
-inputs, CPU tensors, and calls made while the caller is itself capturing a graph run
-the kernels directly.
+``triton_ms``). Two kinds of graph serve a step:
+
+* *Pinned*: the engine's logits sit in the target's static output buffer, so the same
+  address comes back step after step. The second call whose large inputs (at least
+  :data:`PIN_MIN_BYTES`: logits, draft probabilities, exact-mode noise) have the same
+  addresses, shapes, strides and dtypes captures a graph that reads them where they are;
+  later calls with those addresses copy only the small inputs (draft tokens, uniforms,
+  the philox state) and replay. Nothing is copied per logit, so this pays at any size.
+  The graph keeps no reference to the caller's tensors: it is only replayed while a
+  caller's live tensor occupies exactly the captured addresses with the captured layout,
+  and then it reads that tensor.
+* *Copied*: other calls with logits of up to :data:`GRAPH_MAX_BYTES` bytes capture a
+  graph over static copies of every input once per shape; later calls copy their inputs
+  in (cheap at these sizes) and replay.
+
+Larger inputs seen for the first time, CPU tensors, and calls made while the caller is
+itself capturing a graph run the kernels directly. Either way the outputs are copies
+(the graph's own buffers are rewritten by the next replay).
 
 The replayed graph is the same kernels with the same arguments, so its verdicts are
-the direct launch's, token for token (the GPU script checks this).
+the direct launch's, token for token (benchmarks/verify_kernels.py checks this on the GPU,
+including new contents at a pinned address).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
@@ -28,49 +42,84 @@ from flashspec_core.cudagraph import capture
 # device copy of the logits beat the direct launches for every shape up to 93 MiB of logits and
 # lost for every shape from 185 MiB (verify-kernels-h200-analysis.json, graph_threshold).
 GRAPH_MAX_BYTES = 96 << 20
-MAX_GRAPHS = 32  # captured shapes kept (least recently used dropped)
+MAX_GRAPHS = 32  # captured graphs kept (least recently used dropped)
+# Inputs of at least this many bytes are read in place by a pinned graph and key it by address;
+# smaller ones (tokens, uniforms, the philox state: a new tensor each step) are copied in.
+PIN_MIN_BYTES = 1 << 20
+SEEN = 64  # pinned keys remembered after one sighting (least recently seen dropped)
 
 Step = Callable[..., Verdict]
+Capture = Callable[[Step, Sequence[torch.Tensor], Any, int], tuple[Any, Verdict]]
 
 
 class StepGraphs:
     """``graphs(key, step, *inputs)``: ``step(*inputs)``, replayed from a graph when it pays."""
 
-    def __init__(self, max_bytes: int = GRAPH_MAX_BYTES, max_graphs: int = MAX_GRAPHS) -> None:
-        self.max_bytes = max_bytes
+    def __init__(
+        self,
+        max_bytes: int = GRAPH_MAX_BYTES,
+        max_graphs: int = MAX_GRAPHS,
+        pin: bool = True,
+        capture_fn: Capture = capture,
+    ) -> None:
+        self.max_bytes = max_bytes  # 0: never replay a graph
         self.max_graphs = max_graphs
-        self._graphs: OrderedDict[Hashable, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], Verdict]] = OrderedDict()
+        self.pin = pin
+        self._capture_fn = capture_fn
+        # key -> (graph, static copies (None where a pinned graph reads the caller's input), outputs)
+        self._graphs: OrderedDict[Hashable, tuple[Any, list[torch.Tensor | None], Verdict]] = OrderedDict()
+        self._seen: OrderedDict[Hashable, None] = OrderedDict()
         self._pool: Any = None
+        self.pinned_replays = 0  # counters for benchmarks and tests
+        self.copied_replays = 0
 
     def __len__(self) -> int:
         return len(self._graphs)
 
+    def usable(self, logits: torch.Tensor) -> bool:
+        """Whether this call may replay a graph at all."""
+        return self.max_bytes > 0 and logits.is_cuda and not torch.cuda.is_current_stream_capturing()
+
     def wanted(self, logits: torch.Tensor) -> bool:
-        return (
-            self.max_bytes > 0
-            and logits.is_cuda
-            and logits.numel() * logits.element_size() <= self.max_bytes
-            and not torch.cuda.is_current_stream_capturing()
-        )
+        """Whether a call with these logits copies its inputs into a graph when not pinned."""
+        return self.usable(logits) and logits.numel() * logits.element_size() <= self.max_bytes
 
     def __call__(self, key: Hashable, step: Step, *inputs: torch.Tensor) -> Verdict:
-        full_key = (key, *((tuple(t.shape), t.dtype, t.device) for t in inputs))
-        entry = self._graphs.get(full_key)
+        if not self.usable(inputs[0]):
+            return step(*inputs)
+        layout = (key, *((tuple(t.shape), t.stride(), t.dtype, t.device) for t in inputs))
+        big = [i for i, t in enumerate(inputs) if t.numel() * t.element_size() >= PIN_MIN_BYTES] if self.pin else []
+        if big:
+            pin_key = (layout, tuple(inputs[i].data_ptr() for i in big))
+            if pin_key in self._graphs or pin_key in self._seen:
+                self.pinned_replays += 1
+                return self._replay(pin_key, step, inputs, big)
+            self._seen[pin_key] = None
+            while len(self._seen) > SEEN:
+                self._seen.popitem(last=False)
+        if not self.wanted(inputs[0]):
+            return step(*inputs)
+        self.copied_replays += 1
+        return self._replay((layout, None), step, inputs, [])
+
+    def _replay(self, key: Hashable, step: Step, inputs: Sequence[torch.Tensor], pinned: list[int]) -> Verdict:
+        entry = self._graphs.get(key)
         if entry is None:
-            entry = self._capture(step, inputs)
-            self._graphs[full_key] = entry
+            static = [None if i in pinned else t.clone() for i, t in enumerate(inputs)]
+            args = [t if s is None else s for s, t in zip(static, inputs, strict=True)]
+            # the warm-up compiles the kernels; the graph reads args' addresses, not the tensors
+            graph, out = self._capture_fn(step, args, self._pool, 1)
+            self._pool = graph.pool()
+            entry = (graph, static, out)
+            self._graphs[key] = entry
+            self._seen.pop(key, None)
             while len(self._graphs) > self.max_graphs:
                 self._graphs.popitem(last=False)
         else:
-            self._graphs.move_to_end(full_key)
+            self._graphs.move_to_end(key)
         graph, static, out = entry
         for dst, src in zip(static, inputs, strict=True):
-            dst.copy_(src, non_blocking=True)
+            if dst is not None:
+                dst.copy_(src, non_blocking=True)
         graph.replay()
         return Verdict(tokens=out.tokens.clone(), num_accepted=out.num_accepted.clone())
-
-    def _capture(self, step: Step, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor], Verdict]:
-        static = [t.clone() for t in inputs]
-        graph, out = capture(step, static, self._pool, warmups=1)  # the warm-up compiles the kernels
-        self._pool = graph.pool()
-        return graph, static, out

@@ -331,3 +331,73 @@ def test_step_graphs_threshold_is_in_bytes(monkeypatch: pytest.MonkeyPatch) -> N
     assert graphs.wanted(Logits(24 * mib, 4)) and not graphs.wanted(Logits(24 * mib + 1, 4))  # fp32
     assert not StepGraphs(0).wanted(Logits(1, 2))
     assert not graphs.wanted(torch.zeros(2, 3, 5))  # CPU tensors launch directly
+
+
+def test_step_graphs_pin_by_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pinned graphs: captured on the second call whose large inputs sit at the same
+    addresses, then replayed without copying them; small inputs are copied in every call;
+    a new address, a new layout or pin=False never reuse them. The fake graph re-runs the
+    step on the captured tensors, as a CUDA graph re-reads the captured addresses."""
+    from flashspec_core.contracts import Verdict
+    from flashspec_core.sampling import verify_greedy
+    from flashspec_kernels import stepgraphs
+
+    class FakeGraph:
+        def __init__(self, step, args, out: Verdict) -> None:
+            self.step, self.args, self.out = step, list(args), out
+
+        def pool(self) -> None:
+            return None
+
+        def replay(self) -> None:
+            v = self.step(*self.args)
+            self.out.tokens.copy_(v.tokens)
+            self.out.num_accepted.copy_(v.num_accepted)
+
+    captured: list[list[torch.Tensor]] = []
+
+    def fake_capture(step, args, pool, warmups):
+        captured.append(list(args))
+        out = step(*args)
+        return FakeGraph(step, args, out), out
+
+    monkeypatch.setattr(stepgraphs, "PIN_MIN_BYTES", 256)
+    monkeypatch.setattr(stepgraphs.StepGraphs, "usable", lambda self, logits: True)
+    greedy = SamplingParams(temperature=0)
+
+    def step(logits: torch.Tensor, tokens: torch.Tensor) -> Verdict:
+        return verify_greedy(logits, tokens, greedy)
+
+    def check(graphs: stepgraphs.StepGraphs, logits: torch.Tensor, tokens: torch.Tensor) -> None:
+        got = graphs("k", step, logits, tokens)
+        want = step(logits, tokens)
+        assert torch.equal(got.tokens, want.tokens) and torch.equal(got.num_accepted, want.num_accepted)
+
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn((2, 4, 40), generator=gen)  # 1280 bytes: pinned, above max_bytes below
+    drafts = lambda: torch.randint(0, 40, (2, 3), generator=gen)  # noqa: E731  (48 bytes: copied)
+    graphs = stepgraphs.StepGraphs(max_bytes=512, capture_fn=fake_capture)
+    check(graphs, logits, drafts())  # first sighting, too big to copy: direct
+    assert (len(graphs), graphs.pinned_replays, graphs.copied_replays) == (0, 0, 0)
+    check(graphs, logits, drafts())  # second sighting: capture reading logits in place
+    assert len(captured) == 1 and captured[0][0] is logits and captured[0][1] is not logits
+    for _ in range(3):  # new contents at the same address and new drafts: replay, no capture
+        logits.copy_(torch.randn(logits.shape, generator=gen))
+        logits[:, :3].scatter_(2, torch.randint(0, 40, (2, 3, 1), generator=gen), 50.0)
+        check(graphs, logits, drafts())
+    assert len(captured) == 1 and graphs.pinned_replays == 4
+    other = logits.clone()  # another address: first sighting again, direct
+    check(graphs, other, drafts())
+    assert len(captured) == 1 and graphs.pinned_replays == 4
+    wide = torch.randn((2, 4, 80), generator=gen)[:, :, ::2]  # same shape, other strides
+    check(graphs, wide, drafts())
+    check(graphs, wide, drafts())
+    assert len(captured) == 2 and captured[1][0] is wide
+
+    captured.clear()  # pin=False under max_bytes: one copied graph per layout, inputs copied
+    graphs = stepgraphs.StepGraphs(max_bytes=4096, pin=False, capture_fn=fake_capture)
+    for _ in range(3):
+        logits.copy_(torch.randn(logits.shape, generator=gen))
+        check(graphs, logits, drafts())
+    assert len(captured) == 1 and captured[0][0] is not logits
+    assert (graphs.pinned_replays, graphs.copied_replays) == (0, 3)
