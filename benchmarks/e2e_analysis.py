@@ -200,6 +200,30 @@ def vs_target_only(sections: dict[str, Json]) -> Json:
     return out
 
 
+def repeats(sections: dict[str, Json]) -> Json | None:
+    """Sections timed more than once (request rows carry ``repeat``): tokens/s per repeat and
+    per system, each repeat over target-only's in the same repeat, and per domain per repeat."""
+    out: Json = {"how": "per section timed in repeats: per system, tokens/s of each repeat (as summarize_run) and "
+                        "(max - min) / median over the repeats (spread); vs_target_only: each repeat over "
+                        "target-only's same repeat; per_domain: tokens/s per domain per repeat", "sections": {}}
+    for name, sec in sections.items():
+        runs = {n: r["requests"] for n, r in sec["runs"].items() if r.get("requests") and r.get("steps")}
+        reps = sorted({r["repeat"] for rs in runs.values() for r in rs if "repeat" in r})
+        if len(reps) < 2:
+            continue
+        by: Json = {}
+        for n, rs in runs.items():
+            tps = [tokens_per_s(r for r in rs if r.get("repeat") == k) for k in reps]
+            by[n] = {"tokens_per_s": tps, "spread": (max(tps) - min(tps)) / statistics.median(tps),
+                     "per_domain": [per_domain_tps(r for r in rs if r.get("repeat") == k) for k in reps]}
+        if "target_only" in by:
+            plain = by["target_only"]["tokens_per_s"]
+            for v in by.values():
+                v["vs_target_only"] = [a / b for a, b in zip(v["tokens_per_s"], plain, strict=True)]
+        out["sections"][name] = {"repeats": len(reps), "systems": by}
+    return out if out["sections"] else None
+
+
 def per_domain(section: Json) -> Json:
     tps = {n: per_domain_tps(run["requests"]) for n, run in section["runs"].items() if run.get("steps")}
     plain = tps["target_only"]
@@ -358,7 +382,7 @@ def batch_b1(section: Json, name: str) -> Json:
 
 
 def batched(section: Json) -> Json:
-    """b8_greedy / b32_greedy: bandits only, so pooled over them."""
+    """b2/b4/b8/b32_greedy: bandits only, so pooled over them."""
     names = bandit_names(section)
     plain = section["runs"]["target_only"]["steps"]
     plain_ms = sum(s["step_ms"] for s in plain)
@@ -618,6 +642,8 @@ def analyse(raw: Json, model: Json | None) -> Json:
         "host_fraction": lambda: host_fraction(sections),
         "b1_greedy": lambda: batch_b1(sections[b1], b1) if b1 else None,
         "b1_adaptive": lambda: batch_b1(sections["b1_adaptive"], "b1_adaptive") if "b1_adaptive" in sections else None,
+        "b2_greedy": lambda: batched(sections["b2_greedy"]) if "b2_greedy" in sections else None,
+        "b4_greedy": lambda: batched(sections["b4_greedy"]) if "b4_greedy" in sections else None,
         "b8_greedy": lambda: batched(sections["b8_greedy"]) if "b8_greedy" in sections else None,
         "b32_greedy": lambda: batched(sections["b32_greedy"]) if "b32_greedy" in sections else None,
         "b1_nf4": lambda: nf4(sections),
@@ -627,6 +653,7 @@ def analyse(raw: Json, model: Json | None) -> Json:
         "model_vs_measured": lambda: (model_vs_measured(sections["workload_adaptive"], model)
                                       if model and "workload_adaptive" in sections else None),
         "bf16_divergence": lambda: bf16(sections),
+        "repeats": lambda: repeats(sections),
     }
     return {k: v for k, f in groups.items() if (v := f()) is not None}
 

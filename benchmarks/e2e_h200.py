@@ -135,7 +135,10 @@ def full(args: argparse.Namespace) -> int:
     sel = ["--selectors", args.selectors] if args.selectors else []
     plan = {
         "b1_greedy": [*common, "--hf-prompts", str(args.hf_prompts), "--exactness", "2", *sel, *fuse],
-        "b1_adaptive": [*common, "--systems", "flashspec,target_only", *sel, *fuse],
+        "b1_adaptive": [*common, "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse],
+        # batch 2 and 4 place [selector] speculate_max_batch: where does a fixed arm stop paying?
+        "b2_greedy": [*common, "--batch-size", "2", "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse],
+        "b4_greedy": [*common, "--batch-size", "4", "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse],
         "b8_greedy": [*common, "--batch-size", "8", "--systems", "flashspec,target_only,hf_eager", "--hf-prompts", "8",
                       "--repeats", "3", *sel, *fuse],  # one or two batches: repeats, in alternating order
         "b32_greedy": [*common, "--batch-size", "32", "--prompts", "32", "--systems", "flashspec,target_only",
@@ -146,10 +149,11 @@ def full(args: argparse.Namespace) -> int:
         "workload_interleaved": ["--max-new-tokens", "48", *limit, "--order", "interleaved", "--systems", "flashspec,target_only",
                                  *sel, *fuse],
         "workload_blocked": ["--max-new-tokens", "48", *limit, "--systems", "flashspec", "--no-fixed-arms", *sel, *fuse],
+        # three repeats each: the spread between repeats against the gaps between policies
         "workload_adaptive": ["--max-new-tokens", "48", *limit, "--order", "interleaved", "--systems",
-                              "flashspec,target_only", *sel, *fuse],
+                              "flashspec,target_only", "--repeats", "3", *sel, *fuse],
         "workload_adaptive_blocked": ["--max-new-tokens", "48", *limit, "--systems", "flashspec", "--no-fixed-arms",
-                                      *sel, *fuse],
+                                      "--repeats", "3", *sel, *fuse],
         "synthetic": ["--systems", "", "--synthetic-shapes", "qwen2.5-7b,qwen2.5-14b,qwen2.5-32b",
                       "--synthetic-acceptance", "0.6,0.8", "--synthetic-gammas", "4", *fuse],
     }
@@ -168,7 +172,7 @@ def write(out: Path, sections: dict[str, Any], work: Path) -> None:
     b1 = sections.get("b1_greedy") or {}
     summary: dict[str, Any] = dict(b1.get("summary", {}))
     summary["label"] = "real pair: Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft (bf16, dequantized Q4_K_M GGUF)"
-    for key in ("b1_adaptive", "b8_greedy", "b32_greedy", "b1_t07", "b1_nf4"):
+    for key in ("b1_adaptive", "b2_greedy", "b4_greedy", "b8_greedy", "b32_greedy", "b1_t07", "b1_nf4"):
         s = (sections.get(key) or {}).get("summary")
         if s:
             summary[key] = {
@@ -216,8 +220,8 @@ def floor_table(bench: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-SECTIONS = ("b1_greedy", "b1_adaptive", "b8_greedy", "b32_greedy", "b1_t07", "b1_nf4", "synthetic", "workload_interleaved",
-            "workload_blocked", "workload_adaptive", "workload_adaptive_blocked", "b1_greedy_warm")
+SECTIONS = ("b1_greedy", "b1_adaptive", "b2_greedy", "b4_greedy", "b8_greedy", "b32_greedy", "b1_t07", "b1_nf4",
+            "synthetic", "workload_interleaved", "workload_blocked", "workload_adaptive", "workload_adaptive_blocked", "b1_greedy_warm")
 # b1_greedy_warm: b1_greedy's FlashSpec systems again (`--bench-extra "--systems flashspec,target_only
 # --exactness 0"`) where the section itself ran with a one-batch warm-up.
 
@@ -297,7 +301,8 @@ def workload_summary(inter: dict[str, Any] | None, blocked: dict[str, Any] | Non
             s = sec["summaries"][name]
             key = name if not name.startswith("bandit") else f"{name}@{order}"
             policies[key] = {"tps": s["tokens_per_s"], "per_domain": rates,
-                             "mean_accepted_length": s.get("mean_accepted_length")}
+                             "mean_accepted_length": s.get("mean_accepted_length"),
+                             "tps_by_repeat": s.get("tokens_per_s_by_repeat")}
     fixed = {k: v for k, v in policies.items() if k.startswith("fixed:") or k == "target_only"}
     _, tokens = tally(inter["runs"]["target_only"])
     oracle_arm = {d: max(fixed, key=lambda k: fixed[k]["per_domain"].get(d, 0.0)) for d in tokens}
@@ -343,7 +348,7 @@ def summarize_dir(args: argparse.Namespace) -> int:
             [k for k, v in s.items() if v.get("error")] +
             [f"{x} (skipped: run budget)" for x in ("hf_eager", "hf_compiled", "hf_assisted", "hf_lookup")
              if x not in s] + (["greedy_identical (float32 check skipped: run budget)"] if "exactness" not in b1 else []))
-    for key in ("b1_adaptive", "b8_greedy", "b32_greedy", "b1_t07", "b1_nf4"):
+    for key in ("b1_adaptive", "b2_greedy", "b4_greedy", "b8_greedy", "b32_greedy", "b1_t07", "b1_nf4"):
         if sections[key]:
             summary[key] = sections[key]["summary"]
     if sections["synthetic"] and sections["synthetic"].get("synthetic_scaling"):

@@ -170,6 +170,12 @@ def summarize_run(run: dict[str, Any]) -> dict[str, Any]:
     tokens = sum(r["new_tokens"] for r in run["requests"])
     wall = sum(walls.values())
     out: dict[str, Any] = {"new_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else None}
+    repeats = sorted({r["repeat"] for r in run["requests"] if "repeat" in r})
+    if len(repeats) > 1:  # each timed repeat on its own: the spread the pooled figure hides
+        out["tokens_per_s_by_repeat"] = [
+            summarize_run({"requests": [r for r in run["requests"] if r.get("repeat") == k]})["tokens_per_s"]
+            for k in repeats
+        ]
     steps = run.get("steps") or []
     if steps:
         step_ms = [s["step_ms"] for s in steps]
@@ -239,9 +245,13 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
         # Repeats alternate the order (ABBA): a drift over the run (clocks, allocator) then
         # weighs on every system alike instead of on the ones that run last.
         for name, use_arms, sel, rew, own_limit, runs in timed if rep % 2 == 0 else timed[::-1]:
-            pipeline.arms, pipeline.selector, pipeline.reward = use_arms, sel, rew
+            # every repeat starts from the untrained selector: repeats are independent runs
+            pipeline.arms, pipeline.selector, pipeline.reward = use_arms, copy.deepcopy(sel), copy.deepcopy(rew)
             pipeline.speculate_max_batch = own_limit
-            runs.append(run_pipeline(pipeline, prompts, groups, args, domains))
+            run = run_pipeline(pipeline, prompts, groups, args, domains)
+            for row in (*run["requests"], *run["steps"]):
+                row["repeat"] = rep
+            runs.append(run)
             record(name, {"requests": [r for x in runs for r in x["requests"]],
                           "steps": [s for x in runs for s in x["steps"]]})
     pipeline.arms, pipeline.selector, pipeline.reward = arms, selector, reward

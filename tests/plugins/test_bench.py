@@ -102,24 +102,42 @@ def test_helpers() -> None:
     assert summarize_run(run)["tokens_per_s"] == 8.0
 
 
-def test_warm_up_runs_every_batch_and_leaves_the_selector_untrained(setup: dict[str, Path]) -> None:
+def test_warm_up_runs_every_batch_and_leaves_the_selector_untrained(
+    setup: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The default warm-up covers every batch (no capture lands in a timed run), on copies:
-    the timed bandit run's selector has seen exactly the timed steps."""
+    each timed repeat's selector starts untrained and sees exactly that repeat's steps;
+    rows carry their repeat, and the summary gives tokens/s per repeat."""
+    import flashspec_fast.bench as bench
     from flashspec_core.build import build_pipeline
-    from flashspec_fast.bench import flashspec_runs, load_config_dict, parser, warm_groups
 
-    assert warm_groups([[0], [1], [2]], -1) == [[0], [1], [2]] and warm_groups([[0], [1]], 1) == [[0]]
-    args = parser().parse_args(["--workload", str(setup["workload"]), "--config", str(setup["config"]),
-                                "--out", str(setup["root"] / "o2"), "--max-new-tokens", "8",
-                                "--no-fixed-arms", "--systems", "flashspec"])
+    assert bench.warm_groups([[0], [1], [2]], -1) == [[0], [1], [2]] and bench.warm_groups([[0], [1]], 1) == [[0]]
+    args = bench.parser().parse_args(["--workload", str(setup["workload"]), "--config", str(setup["config"]),
+                                      "--out", str(setup["root"] / "o2"), "--max-new-tokens", "8",
+                                      "--no-fixed-arms", "--systems", "flashspec", "--repeats", "2"])
     assert args.warmup == -1
     args.systems = ["flashspec"]
-    pipe = build_pipeline(load_config_dict(args.config, args.dtype, args.fuse, args.quantization))
+    pipe = build_pipeline(bench.load_config_dict(args.config, args.dtype, args.fuse, args.quantization))
     prompts = [pipe._encode(p) for p in ("t1 t2 t3 t4 t1 t2", "t5 t6", "t7 t8 t9 t1 t2 t3")]
+    real, seen = bench.run_pipeline, []
+
+    def spy(pipeline: Any, *a: Any) -> dict[str, Any]:
+        before = pipeline.selector.t
+        run = real(pipeline, *a)
+        seen.append((before, pipeline.selector.t, len(run["steps"])))
+        return run
+
+    monkeypatch.setattr(bench, "run_pipeline", spy)
     runs: dict[str, dict] = {}
-    flashspec_runs(pipe, prompts, batches(3, 1), args, ["code", "prose", "code"], lambda n, r: runs.__setitem__(n, r))
+    bench.flashspec_runs(pipe, prompts, batches(3, 1), args, ["code", "prose", "code"],
+                         lambda n, r: runs.__setitem__(n, r))
     (name,) = runs
-    assert pipe.selector.t == len(runs[name]["steps"]) > 0  # UCB1's step count: the timed run's alone
+    assert len(seen) == 3  # the warm-up, then two timed repeats
+    for before, after, steps in seen:  # UCB1's step count: its own run's alone
+        assert before == 0 and after == steps > 0
+    assert [r["repeat"] for r in runs[name]["requests"]] == [0, 0, 0, 1, 1, 1]
+    assert {s["repeat"] for s in runs[name]["steps"]} == {0, 1}
+    assert len(bench.summarize_run(runs[name])["tokens_per_s_by_repeat"]) == 2
 
 
 def test_every_system_warms_up_first_and_repeats_alternate_the_order(

@@ -137,3 +137,28 @@ def test_the_warm_batch1_section_is_b1_greedy_only_when_it_warmed_on_every_batch
     assert e2e_analysis.warm_b1({"b1_greedy": {"args": {"warmup": -1}}}) == "b1_greedy"
     assert e2e_analysis.warm_b1({"b1_greedy": {"args": {"warmup": 1}}}) is None
     assert e2e_analysis.warm_b1({"b1_greedy": {"args": {"warmup": 1}}, "b1_greedy_warm": {}}) == "b1_greedy_warm"
+
+
+def test_repeats_gives_each_repeat_its_own_rate() -> None:
+    """Request rows tagged with their repeat: tokens/s per repeat, over target-only's same
+    repeat, and the spread; sections timed once are left out."""
+
+    def run(rates: list[float]) -> dict[str, Any]:
+        reqs = []
+        for k, rate in enumerate(rates):
+            for p, dom in ((0, "code"), (1, "prose")):
+                r = _request(p, dom, 100, 100 / rate * 1e3)
+                r["batch_id"], r["repeat"] = (k, p, rate), k
+                reqs.append(r)
+        return {"requests": reqs, "steps": [_step("none", 0, 0, 2.0)]}
+
+    sec = {"runs": {"target_only": run([400.0, 500.0]), "bandit:ucb1": run([600.0, 500.0])}}
+    once = {"runs": {"target_only": {"requests": [_request(0, "code", 10, 20.0)], "steps": [_step("none", 0, 0, 2.0)]}}}
+    out = ea.repeats({"workload_adaptive": sec, "b8_greedy": once})
+    assert list(out["sections"]) == ["workload_adaptive"]
+    got = out["sections"]["workload_adaptive"]["systems"]
+    assert got["bandit:ucb1"]["tokens_per_s"] == pytest.approx([600.0, 500.0])
+    assert got["bandit:ucb1"]["vs_target_only"] == pytest.approx([1.5, 1.0])
+    assert got["target_only"]["spread"] == pytest.approx(100 / 450)
+    assert got["bandit:ucb1"]["per_domain"][0] == pytest.approx({"code": 600.0, "prose": 600.0})
+    assert ea.repeats({"b8_greedy": once}) is None
