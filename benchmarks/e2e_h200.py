@@ -25,7 +25,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOAD = ROOT / "benchmarks" / "workloads" / "mixed.jsonl"
 DOMAINS = ROOT / "benchmarks" / "workloads" / "domains.jsonl"  # 60 prompts: enough rows for batch 32
-SPECULATE_MAX_BATCH = 4  # the bandits' rule at batch 8 and 32 (fixed arms run without it: flashspec_fast.bench)
+# The bandits' batch rule (fixed arms run without it: flashspec_fast.bench), as in default.toml. The batched
+# sections b2/b4/b8/b32_greedy run with LIMIT_4 (what the bandits do when they may speculate at up to four
+# rows: at batch 2 and 4 they lost, which set the default to 1); b2_limited and b4_limited run the default.
+SPECULATE_MAX_BATCH = 1
+LIMIT_4 = 4
 MODELS = {"target": "qwen2.5-coder-1.5b-instruct", "draft": "qwen2.5-coder-0.5b-instruct"}
 
 def fast_table(model: str, max_len: int, fuse: bool) -> str:
@@ -33,13 +37,13 @@ def fast_table(model: str, max_len: int, fuse: bool) -> str:
 
 
 def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: int, verifier: str, max_len: int,
-                  fuse: bool, adaptive: bool = False) -> str:
+                  fuse: bool, adaptive: bool = False, limit: int = SPECULATE_MAX_BATCH) -> str:
     """The bench config: the 0.5B draft at each gamma, padded and match-only prompt lookup,
     match-only lookup falling back to the first draft, no speculation, Thompson sampling
     with the throughput reward. ``adaptive``: only the two lookup-first arms to choose from
     (match-only lookup, and the same falling back to the first draft, which is
     ``select = false``): the choice is then whether to draft where lookup finds nothing.
-    Both stop speculating above :data:`SPECULATE_MAX_BATCH` live rows."""
+    Both stop speculating above ``limit`` live rows."""
     g, d = lookup_gamma, draft_gammas[0]
 
     def draft(gamma: int) -> str:
@@ -55,7 +59,7 @@ def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: 
                 *lookup_first, '[[arm]]\nuse = "none"\nname = "none"\n']
     return (f"[target]\n{fast_table(paths['target'], max_len, fuse)}\n" + "\n".join(arms)
             + f'\n[verifier]\nuse = "{verifier}"\n\n[selector]\nuse = "thompson"\nreward = "throughput"\n'
-            + f"speculate_max_batch = {SPECULATE_MAX_BATCH}\n")
+            + f"speculate_max_batch = {limit}\n")
 
 
 def say(msg: str) -> None:
@@ -123,6 +127,8 @@ def full(args: argparse.Namespace) -> int:
     paths = convert(args.gguf, Path("/tmp/fsbf16"))
     config = Path("/tmp/fs_e2e.toml")
     config.write_text(pipeline_toml(paths, [3, 5], 6, args.verifier, 768, args.fuse))
+    config4 = Path("/tmp/fs_e2e_limit4.toml")
+    config4.write_text(pipeline_toml(paths, [3, 5], 6, args.verifier, 768, args.fuse, limit=LIMIT_4))
     wconfig = Path("/tmp/fs_workload.toml")  # issue 6's arms, as in benchmarks/bandit_workload.py
     wconfig.write_text(pipeline_toml(paths, [3, 6], 8, args.verifier, 1024, args.fuse))
     aconfig = Path("/tmp/fs_adaptive.toml")  # the same, reduced to the two lookup-first arms
@@ -139,6 +145,11 @@ def full(args: argparse.Namespace) -> int:
         # batch 2 and 4 place [selector] speculate_max_batch: where does a fixed arm stop paying?
         "b2_greedy": [*common, "--batch-size", "2", "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse],
         "b4_greedy": [*common, "--batch-size", "4", "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse],
+        # the same batches under the default rule: the bandits only, against target-only
+        "b2_limited": [*common, "--batch-size", "2", "--systems", "flashspec,target_only", "--no-fixed-arms",
+                       "--repeats", "3", *sel, *fuse],
+        "b4_limited": [*common, "--batch-size", "4", "--systems", "flashspec,target_only", "--no-fixed-arms",
+                       "--repeats", "3", *sel, *fuse],
         "b8_greedy": [*common, "--batch-size", "8", "--systems", "flashspec,target_only,hf_eager", "--hf-prompts", "8",
                       "--repeats", "3", *sel, *fuse],  # one or two batches: repeats, in alternating order
         "b32_greedy": [*common, "--batch-size", "32", "--prompts", "32", "--systems", "flashspec,target_only",
@@ -160,7 +171,8 @@ def full(args: argparse.Namespace) -> int:
     for name, extra in plan.items():
         if args.sections == "all" or name in args.sections.split(","):
             domains = name == "b32_greedy" or name.startswith("workload")
-            cfg = aconfig if name.endswith(("adaptive", "adaptive_blocked")) else wconfig if name.startswith("workload") else config
+            cfg = (aconfig if name.endswith(("adaptive", "adaptive_blocked")) else wconfig if name.startswith("workload")
+                   else config4 if name in ("b2_greedy", "b4_greedy", "b8_greedy", "b32_greedy") else config)
             sections[name] = bench(work / name, cfg, deadline, *extra, *args.bench_extra.split(),
                                    workload=DOMAINS if domains else WORKLOAD)
             write(args.out, sections, work)
@@ -172,7 +184,8 @@ def write(out: Path, sections: dict[str, Any], work: Path) -> None:
     b1 = sections.get("b1_greedy") or {}
     summary: dict[str, Any] = dict(b1.get("summary", {}))
     summary["label"] = "real pair: Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft (bf16, dequantized Q4_K_M GGUF)"
-    for key in ("b1_adaptive", "b2_greedy", "b4_greedy", "b8_greedy", "b32_greedy", "b1_t07", "b1_nf4"):
+    for key in ("b1_adaptive", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy", "b1_t07",
+                "b1_nf4"):
         s = (sections.get(key) or {}).get("summary")
         if s:
             summary[key] = {
@@ -220,7 +233,7 @@ def floor_table(bench: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-SECTIONS = ("b1_greedy", "b1_adaptive", "b2_greedy", "b4_greedy", "b8_greedy", "b32_greedy", "b1_t07", "b1_nf4",
+SECTIONS = ("b1_greedy", "b1_adaptive", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy", "b1_t07", "b1_nf4",
             "synthetic", "workload_interleaved", "workload_blocked", "workload_adaptive", "workload_adaptive_blocked", "b1_greedy_warm")
 # b1_greedy_warm: b1_greedy's FlashSpec systems again (`--bench-extra "--systems flashspec,target_only
 # --exactness 0"`) where the section itself ran with a one-batch warm-up.
@@ -348,7 +361,8 @@ def summarize_dir(args: argparse.Namespace) -> int:
             [k for k, v in s.items() if v.get("error")] +
             [f"{x} (skipped: run budget)" for x in ("hf_eager", "hf_compiled", "hf_assisted", "hf_lookup")
              if x not in s] + (["greedy_identical (float32 check skipped: run budget)"] if "exactness" not in b1 else []))
-    for key in ("b1_adaptive", "b2_greedy", "b4_greedy", "b8_greedy", "b32_greedy", "b1_t07", "b1_nf4"):
+    for key in ("b1_adaptive", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy", "b1_t07",
+                "b1_nf4"):
         if sections[key]:
             summary[key] = sections[key]["summary"]
     if sections["synthetic"] and sections["synthetic"].get("synthetic_scaling"):
@@ -374,6 +388,11 @@ def summarize_dir(args: argparse.Namespace) -> int:
     summary["skipped_sections"] = [k for k, v in sections.items()
                                    if v is None and not (k == "b1_greedy_warm" and warm_b1_ran)]
     summary["measured_at_commit"] = args.commit
+    other = dict(x.split("=", 1) for x in args.section_commit)
+    unknown = set(other) - set(SECTIONS)
+    if unknown:
+        raise SystemExit(f"--section-commit: unknown sections {sorted(unknown)}")
+    summary["section_commits"] = {k: other.get(k, args.commit) for k, v in sections.items() if v is not None}
     args.out.mkdir(parents=True, exist_ok=True)
     raw = args.out / "e2e-h200-raw.json.gz"
     with gzip.open(raw, "wt") as f:  # every step row and generated token of every section
@@ -504,6 +523,8 @@ def main() -> int:
     m.add_argument("--from", dest="src", type=Path, required=True)
     m.add_argument("--out", type=Path, required=True)
     m.add_argument("--commit", required=True, help="the commit the run measured (the GPU copy has no .git)")
+    m.add_argument("--section-commit", action="append", default=[], metavar="SECTION=SHA",
+                   help="a section measured at another commit than --commit (sections merged from several runs)")
     args = p.parse_args()
     return {"full": full, "smoke": smoke, "summarize": summarize_dir, "convert": convert_only}[args.mode](args)
 
