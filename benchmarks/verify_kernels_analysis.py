@@ -189,6 +189,57 @@ def direct_steps(rows: list[Json], d: Defaults) -> Json:
             "others_step_minus_graph_us": span(us(r["triton_ms"] - r["triton_graph_ms"]) for r in rest)}
 
 
+def pinned(rows: list[Json], d: Defaults) -> Json | None:
+    """The pinned step (triton_ms: the logits stay at one address) against the same step
+    with graph_pin = false (triton_unpinned_ms), the caller's graph and direct launches."""
+    rs = [r for r in rows if r.get("triton_unpinned_ms") is not None]
+    if not rs:
+        return None
+
+    def part(group: list[Json]) -> Json:
+        return {"shapes": len(group), "mib": mib(group),
+                "step_over_graph": span(r["triton_ms"] / r["triton_graph_ms"] for r in group),
+                "unpinned_over_step": span(r["triton_unpinned_ms"] / r["triton_ms"] for r in group),
+                "faster_than_unpinned": of([r["triton_ms"] < r["triton_unpinned_ms"] for r in group]),
+                "step_minus_graph_us": spread(us(r["triton_ms"] - r["triton_graph_ms"]) for r in group)}
+
+    host = [r for r in rs if r["triton_ms"] > HOST_BOUND * r["triton_graph_ms"]]
+    return {"how": f"shapes with triton_unpinned_ms, split at the copy threshold ({d.describe()}): copied (the "
+                   "unpinned step copies the logits into its graph) and above (the unpinned step launches directly); "
+                   "per part: triton_ms / triton_graph_ms, triton_unpinned_ms / triton_ms, [pinned step faster, "
+                   "shapes], triton_ms - triton_graph_ms; host_bound: shapes whose pinned step exceeds "
+                   f"{HOST_BOUND:g} x triton_graph_ms, with step and graph",
+            "copied": part([r for r in rs if d.graphed(r)]), "above": part([r for r in rs if not d.graphed(r)]),
+            "host_bound": [{**step_vs(r, "triton_graph"), "mib": nbytes(r) / MIB} for r in host]}
+
+
+def read_floor(rows: list[Json]) -> Json | None:
+    """The logits pass against the simplest kernel that reads the same bytes (read_floor_ms)."""
+    rs = [r for r in rows if r.get("read_floor_ms") is not None]
+    if not rs:
+        return None
+    out: Json = {"how": "read_floor_fraction (the floor kernel's bytes / time / copy bandwidth) and pass_over_floor "
+                        "(read_floor_ms / logits_pass_ms: 1 = the pass as fast as the floor) per dtype: over the goal "
+                        f"band ({GOAL_BAND[0]:.0e}, {GOAL_BAND[1]:.0e}] of logits and above it; floor_reaching_goal: "
+                        f"[shapes whose floor reaches {GOAL_FRACTION:g} of copy bandwidth, shapes] in the band, and "
+                        "the smallest shape (by logits) whose floor reaches it",
+                 "per_dtype": {}}
+    for k, group in by_dtype(rs).items():
+        band, above = within(group, GOAL_BAND), within(group, ABOVE_100M)
+        reach = sorted((r for r in group if r["read_floor_fraction"] >= GOAL_FRACTION), key=logits)
+        out["per_dtype"][k] = {
+            "goal_band": {"read_floor_fraction": span(r["read_floor_fraction"] for r in band),
+                          "bandwidth_fraction": span(r["bandwidth_fraction"] for r in band),
+                          "pass_over_floor": span(r["read_floor_ms"] / r["logits_pass_ms"] for r in band),
+                          "floor_reaching_goal": of([r["read_floor_fraction"] >= GOAL_FRACTION for r in band])},
+            "above_100M": {"read_floor_fraction": span(r["read_floor_fraction"] for r in above),
+                           "pass_over_floor": span(r["read_floor_ms"] / r["logits_pass_ms"] for r in above)},
+            "smallest_floor_reaching_goal": ({"shape": shape(reach[0]), "logits": logits(reach[0]),
+                                              "read_floor_fraction": reach[0]["read_floor_fraction"]}
+                                             if reach else None)}
+    return out
+
+
 def race_share(r: Json) -> Json:
     race = r["triton_graph_ms"] - r["logits_pass_ms"]
     return {"shape": shape(r), "graph_us": us(r["triton_graph_ms"]), "pass_us": us(r["logits_pass_ms"]),
@@ -413,6 +464,7 @@ def checks(data: Json, d: Defaults) -> Json:
             "philox_counter_advanced_by_one": of([b - a == 1 for a, b in g["philox_counter"]]),
             "philox_rows_valid": of(g["philox_rows_valid"]), "philox_tokens_changed": of(g["philox_tokens_changed"]),
             "step_graphs_identical": of([c["identical"] for c in sg]),
+            "step_graphs_pinned": of([c.get("pinned_replays", 0) > 0 for c in sg]),
             "equality": {"cases": len(eq["cases"]), "shapes": sorted({shape(c) for c in eq["cases"]}),
                          "graphed_shapes": sorted({shape(c) for c in eq["cases"] if d.graphed(c)}),
                          "samplings": sorted({c["sampling"] for c in eq["cases"]}),
@@ -437,8 +489,10 @@ def analyse(data: Json, d: Defaults) -> Json:
         "pass_sweep": lambda: pass_sweep(data, d),
         "race_sweep": lambda: race_sweep(data, d),
         "checks": lambda: checks(data, d),
+        "pinned": lambda: pinned(rows, d),
+        "read_floor": lambda: read_floor(rows),
     }
-    return {k: f() for k, f in groups.items()}
+    return {k: v for k, f in groups.items() if (v := f()) is not None}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
