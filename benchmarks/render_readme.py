@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -66,12 +67,18 @@ def _e2e(data: dict[str, Any]) -> list[str]:
                         for n, v in a["bandit_speedup_by_domain_all"].items())
         lines += ["", f"Bandits choosing between match-only prompt lookup and the same falling back to the 0.5B draft "
                   f"(`summary.b1_adaptive`), over own target-only per domain: {per}."]
-    for key in ("b8_greedy", "b32_greedy"):
+    for key in ("b2_greedy", "b2_limited", "b4_greedy", "b4_limited", "b8_greedy", "b32_greedy"):
         b = s.get(key) or {}
         if b.get("bandit_speedup_vs_own_target_only"):
             r = b["bandit_speedup_vs_own_target_only"].values()
+            sec = data["sections"][key]
+            limit = re.search(r"speculate_max_batch = (\d+)", sec["config"])
+            base = sec["summaries"]["target_only"]["tokens_per_s"]
+            fixed = [v["tokens_per_s"] / base for n, v in sec["summaries"].items() if n.startswith("fixed:")]
+            arms = f"; fixed arms {min(fixed):.2f}x to {max(fixed):.2f}x" if fixed else ""
             lines += ["", f"Batch {b['batch_size']} (`summary.{key}`): target-only {b['target_only_tokens_per_s']:.0f} "
-                      f"tokens/s; bandits with `speculate_max_batch = 4` {min(r):.2f}x to {max(r):.2f}x of it."]
+                      f"tokens/s; bandits with `speculate_max_batch = {limit.group(1) if limit else 'none'}` "
+                      f"{min(r):.2f}x to {max(r):.2f}x of it{arms}."]
     if s.get("greedy_identical") is not None:
         lines += ["", f"float32, TF32 off: greedy speculative output identical to target-only: {s['greedy_identical']}."]
     return lines
