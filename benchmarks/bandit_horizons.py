@@ -33,7 +33,7 @@ from flashspec_selectors.selectors import (
 from flashspec_selectors.sim import PiecewiseBernoulli, selector_factories, simulate, summarise
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bandit_sim import MEANS, OUT, _git, _versions  # noqa: E402
+from bandit_sim import MEANS, OUT, provenance  # noqa: E402
 
 HORIZONS = (10_000, 30_000, 100_000)
 SEEDS = 20
@@ -137,12 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             table.setdefault(name, {})[str(horizon)] = cell
             verdicts.setdefault(name, {})[str(horizon)] = verdict(cell)
     result = {
-        "generated_by": "benchmarks/bandit_horizons.py",
-        "commit": _git("rev-parse", "HEAD"),
-        "code_dirty": bool(
-            _git("status", "--porcelain", "--", "plugins/flashspec_selectors", "benchmarks/bandit_horizons.py")
-        ),
-        "versions": _versions(),
+        **provenance("benchmarks/bandit_horizons.py"),
         "config": {
             "horizons": args.horizons,
             "seeds": seeds,

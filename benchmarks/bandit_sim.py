@@ -81,6 +81,16 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def provenance(script: str) -> dict[str, Any]:
+    """Who wrote a result: the script, the commit, whether the selectors or the script differ from it, versions."""
+    return {
+        "generated_by": script,
+        "commit": _git("rev-parse", "HEAD"),
+        "code_dirty": bool(_git("status", "--porcelain", "--", "plugins/flashspec_selectors", script)),
+        "versions": _versions(),
+    }
+
+
 def _run(env: Env, names: tuple[str, ...], horizon: int, seeds: list[int], progress: bool) -> dict[str, Any]:
     factories = selector_factories(names, {}, env.num_arms)
     return summarise(simulate(env, factories, horizon, seeds, progress=progress))
@@ -158,12 +168,7 @@ def main(argv: list[str] | None = None) -> int:
 
     bound = ucb1_bound(MEANS, horizon)
     result = {
-        "generated_by": "benchmarks/bandit_sim.py",
-        "commit": _git("rev-parse", "HEAD"),
-        "code_dirty": bool(
-            _git("status", "--porcelain", "--", "plugins/flashspec_selectors", "benchmarks/bandit_sim.py")
-        ),
-        "versions": _versions(),
+        **provenance("benchmarks/bandit_sim.py"),
         "config": {
             "horizon": horizon,
             "seeds": seeds,
