@@ -38,9 +38,10 @@ import torch
 from flashspec_core.contracts import Verdict
 from flashspec_core.cudagraph import capture
 
-# Logits of up to this many bytes: copy in and replay. In the H200 runs a graph replay plus a
-# device copy of the logits beat the direct launches for every shape up to 93 MiB of logits and
-# lost for every shape from 185 MiB (verify-kernels-h200-analysis.json, graph_threshold).
+# Logits of up to this many bytes, at an address not seen before: copy in and replay. In the H200
+# runs a graph replay plus a device copy of the logits beat the direct launches for every shape up
+# to 93 MiB of logits; from 141 MiB some shapes won and some lost, and every shape from 282 MiB lost
+# (verify-kernels-h200-analysis.json, graph_threshold, at 34a9907).
 GRAPH_MAX_BYTES = 96 << 20
 MAX_GRAPHS = 32  # captured graphs kept (least recently used dropped)
 # Inputs of at least this many bytes are read in place by a pinned graph and key it by address;
