@@ -231,7 +231,7 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
         plan.append((f"bandit:{type(selector).__name__}", arms, selector))
         plan += [(f"bandit:{name}", arms, make_selector(name, len(pipeline.choices))) for name in args.selectors]
     reward, limit = pipeline.reward, pipeline.speculate_max_batch
-    timed: list[tuple[str, list[Any], Any, Any, int | None, list[dict[str, Any]]]] = []
+    timed: list[tuple[str, list[Any], Any, int | None, list[dict[str, Any]]]] = []
     for name, use_arms, sel in plan:  # every system warms up before any is timed
         # A fixed arm runs at every batch size (what the arm itself costs); the bandits keep the
         # config's batch limit, which then shows as the arm "batch_limit" in their steps.
@@ -240,13 +240,13 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
         pipeline.arms, pipeline.selector, pipeline.reward = use_arms, copy.deepcopy(sel), copy.deepcopy(reward)
         _say(f"{name}: warm-up")
         run_pipeline(pipeline, prompts, warm_groups(groups, args.warmup), args, domains)
-        timed.append((name, use_arms, sel, copy.deepcopy(reward), own_limit, []))
+        timed.append((name, use_arms, sel, own_limit, []))
     for rep in range(args.repeats):
         # Repeats alternate the order (ABBA): a drift over the run (clocks, allocator) then
         # weighs on every system alike instead of on the ones that run last.
-        for name, use_arms, sel, rew, own_limit, runs in timed if rep % 2 == 0 else timed[::-1]:
-            # every repeat starts from the untrained selector: repeats are independent runs
-            pipeline.arms, pipeline.selector, pipeline.reward = use_arms, copy.deepcopy(sel), copy.deepcopy(rew)
+        for name, use_arms, sel, own_limit, runs in timed if rep % 2 == 0 else timed[::-1]:
+            # every repeat starts from the untrained selector and reward: repeats are independent runs
+            pipeline.arms, pipeline.selector, pipeline.reward = use_arms, copy.deepcopy(sel), copy.deepcopy(reward)
             pipeline.speculate_max_batch = own_limit
             run = run_pipeline(pipeline, prompts, groups, args, domains)
             for row in (*run["requests"], *run["steps"]):
