@@ -184,8 +184,7 @@ def write(out: Path, sections: dict[str, Any], work: Path) -> None:
     b1 = sections.get("b1_greedy") or {}
     summary: dict[str, Any] = dict(b1.get("summary", {}))
     summary["label"] = "real pair: Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft (bf16, dequantized Q4_K_M GGUF)"
-    for key in ("b1_adaptive", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy", "b1_t07",
-                "b1_nf4"):
+    for key in SUMMARIZED:
         s = (sections.get(key) or {}).get("summary")
         if s:
             summary[key] = {
@@ -233,6 +232,9 @@ def floor_table(bench: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+# sections whose own summary goes into summary[<section>] (b1_greedy's is the summary itself)
+SUMMARIZED = ("b1_adaptive", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy", "b1_t07",
+              "b1_nf4")
 SECTIONS = ("b1_greedy", "b1_adaptive", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy", "b1_t07", "b1_nf4",
             "synthetic", "workload_interleaved", "workload_blocked", "workload_adaptive", "workload_adaptive_blocked", "b1_greedy_warm")
 # b1_greedy_warm: b1_greedy's FlashSpec systems again (`--bench-extra "--systems flashspec,target_only
@@ -361,8 +363,7 @@ def summarize_dir(args: argparse.Namespace) -> int:
             [k for k, v in s.items() if v.get("error")] +
             [f"{x} (skipped: run budget)" for x in ("hf_eager", "hf_compiled", "hf_assisted", "hf_lookup")
              if x not in s] + (["greedy_identical (float32 check skipped: run budget)"] if "exactness" not in b1 else []))
-    for key in ("b1_adaptive", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy", "b1_t07",
-                "b1_nf4"):
+    for key in SUMMARIZED:
         if sections[key]:
             summary[key] = sections[key]["summary"]
     if sections["synthetic"] and sections["synthetic"].get("synthetic_scaling"):
