@@ -37,13 +37,16 @@ def fast_table(model: str, max_len: int, fuse: bool) -> str:
 
 
 def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: int, verifier: str, max_len: int,
-                  fuse: bool, adaptive: bool = False, limit: int = SPECULATE_MAX_BATCH) -> str:
+                  fuse: bool, adaptive: bool = False, limit: int = SPECULATE_MAX_BATCH, gated: bool = False) -> str:
     """The bench config: the 0.5B draft at each gamma, padded and match-only prompt lookup,
     match-only lookup falling back to the first draft, no speculation, Thompson sampling
     with the throughput reward. ``adaptive``: only the two lookup-first arms to choose from
     (match-only lookup, and the same falling back to the first draft, which is
     ``select = false``): the choice is then whether to draft where lookup finds nothing.
-    Both stop speculating above ``limit`` live rows."""
+    ``gated``: match-only lookup as ``[selector] first``, and the selector choosing, only where
+    it finds nothing, between the first draft and no draft: the same two fixed policies as
+    ``adaptive``, but the selector learns from the steps where its choice made a difference.
+    All stop speculating above ``limit`` live rows."""
     g, d = lookup_gamma, draft_gammas[0]
 
     def draft(gamma: int) -> str:
@@ -52,14 +55,18 @@ def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: 
     match = f'[[arm]]\nuse = "prompt_lookup"\ngamma = {g}\nmin_ngram = 2\nfill = false\n'
     lookup_first = [f'{match}name = "lookup-match-g{g}"\n',  # and the same with the draft where lookup finds nothing:
                     f'{match}fallback = "draft0.5b-g{d}"\nname = "lookup-match-g{g}-or-draft0.5b-g{d}"\n']
-    if adaptive:
+    first = ""
+    if gated:
+        arms = [f'{match}name = "lookup-match-g{g}"\nselect = false\n', draft(d), '[[arm]]\nuse = "none"\nname = "none"\n']
+        first = f'first = "lookup-match-g{g}"\n'
+    elif adaptive:
         arms = [*lookup_first, f"{draft(d)}select = false\n"]
     else:
         arms = [*map(draft, draft_gammas), f'[[arm]]\nuse = "prompt_lookup"\ngamma = {g}\nname = "lookup-g{g}"\n',
                 *lookup_first, '[[arm]]\nuse = "none"\nname = "none"\n']
     return (f"[target]\n{fast_table(paths['target'], max_len, fuse)}\n" + "\n".join(arms)
             + f'\n[verifier]\nuse = "{verifier}"\n\n[selector]\nuse = "thompson"\nreward = "throughput"\n'
-            + f"speculate_max_batch = {limit}\n")
+            + f"speculate_max_batch = {limit}\n{first}")
 
 
 def say(msg: str) -> None:
@@ -133,6 +140,8 @@ def full(args: argparse.Namespace) -> int:
     wconfig.write_text(pipeline_toml(paths, [3, 6], 8, args.verifier, 1024, args.fuse))
     aconfig = Path("/tmp/fs_adaptive.toml")  # the same, reduced to the two lookup-first arms
     aconfig.write_text(pipeline_toml(paths, [3, 6], 8, args.verifier, 1024, args.fuse, adaptive=True))
+    gconfig = Path("/tmp/fs_gated.toml")  # the same two policies, the selector asked only where lookup finds nothing
+    gconfig.write_text(pipeline_toml(paths, [3, 6], 8, args.verifier, 1024, args.fuse, gated=True))
     work = args.out  # each section's bench.json lands in --out/<section>/ as soon as it is written
     sections: dict[str, Any] = {}
     limit = ["--prompts", str(args.prompts)] if args.prompts else []
@@ -142,6 +151,7 @@ def full(args: argparse.Namespace) -> int:
     plan = {
         "b1_greedy": [*common, "--hf-prompts", str(args.hf_prompts), "--exactness", "2", *sel, *fuse],
         "b1_adaptive": [*common, "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse],
+        "b1_gated": [*common, "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse],
         # batch 2 and 4 place [selector] speculate_max_batch: where does a fixed arm stop paying?
         "b2_greedy": [*common, "--batch-size", "2", "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse],
         "b4_greedy": [*common, "--batch-size", "4", "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse],
@@ -165,13 +175,18 @@ def full(args: argparse.Namespace) -> int:
                               "flashspec,target_only", "--repeats", "3", *sel, *fuse],
         "workload_adaptive_blocked": ["--max-new-tokens", "48", *limit, "--systems", "flashspec", "--no-fixed-arms",
                                       "--repeats", "3", *sel, *fuse],
+        "workload_gated": ["--max-new-tokens", "48", *limit, "--order", "interleaved", "--systems",
+                           "flashspec,target_only", "--repeats", "3", *sel, *fuse],
+        "workload_gated_blocked": ["--max-new-tokens", "48", *limit, "--systems", "flashspec", "--no-fixed-arms",
+                                   "--repeats", "3", *sel, *fuse],
         "synthetic": ["--systems", "", "--synthetic-shapes", "qwen2.5-7b,qwen2.5-14b,qwen2.5-32b",
                       "--synthetic-acceptance", "0.6,0.8", "--synthetic-gammas", "4", *fuse],
     }
     for name, extra in plan.items():
         if args.sections == "all" or name in args.sections.split(","):
             domains = name == "b32_greedy" or name.startswith("workload")
-            cfg = (aconfig if name.endswith(("adaptive", "adaptive_blocked")) else wconfig if name.startswith("workload")
+            cfg = (gconfig if "gated" in name else aconfig if name.endswith(("adaptive", "adaptive_blocked"))
+                   else wconfig if name.startswith("workload")
                    else config4 if name in ("b2_greedy", "b4_greedy", "b8_greedy", "b32_greedy") else config)
             sections[name] = bench(work / name, cfg, deadline, *extra, *args.bench_extra.split(),
                                    workload=DOMAINS if domains else WORKLOAD)
@@ -233,10 +248,11 @@ def floor_table(bench: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 # sections whose own summary goes into summary[<section>] (b1_greedy's is the summary itself)
-SUMMARIZED = ("b1_adaptive", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy", "b1_t07",
+SUMMARIZED = ("b1_adaptive", "b1_gated", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy", "b1_t07",
               "b1_nf4")
-SECTIONS = ("b1_greedy", "b1_adaptive", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy", "b1_t07", "b1_nf4",
-            "synthetic", "workload_interleaved", "workload_blocked", "workload_adaptive", "workload_adaptive_blocked", "b1_greedy_warm")
+SECTIONS = ("b1_greedy", "b1_adaptive", "b1_gated", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy",
+            "b32_greedy", "b1_t07", "b1_nf4", "synthetic", "workload_interleaved", "workload_blocked", "workload_adaptive",
+            "workload_adaptive_blocked", "workload_gated", "workload_gated_blocked", "b1_greedy_warm")
 # b1_greedy_warm: b1_greedy's FlashSpec systems again (`--bench-extra "--systems flashspec,target_only
 # --exactness 0"`) where the section itself ran with a one-batch warm-up.
 
@@ -378,6 +394,11 @@ def summarize_dir(args: argparse.Namespace) -> int:
             adaptive["selector_vs_all_arms_oracle"] = adaptive["best_selector_tps"] / workload["oracle_tps"]
             adaptive["selector_vs_all_arms_best_fixed"] = adaptive["best_selector_tps"] / workload["best_fixed_tps"]
         summary["workload_gpu_adaptive"] = adaptive
+    gated = workload_summary(sections["workload_gated"], sections["workload_gated_blocked"])
+    if gated:
+        gated["label"] += ("; match-only lookup first ([selector] first), the selector choosing between the 0.5B "
+                           "draft and no draft only where it finds nothing")
+        summary["workload_gpu_gated"] = gated
     if sections["b1_greedy_warm"]:
         summary["b1_greedy_warm"] = warm_b1(sections["b1_greedy_warm"], b1)
     summary["cold_sections"] = [k for k, v in sections.items() if v is not None and cold(v)]

@@ -51,8 +51,9 @@ def build_pipeline(
     on_step: Callable[[StepRecord], None] | None = None
     if hook.flashspec_step_end.get_hookimpls():
         on_step = lambda record: hook.flashspec_step_end(record=record)  # noqa: E731
+    first = index[config.first] if config.first is not None else None
     pipeline = Pipeline(target, arms, verifier, selector, make_reward(config.reward), logger, on_step, config,
-                        config.speculate_max_batch)
+                        config.speculate_max_batch, first)
     hook.flashspec_pipeline_built(pipeline=pipeline)
     return pipeline
 

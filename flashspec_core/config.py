@@ -1,7 +1,8 @@
 """TOML -> frozen :class:`PipelineConfig`, with errors that name file, table and key.
 
 ``use = "name"`` picks a registered component; the table's other keys (besides the
-pipeline's own: ``gamma``, ``name`` and ``fallback`` for arms, ``reward`` for the selector) go to
+pipeline's own: ``gamma``, ``name``, ``fallback`` and ``select`` for arms; ``reward``,
+``speculate_max_batch`` and ``first`` for the selector) go to
 that component's config class, so an unknown key or a bad value fails at load time.
 
 .. code-block:: toml
@@ -62,7 +63,7 @@ class ArmConfig:
     draft: ComponentChoice
     gamma: int
     fallback: str | None = None  # another arm's name: proposes when this arm's proposal is empty
-    select: bool = True  # False: the arm serves only as another arm's fallback
+    select: bool = True  # False: the arm serves only as another arm's fallback, or as the first arm
 
 
 @attrs.frozen
@@ -87,6 +88,7 @@ class PipelineConfig:
     reward: str
     generation: GenerationDefaults
     speculate_max_batch: int | None = None  # [selector] key: more live rows than this decode without drafting
+    first: str | None = None  # [selector] key: an arm tried before the selector; it chooses only when that proposes nothing
 
 
 def load_config(path: str | os.PathLike[str], registry: Registry) -> PipelineConfig:
@@ -128,13 +130,23 @@ def parse_config(
                               f"arm {other.name!r} has a fallback of its own; fallbacks do not chain")
     if not any(a.select for a in arms):
         raise ConfigError(source, "arm", "select", "every arm has select = false: the selector needs at least one arm")
-    fallbacks = {a.fallback for a in arms}
+    verifier = _choice(registry, "verifier", _table(data, "verifier", source), source, "verifier", "auto", base_dir)
+    sel_table = dict(_table(data, "selector", source))
+    first = sel_table.pop("first", None)
+    if first is not None:
+        gate = by_name.get(first) if isinstance(first, str) else None
+        if gate is None:
+            raise ConfigError(source, "selector", "first", f"must name an arm ({', '.join(names)}), got {first!r}")
+        if gate.fallback is not None or gate.draft.use == "none":
+            why = "has a fallback" if gate.fallback is not None else "is the 'none' arm, whose proposal is always empty"
+            raise ConfigError(source, "selector", "first",
+                              f"arm {first!r} {why}; the first arm's empty proposal is where the selector chooses")
+    fallbacks = {a.fallback for a in arms} | {first}
     for i, a in enumerate(arms):
         if not a.select and a.name not in fallbacks:
             raise ConfigError(source, f"arm.{i}", "select",
-                              f"arm {a.name!r} has select = false and no arm falls back to it, so it would never run")
-    verifier = _choice(registry, "verifier", _table(data, "verifier", source), source, "verifier", "auto", base_dir)
-    sel_table = dict(_table(data, "selector", source))
+                              f"arm {a.name!r} has select = false and is neither an arm's fallback nor [selector] first, "
+                              "so it would never run")
     reward = sel_table.pop("reward", "acceptance")
     if reward not in REWARDS:
         raise ConfigError(source, "selector", "reward", f"must be one of {REWARDS}, got {reward!r}")
@@ -145,7 +157,7 @@ def parse_config(
     selector = _choice(registry, "selector", sel_table, source, "selector", "fixed", base_dir)
     gen_table = _table(data, "generation", source)
     generation = _build(GenerationDefaults, gen_table, source, "generation", "generation settings")
-    return PipelineConfig(source, target, arms, verifier, selector, reward, generation, limit)
+    return PipelineConfig(source, target, arms, verifier, selector, reward, generation, limit, first)
 
 
 def _table(data: dict[str, Any], name: str, source: str) -> dict[str, Any]:

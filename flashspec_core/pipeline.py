@@ -9,6 +9,7 @@ sync; step timings use CUDA events on a GPU and are read after that one copy.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -84,6 +85,7 @@ class Pipeline:
         on_step: Callable[[StepRecord], None] | None = None,
         config: Any = None,
         speculate_max_batch: int | None = None,
+        first: int | None = None,
     ) -> None:
         self.target, self.arms, self.verifier, self.selector = target, list(arms), verifier, selector
         self.reward, self.logger, self.on_step, self.config = reward, logger, on_step, config
@@ -91,6 +93,11 @@ class Pipeline:
         # asked nor updated (vLLM's disable_by_batch_size): at large batches the target forward
         # is no longer much cheaper per token than a draft's, so speculation costs throughput.
         self.speculate_max_batch = speculate_max_batch
+        # The first arm (``[selector] first``) proposes before the selector is asked; the selector
+        # chooses, and learns, only at the steps where it proposes nothing (a lookup without a
+        # match): its rewards then compare its arms where the choice made a difference.
+        self.first = first
+        self._first_reward = copy.deepcopy(reward)
         self._step = 0
         self._plain = Arm(name=BATCH_LIMIT, provider=NoDraft(), gamma=0, selectable=False)
 
@@ -178,13 +185,23 @@ class Pipeline:
     ) -> tuple[StepRecord, list[list[int]]]:
         rows = [b for b in range(len(active)) if active[b]]
         limit = self.speculate_max_batch
-        choice = None if limit is not None and len(rows) > limit else self.selector.select()
-        index = -1 if choice is None else self.choices[choice]
-        arm = self._plain if choice is None else self.arms[index]
         clock = _Clock(self.target.device)
         t0 = time.perf_counter()
         clock.mark()
-        draft, drafter = self._propose(arm, tokens, lengths, sampling, generator)
+        choice, draft = None, None
+        if limit is not None and len(rows) > limit:
+            index, arm = -1, self._plain
+        elif self.first is not None and not _empty(draft := self._first_proposal(tokens, lengths, sampling, generator)):
+            index, arm = self.first, self.arms[self.first]
+        else:
+            choice = self.selector.select()
+            index = self.choices[choice]
+            arm = self.arms[index]
+            draft = None
+        if draft is not None:
+            drafter = arm
+        else:
+            draft, drafter = self._propose(arm, tokens, lengths, sampling, generator)
         clock.mark()
         logits = self.target.score(tokens, lengths, draft.tokens.to(self.target.device))
         clock.mark()
@@ -200,7 +217,11 @@ class Pipeline:
         emitted = [host[b, 1 : 2 + n].tolist() for b, n in enumerate(accepted)]
         acc = tuple(accepted[b] for b in rows)
         width = int(draft.tokens.shape[1])  # the arm's gamma, or fewer (a lookup without a match)
-        reward = self.reward(width, acc, sum(n + 1 for n in acc), max(step_s, 1e-9))
+        # The first arm's steps are scored on a scale of their own: a matched lookup step emits up
+        # to gamma + 1 tokens for one target forward, and on the selector's running scale it would
+        # squeeze the rewards of the steps the selector does choose toward 0.
+        scorer = self._first_reward if choice is None and index >= 0 else self.reward
+        reward = scorer(width, acc, sum(n + 1 for n in acc), max(step_s, 1e-9))
         if choice is not None:
             self.selector.update(choice, reward)
         record = StepRecord(
@@ -226,6 +247,19 @@ class Pipeline:
         """Indices of the arms the selector chooses between (its arm ``k`` is ``arms[choices[k]]``)."""
         return [i for i, a in enumerate(self.arms) if a.selectable]
 
+    def _first_proposal(self, tokens: torch.Tensor, lengths: list[int], sampling: SamplingParams,
+                        generator: torch.Generator) -> Draft:
+        """The first arm's proposal; when it is empty, its provider is rolled back at once (it
+        proposed nothing, so nothing of it entered the sequences) and the selector's arm drafts."""
+        gate = self.arms[self.first]  # type: ignore[index]
+        draft = gate.provider.propose(tokens, lengths, gate.gamma, sampling, generator)
+        if _empty(draft):
+            gate.provider.rollback([0] * len(lengths))
+        elif draft.tokens.dim() != 2 or draft.tokens.shape[1] > gate.gamma:
+            raise RuntimeError(f"arm {gate.name!r}: the draft proposed tokens of shape {tuple(draft.tokens.shape)}, "
+                               f"not [B, <= gamma = {gate.gamma}]")
+        return draft
+
     def _propose(
         self, arm: Arm, tokens: torch.Tensor, lengths: list[int], sampling: SamplingParams, generator: torch.Generator
     ) -> tuple[Draft, Arm]:
@@ -233,7 +267,7 @@ class Pipeline:
         without a match): the switch depends on the sequences alone, never on this step's
         random draws, so it is part of a deterministic arm and keeps the output law."""
         draft, drafter = arm.provider.propose(tokens, lengths, arm.gamma, sampling, generator), arm
-        if draft.tokens.dim() == 2 and draft.tokens.shape[1] == 0 and arm.fallback is not None:
+        if _empty(draft) and arm.fallback is not None:
             drafter = self.arms[arm.fallback]
             draft = drafter.provider.propose(tokens, lengths, drafter.gamma, sampling, generator)
         if draft.tokens.dim() != 2 or draft.tokens.shape[1] > drafter.gamma:
@@ -248,6 +282,11 @@ class Pipeline:
             self.logger.info("step", **fields)
         if self.on_step is not None:
             self.on_step(record)
+
+
+def _empty(draft: Draft) -> bool:
+    """A proposal of no tokens (a lookup without a match, the ``none`` arm)."""
+    return draft.tokens.dim() == 2 and draft.tokens.shape[1] == 0
 
 
 class NoDraft:

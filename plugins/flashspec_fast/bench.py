@@ -230,12 +230,13 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
             plan += [(f"fixed:{a.name}", every, Always(i, len(every))) for i, a in enumerate(every) if a.gamma > 0]
         plan.append((f"bandit:{type(selector).__name__}", arms, selector))
         plan += [(f"bandit:{name}", arms, make_selector(name, len(pipeline.choices))) for name in args.selectors]
-    reward, limit = pipeline.reward, pipeline.speculate_max_batch
+    reward, limit, first = pipeline.reward, pipeline.speculate_max_batch, pipeline.first
     timed: list[tuple[str, list[Any], Any, int | None, list[dict[str, Any]]]] = []
     for name, use_arms, sel in plan:  # every system warms up before any is timed
         # A fixed arm runs at every batch size (what the arm itself costs); the bandits keep the
         # config's batch limit, which then shows as the arm "batch_limit" in their steps.
         pipeline.speculate_max_batch = own_limit = limit if name.startswith("bandit:") else None
+        pipeline.first = None if name == "target_only" else first  # [selector] first: in every system but plain
         # Warm-up on copies of the selector and the reward's running state: the timed run starts untrained.
         pipeline.arms, pipeline.selector, pipeline.reward = use_arms, copy.deepcopy(sel), copy.deepcopy(reward)
         _say(f"{name}: warm-up")
@@ -248,6 +249,7 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
             # every repeat starts from the untrained selector and reward: repeats are independent runs
             pipeline.arms, pipeline.selector, pipeline.reward = use_arms, copy.deepcopy(sel), copy.deepcopy(reward)
             pipeline.speculate_max_batch = own_limit
+            pipeline.first = None if name == "target_only" else first
             run = run_pipeline(pipeline, prompts, groups, args, domains)
             for row in (*run["requests"], *run["steps"]):
                 row["repeat"] = rep
@@ -255,7 +257,7 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
             record(name, {"requests": [r for x in runs for r in x["requests"]],
                           "steps": [s for x in runs for s in x["steps"]]})
     pipeline.arms, pipeline.selector, pipeline.reward = arms, selector, reward
-    pipeline.speculate_max_batch = limit
+    pipeline.speculate_max_batch, pipeline.first = limit, first
 
 
 def warm_groups(groups: list[list[int]], warmup: int) -> list[list[int]]:

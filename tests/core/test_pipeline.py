@@ -229,7 +229,7 @@ def test_a_fallback_only_arm_is_never_selected(models: dict[str, Path]) -> None:
 
 @pytest.mark.parametrize(
     ("change", "match"),
-    [("all", "every arm has select = false"), ("orphan", "no arm falls back to it"), ("type", "must be true or false")],
+    [("all", "every arm has select = false"), ("orphan", "neither an arm.s fallback nor"), ("type", "must be true or false")],
 )
 def test_bad_select_is_a_clear_error(models: dict[str, Path], change: str, match: str) -> None:
     config = pipeline_dict(models["target"], [models["close"]], "fixed")
@@ -281,4 +281,65 @@ def test_bad_batch_limit_is_a_clear_error(models: dict[str, Path], value: object
     config = pipeline_dict(models["target"], [models["close"]], "fixed")
     config["selector"]["speculate_max_batch"] = value
     with pytest.raises(ConfigError, match=r"\[selector\] key 'speculate_max_batch': must be an integer >= 1"):
+        build_pipeline(config)
+
+
+def _gated(models: dict[str, Path], selector: str = "ucb1") -> dict:
+    """Match-only lookup as the first arm; the selector chooses between d0 and no draft."""
+    config = pipeline_dict(models["target"], [models["close"]], selector)
+    match = next(a for a in config["arm"] if a["name"] == "lookup-match")
+    config["arm"] = [{**match, "select": False}, config["arm"][0], {"use": "none", "name": "plain"}]
+    config["selector"]["first"] = "lookup-match"
+    return config
+
+
+def test_first_arm_proposes_before_the_selector(models: dict[str, Path]) -> None:
+    """[selector] first: where the match-only lookup proposes, its step runs and the selector
+    is neither asked nor updated; where it finds nothing, the selector picks (d0 or plain)
+    and learns from that step alone. Greedy output is the target's."""
+    pipe = build_pipeline(_gated(models))
+    assert pipe.first == 0 and pipe.choices == [1, 2] and pipe.selector.num_arms == 2
+    asked: list[int] = []
+    updates: list[int] = []
+    select, update = pipe.selector.select, pipe.selector.update
+
+    def counted_select() -> int:
+        asked.append(select())
+        return asked[-1]
+
+    def counted_update(arm: int, reward: float) -> None:
+        updates.append(arm)
+        update(arm, reward)
+
+    pipe.selector.select, pipe.selector.update = counted_select, counted_update  # type: ignore[method-assign]
+    prompts = [[1, 2, 3, 4, 5, 1, 2], [9, 8, 7, 6]]
+    steps = []
+    for prompt in prompts:
+        result = pipe.generate([prompt], max_new_tokens=24)
+        assert result.token_ids[0] == _greedy_target(models["target"], prompt, 24, eos=15)
+        steps += result.steps
+    gate = [r for r in steps if r.arm_name == "lookup-match"]
+    chosen = [r for r in steps if r.arm_name != "lookup-match"]
+    assert gate and all(r.gamma > 0 and r.arm == 0 for r in gate)  # matched: a proposal of 1..gamma tokens
+    assert {r.arm_name for r in chosen} == {"d0", "plain"}  # UCB1 tries both
+    assert asked == updates == [{"d0": 0, "plain": 1}[r.arm_name] for r in chosen]
+
+
+@pytest.mark.parametrize(
+    ("first", "match"),
+    [("nope", "must name an arm"), (3, "must name an arm"), ("plain", "the 'none' arm"), ("lookup-or-d0", "has a fallback")],
+)
+def test_bad_first_arm_is_a_clear_error(models: dict[str, Path], first: object, match: str) -> None:
+    config = _gated(models)
+    config["arm"].append({"use": "prompt_lookup", "gamma": 3, "min_ngram": 2, "fill": False, "fallback": "d0",
+                          "name": "lookup-or-d0"})
+    config["selector"]["first"] = first
+    with pytest.raises(ConfigError, match=r"\[selector\] key 'first': .*" + match):
+        build_pipeline(config)
+
+
+def test_a_select_false_arm_that_is_not_first_is_an_error(models: dict[str, Path]) -> None:
+    config = _gated(models)
+    del config["selector"]["first"]
+    with pytest.raises(ConfigError, match="neither an arm.s fallback nor"):
         build_pipeline(config)

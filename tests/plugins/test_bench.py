@@ -165,3 +165,41 @@ def test_every_system_warms_up_first_and_repeats_alternate_the_order(
     assert calls == [("none", True), ("bandit", True),
                      ("none", False), ("bandit", False), ("bandit", False), ("none", False), ("none", False), ("bandit", False)]
     assert recorded == {"target_only": 3, "bandit:UCB1": 3}
+
+
+def test_first_arm_runs_in_every_system_but_target_only(
+    setup: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[selector] first stays on for the fixed arms and the bandits (a fixed arm is then "the
+    first arm, else this one") and is off for target-only, whose one arm is plain decoding."""
+    import flashspec_fast.bench as bench
+    from flashspec_core.build import build_pipeline
+
+    text = setup["config"].read_text().replace('name = "lookup"\n', 'name = "lookup"\nmin_ngram = 2\nfill = false\n'
+                                                'select = false\n')
+    gated = setup["root"] / "gated.toml"
+    gated.write_text(text.replace('reward = "throughput"\n', 'reward = "throughput"\nfirst = "lookup"\n'))
+    args = bench.parser().parse_args(["--workload", str(setup["workload"]), "--config", str(gated),
+                                      "--out", str(setup["root"] / "o4"), "--max-new-tokens", "8", "--warmup", "0"])
+    args.systems = ["target_only", "flashspec"]
+    pipe = build_pipeline(bench.load_config_dict(args.config, args.dtype, args.fuse, args.quantization))
+    assert pipe.first == 1 and pipe.choices == [0, 2]
+    real, firsts = bench.run_pipeline, {}
+
+    def spy(pipeline: Any, *a: Any) -> dict[str, Any]:
+        run = real(pipeline, *a)
+        firsts[tuple(sorted({s["arm_name"] for s in run["steps"]}))] = pipeline.first
+        return run
+
+    monkeypatch.setattr(bench, "run_pipeline", spy)
+    runs: dict[str, dict] = {}
+    prompts = [pipe._encode(p) for p in ("t1 t2 t3 t4 t1 t2", "t5 t6", "t7 t8 t9 t1 t2 t3")]
+    bench.flashspec_runs(pipe, prompts, batches(3, 1), args, ["code", "prose", "code"],
+                         lambda n, r: runs.__setitem__(n, r))
+    assert set(runs) == {"target_only", "fixed:draft-g3", "fixed:lookup", "bandit:UCB1"}
+    arms = {n: {s["arm_name"] for s in r["steps"]} for n, r in runs.items()}
+    assert arms["target_only"] == {"none"}
+    assert arms["fixed:draft-g3"] == {"lookup", "draft-g3"}  # matched lookup steps, the draft elsewhere
+    assert arms["fixed:lookup"] == {"lookup"}  # the first arm, else the same arm again: nothing, a plain step
+    assert "lookup" in arms["bandit:UCB1"] and pipe.first == 1
+    assert firsts[("none",)] is None and firsts[("draft-g3", "lookup")] == 1
