@@ -8,8 +8,10 @@ decode step replays (target width 1 and gamma + 1, the draft's gamma-token loop)
 records the replay time (CUDA events, median over many replays), the number of
 kernels in one replay and their GPU time summed by kind (GEMM, attention, Inductor-
 fused elementwise, copies, other) from ``torch.profiler``. Variants show what a change
-would buy before it is built: ``fuse`` off, and the attention span (slots each query
-attends: the static cache's ``max_len``) at 768 against 256.
+would buy before it is built: ``fuse`` off, the attention span (slots each query
+attends: the static cache's ``max_len``) at 768 against 256, and the attention itself:
+SDPA (cuDNN) against the Triton decode kernel (``attention = "sdpa" | "triton"``), each
+forward measured with both in the same run.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 import torch
 
 KINDS = [  # first match wins: cuDNN's attention kernel names contain "sm90" too
-    ("attention", re.compile(r"sdpa|attention|fmha|flash|efficient|softmax", re.I)),
+    ("attention", re.compile(r"sdpa|attention|fmha|flash|efficient|softmax|decode_attn", re.I)),
     ("gemm", re.compile(r"gemm|gemv|cutlass|xmma|nvjet|cublas|splitK|sm90", re.I)),
     ("fused_elementwise", re.compile(r"^triton_", re.I)),
     ("copy_index", re.compile(r"index|scatter|gather|copy|cat|elementwise|reduce|vectorized|unrolled", re.I)),
@@ -80,21 +82,22 @@ def kernels(fn: Any, reps: int = 5) -> dict[str, Any]:
     return {"kernels_per_replay": count, "ms_by_kind": by_kind, "top": top[:15]}
 
 
-def build(shape: str, max_len: int, fuse: bool) -> Any:
+def build(shape: str, max_len: int, fuse: bool, attention: str) -> Any:
     from flashspec_fast.options import FastOptions, build_model
 
-    return build_model(FastOptions(model=f"shape:{shape}", dtype="bf16", max_len=max_len, fuse=fuse))[0]
+    opts = FastOptions(model=f"shape:{shape}", dtype="bf16", max_len=max_len, fuse=fuse, attention=attention)
+    return build_model(opts)[0]
 
 
-def graphed(model: Any, width: int, steps: int = 1, whole: bool = False) -> Any:
+def graphed(model: Any, width: int, steps: int = 1, whole: bool = False, at: int = 200) -> Any:
     """A captured replay of ``steps`` chained forwards of ``width`` tokens (the draft loop
-    feeds its argmax back), at positions ~200 of one row."""
+    feeds its argmax back), at positions from ``at`` of one row."""
     from flashspec_fast.graphs import GraphCache
 
     model.allocate(1)
     cache = GraphCache(model.device, True)
     ids = torch.full((1, width), 100, dtype=torch.long, device=model.device)
-    pos = (200 + torch.arange(width, device=model.device))[None]
+    pos = (at + torch.arange(width, device=model.device))[None]
 
     forward = torch.compile(model.forward, fullgraph=True, dynamic=False) if whole else model.forward
 
@@ -121,31 +124,36 @@ def main() -> int:
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
         "commit": args.commit, "label": "random weights of the Qwen2.5 shapes: timing only", "runs": [],
     }
-    plan: list[tuple[str, int, bool | str, int, int]] = [
-        ("qwen2.5-1.5b", 768, True, 1, 1), ("qwen2.5-1.5b", 768, True, 5, 1), ("qwen2.5-0.5b", 768, True, 1, 4),
-        ("qwen2.5-1.5b", 256, True, 1, 1), ("qwen2.5-0.5b", 256, True, 1, 4),
-        ("qwen2.5-1.5b", 768, False, 1, 1), ("qwen2.5-0.5b", 768, False, 1, 4),
-        ("qwen2.5-1.5b", 768, "whole", 1, 1),  # the whole forward compiled by Inductor, then captured
+    plan: list[tuple[str, int, bool | str, int, int, str]] = [  # attention: "sdpa" and "triton" side by side
+        *[(shape, max_len, True, width, steps, attention)
+          for shape, max_len, width, steps in (("qwen2.5-1.5b", 256, 1, 1), ("qwen2.5-1.5b", 256, 4, 1),
+                                               ("qwen2.5-0.5b", 256, 1, 3), ("qwen2.5-1.5b", 768, 1, 1),
+                                               ("qwen2.5-0.5b", 768, 1, 3), ("qwen2.5-1.5b", 1024, 1, 1))
+          for attention in ("sdpa", "triton")],
+        ("qwen2.5-1.5b", 256, False, 1, 1, "triton"), ("qwen2.5-0.5b", 256, False, 1, 3, "triton"),
     ]
-    models: dict[tuple[str, int, bool | str], Any] = {}
-    for shape, max_len, fuse, width, steps in plan:
+    at = {256: 200, 768: 200, 1024: 900}  # first position: max_len 256 is the engine's span there; 768 is not
+    models: dict[tuple[str, int, bool | str, str], Any] = {}
+    for shape, max_len, fuse, width, steps, attention in plan:
         if time.time() - t0 > args.budget:
-            say(f"budget spent: skipped {shape} max_len={max_len} fuse={fuse}")
+            say(f"budget spent: skipped {shape} max_len={max_len} fuse={fuse} attention={attention}")
             continue
-        key = (shape, max_len, fuse)
+        key = (shape, max_len, fuse, attention)
         if key not in models:
             models.clear()
             torch.cuda.empty_cache()
-            models[key] = build(shape, max_len, fuse is True)
+            models[key] = build(shape, max_len, fuse is True, attention)
         t1 = time.time()
-        fn = graphed(models[key], width, steps, whole=fuse == "whole")
+        fn = graphed(models[key], width, steps, whole=fuse == "whole", at=at[max_len])
         fn()
         build_s = time.time() - t1
-        row = {"shape": shape, "max_len": max_len, "fuse": fuse, "width": width, "chained_forwards": steps,
-               "capture_s": build_s, "replay_ms": replay_ms(fn), **kernels(fn)}
+        row = {"shape": shape, "max_len": max_len, "position": at[max_len], "fuse": fuse, "attention": attention,
+               "width": width,
+               "chained_forwards": steps, "capture_s": build_s, "replay_ms": replay_ms(fn), **kernels(fn)}
         row["ms_per_forward"] = row["replay_ms"] / steps
         res["runs"].append(row)
-        say(f"{shape} max_len={max_len} fuse={fuse} width={width} x{steps}: {row['replay_ms']:.3f} ms, "
+        say(f"{shape} max_len={max_len} fuse={fuse} attention={attention} width={width} x{steps}: "
+            f"{row['replay_ms']:.3f} ms, "
             f"{row['kernels_per_replay']:.0f} kernels, {({k: round(v, 3) for k, v in row['ms_by_kind'].items()})}")
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "fast-profile-h200.json").write_text(json.dumps(res, indent=1))

@@ -15,6 +15,9 @@ A forward attends only the first ``span`` slots of each row (:meth:`Transformer.
 a power of two >= 128 that covers every position of the step): the attention kernel reads
 every slot it is given, and on the H200 it cost 19 us per layer over 768 slots against
 9 us over 256 (docs/benchmarks/fast-profile-h200.json). Each span is captured once.
+Decoding forwards (up to 16 tokens per row) on CUDA use instead the split-KV Triton kernel
+of :mod:`flashspec_kernels.attention`, which stops at each row's last position and writes
+the ``[B, T, H, hd]`` layout the output projection reads (``attention`` option).
 
 Numerics follow transformers' Qwen2/Llama modules (RMSNorm in float32, rotary
 tables computed in float32 and cast to the model dtype), so a float64 model here
@@ -24,6 +27,7 @@ and there produce the same greedy tokens.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,9 @@ from typing import Any
 import attrs
 import torch
 import torch.nn.functional as F
+
+from flashspec_kernels.attention import MAX_WIDTH as DECODE_MAX_WIDTH
+from flashspec_kernels.attention import decode_attention, supported
 
 MIN_SPAN = 128  # fewest slots a forward attends (smaller spans would only add captured graphs)
 
@@ -153,6 +160,23 @@ def rope_store(
     return q
 
 
+def decode_kernel(attention: str, head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether decoding forwards (up to ``DECODE_MAX_WIDTH`` tokens per row) use the Triton
+    decode-attention kernel: ``auto`` on CUDA where it supports the head dim and dtype,
+    ``triton`` always (an error where it cannot), ``sdpa`` never."""
+    ok = supported(head_dim, dtype)
+    if attention == "sdpa" or (attention == "auto" and not (device.type == "cuda" and ok)):
+        return False
+    if attention not in ("auto", "triton"):
+        raise ValueError(f"attention must be 'auto', 'sdpa' or 'triton', got {attention!r}")
+    if not ok:
+        raise ValueError(f"attention = 'triton': the decode kernel takes a head dim of at most 256 and "
+                         f"float16/bfloat16/float32, not head dim {head_dim} in {dtype}")
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("attention = 'triton' on a CPU model needs TRITON_INTERPRET=1 (Triton's interpreter)")
+    return True
+
+
 class Ops:
     """The non-GEMM pieces; ``fuse=True`` compiles each once (shape-generic)."""
 
@@ -166,11 +190,13 @@ class Ops:
 class Transformer:
     """Weights, rotary tables and a static KV cache ``[L, B, S, KV*hd]`` for one model."""
 
-    def __init__(self, args: ModelArgs, weights: Weights, max_len: int, fuse: bool = False) -> None:
+    def __init__(self, args: ModelArgs, weights: Weights, max_len: int, fuse: bool = False,
+                 attention: str = "auto") -> None:
         self.args, self.w = args, weights
         self.device, self.dtype = weights.embed.device, weights.embed.dtype
         self.max_len = max_len  # slots per row; the last one is the scratch slot
         self.ops = Ops(fuse)
+        self.decode_kernel = decode_kernel(attention, args.head_dim, self.dtype, self.device)
         inv_freq = 1.0 / (
             args.rope_theta
             ** (torch.arange(0, args.head_dim, 2, dtype=torch.int64, device=self.device).float() / args.head_dim)
@@ -227,7 +253,8 @@ class Transformer:
         span = span or self.max_len
         x = F.embedding(tokens, w.embed).view(batch * width, a.dim)  # [B*T, D]
         cos, sin = self.cos[pos][:, :, None], self.sin[pos][:, :, None]  # [B, T, 1, hd]
-        mask = self._mask(pos, group, span)
+        kernel = self.decode_kernel and width <= DECODE_MAX_WIDTH
+        mask = None if kernel else self._mask(pos, group, span)
         slots = (torch.arange(batch, device=self.device)[:, None] * self.max_len + write).view(-1)  # [B*T]
         for i, layer in enumerate(w.layers):
             h = ops.rms_norm(x, layer.attn_norm, a.norm_eps)
@@ -235,12 +262,16 @@ class Transformer:
             kc = self.k_cache[i, :batch].view(batch * self.max_len, nkv)
             vc = self.v_cache[i, :batch].view(batch * self.max_len, nkv)
             q = ops.rope_store(qkv, cos, sin, kc, vc, slots, a.heads, a.kv_heads)  # [B, T, H, hd]
-            q = q.reshape(batch, width, a.kv_heads, group, hd).permute(0, 2, 3, 1, 4)
-            q = q.reshape(batch, a.kv_heads, group * width, hd)
-            keys = kc.view(batch, self.max_len, a.kv_heads, hd)[:, :span].transpose(1, 2)
-            values = vc.view(batch, self.max_len, a.kv_heads, hd)[:, :span].transpose(1, 2)
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, KV, G*T, hd]
-            o = o.view(batch, a.kv_heads, group, width, hd).permute(0, 3, 1, 2, 4).reshape(batch * width, nq)
+            if kernel:  # decoding: flashspec_kernels.attention, [B, T, H, hd] in and out
+                cache = (batch, self.max_len, a.kv_heads, hd)
+                o = decode_attention(q, kc.view(cache), vc.view(cache), pos, span).view(batch * width, nq)
+            else:
+                q = q.reshape(batch, width, a.kv_heads, group, hd).permute(0, 2, 3, 1, 4)
+                q = q.reshape(batch, a.kv_heads, group * width, hd)
+                keys = kc.view(batch, self.max_len, a.kv_heads, hd)[:, :span].transpose(1, 2)
+                values = vc.view(batch, self.max_len, a.kv_heads, hd)[:, :span].transpose(1, 2)
+                o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, KV, G*T, hd]
+                o = o.view(batch, a.kv_heads, group, width, hd).permute(0, 3, 1, 2, 4).reshape(batch * width, nq)
             x = linear_add(x, o, layer.wo)
             h = ops.rms_norm(x, layer.mlp_norm, a.norm_eps)
             x = linear_add(x, ops.silu_mul(linear(h, layer.w_gate_up)), layer.w_down)

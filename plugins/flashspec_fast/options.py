@@ -14,6 +14,7 @@ from flashspec_fast.nf4 import quantize_weights
 DTYPES = {"auto": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float32": torch.float32, "float64": torch.float64}
 QUANTIZATIONS = ("none", "nf4")
+ATTENTIONS = ("auto", "sdpa", "triton")  # decoding forwards' attention (flashspec_fast.model.decode_kernel)
 SHAPE_PREFIX = "shape:"  # "shape:qwen2.5-7b": random weights of that shape (synthetic timing only)
 
 
@@ -53,6 +54,7 @@ class FastOptions:
     compile: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     fuse: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     quantization: str = attrs.field(default="none", validator=attrs.validators.in_(QUANTIZATIONS))
+    attention: str = attrs.field(default="auto", validator=attrs.validators.in_(ATTENTIONS))
     chat_template: bool = True
     seed: int = 0  # random weights of a "shape:" model
 
@@ -85,4 +87,4 @@ def build_model(opts: FastOptions) -> tuple[Transformer, str | None]:
     if opts.quantization == "nf4":
         weights = quantize_weights(weights)
     fuse = opts.fuse and device.type == "cuda"
-    return Transformer(args, weights, opts.max_len, fuse=fuse), path
+    return Transformer(args, weights, opts.max_len, fuse=fuse, attention=opts.attention), path

@@ -259,3 +259,55 @@ def test_draft_catches_up_inside_its_first_forward(models: dict[str, Path], monk
     torch.testing.assert_close(fused.probs, apart.probs, rtol=1e-9, atol=1e-12)
     # the first forward feeds `behind` tokens (at least 2); more than `limit` need a catch-up forward of their own
     assert n_apart == 3 + int(behind > 2) and n_fused == 3 + int(bucket(behind, least=2) > limit)
+
+
+def test_decode_kernel_forward_matches_sdpa(models: dict[str, Path]) -> None:
+    """attention = "triton" (the decode kernel, in the interpreter here) against SDPA, same
+    weights and cache: a 20-token prefill (SDPA in both), then decode widths 1, 4 and 9 and a
+    ragged row with padding, to float32 rounding."""
+    path = models["target"]
+    args = ModelArgs.from_hf(read_config(path))
+    weights = load_weights(path, args, torch.float32, torch.device("cpu"))
+    sdpa, kern = (Transformer(args, weights, max_len=256, attention=a) for a in ("sdpa", "triton"))
+    assert kern.decode_kernel and not sdpa.decode_kernel
+    for m in (sdpa, kern):
+        m.allocate(2)
+    ids = torch.randint(0, 16, (2, 20))
+    pos = torch.arange(20).repeat(2, 1)
+    torch.testing.assert_close(kern.forward(ids, pos, pos, span=128), sdpa.forward(ids, pos, pos, span=128))
+    at = 20
+    for width in (1, 4, 9):
+        ids = torch.randint(0, 16, (2, width))
+        pos = torch.arange(at, at + width).repeat(2, 1)
+        write = pos.clone()
+        if width == 4:  # row 1 catches up two tokens: two padding slots (position 0, the scratch slot)
+            pos[1, :2], write[1, :2] = 0, 255
+        got, want = kern.forward(ids, pos, write, span=128), sdpa.forward(ids, pos, write, span=128)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        at += width
+
+
+def test_greedy_with_the_decode_kernel_equals_hf(models: dict[str, Path]) -> None:
+    """Every fast model on the decode kernel (float32): speculative greedy tokens are HF's."""
+    cfg = _config(models, "fast", "float32", "ucb1")
+    for table in (cfg["target"], *cfg["arm"]):
+        if table["use"] == "fast":
+            table["attention"] = "triton"
+    spec = build_pipeline(cfg)
+    assert spec.target.model.decode_kernel
+    hf = _target_only(models, "hf", "float32")
+    got = spec.generate(PROMPTS, max_new_tokens=24, temperature=0.0).token_ids
+    assert got == hf.generate(PROMPTS, max_new_tokens=24, temperature=0.0).token_ids
+
+
+@pytest.mark.parametrize(("dtype", "interpret", "match"), [
+    ("float64", "1", "head dim of at most 256 and float16/bfloat16/float32"),
+    ("float32", "0", "needs TRITON_INTERPRET=1"),
+])
+def test_decode_kernel_refusals_are_clear(models: dict[str, Path], monkeypatch: pytest.MonkeyPatch, dtype: str,
+                                          interpret: str, match: str) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    cfg = _config(models, "fast", dtype, arms=[{"use": "none", "name": "none"}])
+    cfg["target"]["attention"] = "triton"
+    with pytest.raises((ConfigError, ValueError), match=match):
+        build_pipeline(cfg)

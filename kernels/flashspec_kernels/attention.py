@@ -1,0 +1,211 @@
+"""Decode attention in Triton: a few query tokens per row against a static KV cache.
+
+The fast back-end's forwards during decoding score ``T <= 16`` tokens per row (one for a
+draft step or plain decoding, ``gamma + 1`` for a verify step) against up to ``span``
+cached slots. A prefill attention kernel (cuDNN's, through SDPA) tiles the queries by 64
+and the keys by 128 and reads every slot it is given, masked or not: on the H200 that
+cost 9 us per layer over 256 slots and 19 us over 768 (docs/benchmarks/fast-profile-h200.json),
+for a few hundred kilobytes of keys and values. Here, split-KV ("flash-decoding"):
+
+1. ``_decode_attn_split``, grid ``(B * KV, splits)``: program ``(b, h, s)`` takes all
+   ``G * T`` queries that share KV head ``h`` of row ``b`` (``G = heads / kv_heads``: the
+   grouped queries read each key and value once) as one ``[BLOCK_M, hd]`` tile, and folds
+   the slots ``s * chunk .. (s + 1) * chunk - 1`` that any of them may see (none past the
+   row's largest position: the loop stops there) into an online softmax: running max
+   ``m``, sum ``den`` and ``acc = sum p v``, in float32, in base 2. A query at position
+   ``p`` sees slots ``0..p``, as in :meth:`flashspec_fast.model.Transformer.forward`.
+2. ``_decode_attn_combine``, grid ``(B * KV, G * T)``: rescales the splits' partial sums to
+   the common max and writes ``acc / den`` into ``o[b, t, head]``, the ``[B, T, H, hd]``
+   layout the output projection reads, so no permute copy follows.
+
+With one split (``chunk >= span``) the first kernel normalises and writes the output
+itself. The split count aims at two programs per SM (``B * KV * splits``), so a batch-1
+step spreads over the GPU while a large batch does not write partial sums it does not need.
+
+Bytes read per layer: the keys and values of the slots attended, ``2 * B * KV * hd *
+(max position + 1) * s`` (``s`` bytes per element), plus the queries; the partial sums
+are ``4 * B * KV * splits * BLOCK_M * (hd + 2)`` bytes written and read once.
+
+Head dims are padded to a power of two of at least 16 (``tl.dot``'s least inner size) with
+zeros, which changes no product. Numerics: ``q k^T`` and ``p v`` are ``tl.dot`` with float32 accumulation (``p`` cast to
+the cache dtype, as flash attention does); float32 inputs use IEEE products (no TF32).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_WIDTH = 16  # query tokens per row up to which a forward uses this kernel (wider: prefill, SDPA)
+BLOCK_N = 64  # slots per inner iteration
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # float32 partial sums: no float64
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_attn_split(
+    q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, ml_ptr, acc_ptr,
+    slots, kv_heads, chunk, qk_scale,
+    T: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, IEEE: tl.constexpr,
+):
+    bkv = tl.program_id(0)
+    split = tl.program_id(1)
+    nsplit = tl.num_programs(1)
+    b = bkv // kv_heads
+    h = bkv % kv_heads
+    rows = tl.arange(0, BLOCK_M)
+    g = rows // T
+    t = rows % T
+    live = rows < G * T
+    d = tl.arange(0, HD_PAD)
+    dm = d < HD  # head dims padded to a power of two >= 16 (tl.dot's least K) read as zeros
+    head = h * G + g
+    q_off = ((b * T + t) * (kv_heads * G) + head) * HD  # [BLOCK_M]; q and o are [B, T, H, hd]
+    q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=live[:, None] & dm[None, :], other=0.0)
+    p_row = tl.load(pos_ptr + b * T + t, mask=live, other=-1)  # [BLOCK_M] positions; -1: padding rows
+    last = tl.max(p_row, axis=0)
+    start = split * chunk
+    stop = tl.minimum(start + chunk, last + 1)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    den = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HD_PAD], tl.float32)
+    kv_base = b * slots * (kv_heads * HD) + h * HD  # cache [B, slots, KV, hd]
+    for n0 in range(start, stop, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        in_range = n < stop
+        kv_off = kv_base + n[:, None] * (kv_heads * HD) + d[None, :]
+        k = tl.load(k_ptr + kv_off, mask=in_range[:, None] & dm[None, :], other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = s.to(tl.float32) * qk_scale  # log2 units
+        seen = (n[None, :] <= p_row[:, None]) & in_range[None, :]
+        s = tl.where(seen, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        den = den * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + kv_off, mask=in_range[:, None] & dm[None, :], other=0.0)
+        if IEEE:
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv.to(tl.float32)
+        m = m_new
+    if DIRECT:
+        out = acc / tl.where(den > 0, den, 1.0)[:, None]
+        tl.store(o_ptr + q_off[:, None] + d[None, :], out.to(o_ptr.dtype.element_ty), mask=live[:, None] & dm[None, :])
+    else:
+        part = bkv * nsplit + split
+        tl.store(ml_ptr + (part * BLOCK_M + rows) * 2, m)
+        tl.store(ml_ptr + (part * BLOCK_M + rows) * 2 + 1, den)
+        tl.store(acc_ptr + (part * BLOCK_M + rows)[:, None] * HD_PAD + d[None, :], acc)
+
+
+@triton.jit
+def _decode_attn_combine(
+    o_ptr, ml_ptr, acc_ptr, nsplit, kv_heads,
+    T: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+    SPLITS: tl.constexpr,
+):
+    bkv = tl.program_id(0)
+    r = tl.program_id(1)  # one query row (< G * T) per program
+    b = bkv // kv_heads
+    h = bkv % kv_heads
+    sp = tl.arange(0, SPLITS)
+    have = sp < nsplit
+    part = bkv * nsplit + sp
+    m = tl.load(ml_ptr + (part * BLOCK_M + r) * 2, mask=have, other=float("-inf"))
+    den = tl.load(ml_ptr + (part * BLOCK_M + r) * 2 + 1, mask=have, other=0.0)
+    top = tl.max(m, axis=0)
+    w = tl.where(den > 0, tl.exp2(m - top), 0.0)  # empty splits (m = -inf, den = 0) weigh 0
+    d = tl.arange(0, HD_PAD)
+    acc = tl.load(acc_ptr + (part * BLOCK_M + r)[:, None] * HD_PAD + d[None, :], mask=have[:, None], other=0.0)
+    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(den * w, axis=0)
+    g = r // T
+    t = r % T
+    tl.store(o_ptr + ((b * T + t) * (kv_heads * G) + h * G + g) * HD + d, out.to(o_ptr.dtype.element_ty), mask=d < HD)
+
+
+def supported(head_dim: int, dtype: torch.dtype) -> bool:
+    """Head dims and dtypes the kernel takes (head dims up to 256; padded to a power of two >= 16)."""
+    return dtype in DTYPES and 1 <= head_dim <= 256
+
+
+def _programs(device: torch.device) -> int:
+    if device.type == "cuda":
+        return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter: a few splits, so the combine path is exercised
+
+
+def decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, span: int,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Causal attention of ``T`` new tokens per row over a static cache.
+
+    q: ``[B, T, H, hd]``; k_cache, v_cache: ``[B, S, KV, hd]`` (contiguous; the new tokens'
+    keys and values already written); pos: ``[B, T]`` integer positions (a query at ``p``
+    sees slots ``0..p``; every position below ``span <= S``). Returns ``[B, T, H, hd]`` in
+    q's dtype. No host sync: the positions are read on the device.
+    """
+    batch, width, heads, hd = q.shape
+    _, slots, kv_heads, hd_k = k_cache.shape
+    if not (k_cache.shape == v_cache.shape and hd_k == hd and k_cache.shape[0] == batch and heads % kv_heads == 0):
+        raise ValueError(f"decode_attention: q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)} "
+                         f"/ {tuple(v_cache.shape)}")
+    if tuple(pos.shape) != (batch, width) or width > MAX_WIDTH or not 1 <= span <= slots:
+        raise ValueError(f"decode_attention: pos {tuple(pos.shape)}, width {width} (<= {MAX_WIDTH}), span {span} "
+                         f"(1..{slots})")
+    if not supported(hd, q.dtype) or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise ValueError(f"decode_attention: head dim {hd} / dtypes {q.dtype}, {k_cache.dtype} not supported")
+    q, pos = q.contiguous(), pos.contiguous()
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("decode_attention: the caches must be contiguous [B, S, KV, hd] views")
+    group = heads // kv_heads
+    block_m = max(16, triton.next_power_of_2(group * width))
+    blocks = triton.cdiv(span, BLOCK_N)
+    splits = max(1, min(blocks, triton.cdiv(_programs(q.device), batch * kv_heads)))
+    chunk = triton.cdiv(blocks, splits) * BLOCK_N
+    splits = triton.cdiv(span, chunk)
+    out = torch.empty_like(q)
+    direct = splits == 1
+    parts = batch * kv_heads * splits
+    ml = torch.empty((1,) if direct else (parts, block_m, 2), dtype=torch.float32, device=q.device)
+    hd_pad = max(16, triton.next_power_of_2(hd))
+    acc = torch.empty((1,) if direct else (parts, block_m, hd_pad), dtype=torch.float32, device=q.device)
+    qk_scale = (scale if scale is not None else 1.0 / math.sqrt(hd)) * _LOG2E
+    _decode_attn_split[(batch * kv_heads, splits)](
+        q, k_cache, v_cache, pos, out, ml, acc, slots, kv_heads, chunk, qk_scale,
+        T=width, G=group, HD=hd, HD_PAD=hd_pad, BLOCK_M=block_m, BLOCK_N=BLOCK_N, DIRECT=direct,
+        IEEE=q.dtype == torch.float32, num_warps=4,
+    )
+    if not direct:
+        _decode_attn_combine[(batch * kv_heads, group * width)](
+            out, ml, acc, splits, kv_heads, T=width, G=group, HD=hd, HD_PAD=hd_pad, BLOCK_M=block_m,
+            SPLITS=triton.next_power_of_2(splits), num_warps=4,
+        )
+    return out
+
+
+def decode_attention_ref(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, span: int,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """The same in plain torch (SDPA with an additive mask), for tests."""
+    batch, width, heads, hd = q.shape
+    kv_heads = k_cache.shape[2]
+    group = heads // kv_heads
+    keys = torch.arange(span, device=q.device)
+    allowed = keys[None, None, :] <= pos[:, :, None]  # [B, T, span]
+    mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
+    k = k_cache[:, :span].transpose(1, 2).repeat_interleave(group, dim=1)  # [B, H, span, hd]
+    v = v_cache[:, :span].transpose(1, 2).repeat_interleave(group, dim=1)
+    o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale)
+    return o.transpose(1, 2)
