@@ -473,7 +473,7 @@ def oracle(policies: dict[str, Json], tokens: dict[str, int], names: Sequence[st
 
 
 def workload(summary: Json, sections: dict[str, Json]) -> Json:
-    out: Json = {"how": "summary.workload_gpu(_adaptive).policies: ranges of the bandits' tokens/s per order and as "
+    out: Json = {"how": "summary.workload_gpu(_adaptive, _gated).policies: ranges of the bandits' tokens/s per order and as "
                         "fractions of the best fixed arm; every policy over target-only; the oracle over the "
                         "selectable arms only (best per domain, after the fact)"}
     g = summary.get("workload_gpu")
@@ -482,26 +482,33 @@ def workload(summary: Json, sections: dict[str, Json]) -> Json:
         by_order = {o: [v["tps"] for k, v in pol.items() if k.endswith(f"@{o}")] for o in ("interleaved", "blocked")}
         out["all_arms"] = {o: {"tps": span(v), "vs_best_fixed": span(x / g["best_fixed_tps"] for x in v)}
                            for o, v in by_order.items() if v}
-    a = summary.get("workload_gpu_adaptive")
-    sec = sections.get("workload_adaptive")
-    if a and sec:
-        pol = a["policies"]
-        plain = pol["target_only"]["tps"]
-        tokens: Counter[str] = Counter()
-        for r in sec["runs"]["target_only"]["requests"]:
-            tokens[r["domain"]] += r["new_tokens"]
+    a, sec = summary.get("workload_gpu_adaptive"), sections.get("workload_adaptive")
+    if a and sec:  # the selector's arms: the config's selectable ones (the draft is only a fallback)
         selectable = [f"fixed:{arm['name']}" for arm in tomllib.loads(sec["config"])["arm"] if arm.get("select", True)]
-        two = oracle(pol, dict(tokens), selectable)
-        best = max(v["tps"] for k, v in pol.items() if k.startswith("fixed:"))
-        orders = {o: [v["tps"] for k, v in pol.items() if k.endswith(f"@{o}")] for o in ("interleaved", "blocked")}
-        out["two_arms"] = {"by_order": {o: {"tps": span(v), "vs_best_fixed": span(x / best for x in v)}
-                                        for o, v in orders.items() if v},
-                           "vs_target_only": {k: v["tps"] / plain for k, v in pol.items()},
-                           "bandits_vs_target_only": span(v["tps"] / plain for k, v in pol.items() if k.startswith("bandit")),
-                           "oracle_vs_target_only": a["oracle_tps"] / plain,
-                           "selectable_arms": selectable, "selectable_oracle": two,
-                           "best_selector_vs_selectable_oracle": a["best_selector_tps"] / two["tps"]}
+        out["two_arms"] = two_policies(a, sec, selectable)
+    g, sec = summary.get("workload_gpu_gated"), sections.get("workload_gated")
+    if g and sec:  # [selector] first: each fixed system is "lookup, else that arm" (target-only aside)
+        out["gated"] = two_policies(g, sec, [k for k in g["policies"] if k.startswith("fixed:")])
     return out
+
+
+def two_policies(summary: Json, sec: Json, selectable: Sequence[str]) -> Json:
+    """The bandits' spread per order against the best fixed system, every policy over
+    target-only, and the oracle over the policies the selector chooses between."""
+    pol = summary["policies"]
+    plain = pol["target_only"]["tps"]
+    tokens: Counter[str] = Counter()
+    for r in sec["runs"]["target_only"]["requests"]:
+        tokens[r["domain"]] += r["new_tokens"]
+    two = oracle(pol, dict(tokens), selectable)
+    best = max(v["tps"] for k, v in pol.items() if k.startswith("fixed:"))
+    orders = {o: [v["tps"] for k, v in pol.items() if k.endswith(f"@{o}")] for o in ("interleaved", "blocked")}
+    return {"by_order": {o: {"tps": span(v), "vs_best_fixed": span(x / best for x in v)} for o, v in orders.items() if v},
+            "vs_target_only": {k: v["tps"] / plain for k, v in pol.items()},
+            "bandits_vs_target_only": span(v["tps"] / plain for k, v in pol.items() if k.startswith("bandit")),
+            "oracle_vs_target_only": summary["oracle_tps"] / plain,
+            "selectable_arms": list(selectable), "selectable_oracle": two,
+            "best_selector_vs_selectable_oracle": summary["best_selector_tps"] / two["tps"]}
 
 
 def per_domain_steps(run: Json) -> dict[str, Json]:
@@ -642,6 +649,7 @@ def analyse(raw: Json, model: Json | None) -> Json:
         "host_fraction": lambda: host_fraction(sections),
         "b1_greedy": lambda: batch_b1(sections[b1], b1) if b1 else None,
         "b1_adaptive": lambda: batch_b1(sections["b1_adaptive"], "b1_adaptive") if "b1_adaptive" in sections else None,
+        "b1_gated": lambda: batch_b1(sections["b1_gated"], "b1_gated") if "b1_gated" in sections else None,
         "b2_greedy": lambda: batched(sections["b2_greedy"]) if "b2_greedy" in sections else None,
         "b4_greedy": lambda: batched(sections["b4_greedy"]) if "b4_greedy" in sections else None,
         "b8_greedy": lambda: batched(sections["b8_greedy"]) if "b8_greedy" in sections else None,
