@@ -67,6 +67,12 @@ def _e2e(data: dict[str, Any]) -> list[str]:
                         for n, v in a["bandit_speedup_by_domain_all"].items())
         lines += ["", f"Bandits choosing between match-only prompt lookup and the same falling back to the 0.5B draft "
                   f"(`summary.b1_adaptive`), over own target-only per domain: {per}."]
+    g = s.get("b1_gated")
+    if g and g.get("bandit_speedup_by_domain_all"):
+        per = "; ".join(f"{n.removeprefix('bandit:')} " + ", ".join(f"{d} {x:.2f}x" for d, x in v.items())
+                        for n, v in g["bandit_speedup_by_domain_all"].items())
+        lines += ["", f"Match-only prompt lookup as `[selector] first`, the bandits choosing between the 0.5B draft and "
+                  f"no draft only where it finds nothing (`summary.b1_gated`), over own target-only per domain: {per}."]
     for key in ("b2_greedy", "b2_limited", "b4_greedy", "b4_limited", "b8_greedy", "b32_greedy"):
         b = s.get(key) or {}
         if b.get("bandit_speedup_vs_own_target_only"):
@@ -119,6 +125,16 @@ def _workload(data: dict[str, Any], e2e: dict[str, Any] | None = None) -> list[s
                   f"best over both orders): {g['best_selector']} {g['best_selector_tps']:.1f} tokens/s, best fixed arm "
                   f"({g['best_fixed']}) {g['best_fixed_tps']:.1f}, per-domain oracle {g['oracle_tps']:.1f} "
                   f"({g['selector_vs_best_fixed']:.0%} of the best fixed arm, {g['selector_vs_oracle']:.0%} of the oracle)."]
+    g = ((e2e or {}).get("summary") or {}).get("workload_gpu_gated")
+    if g:
+        best = {o: max((k for k in g["policies"] if k.endswith(f"@{o}")), key=lambda k: g["policies"][k]["tps"])
+                for o in ("interleaved", "blocked") if any(k.endswith(f"@{o}") for k in g["policies"])}
+        per = "; ".join(f"{o}: {k.removesuffix('@' + o)} {g['policies'][k]['tps']:.1f} tokens/s "
+                        f"({g['policies'][k]['tps'] / g['best_fixed_tps']:.4f}x the best fixed system, "
+                        f"{g['policies'][k]['tps'] / g['oracle_tps']:.1%} of the oracle)" for o, k in best.items())
+        lines += ["", f"Measured on the H200 with match-only lookup as `[selector] first` (`summary.workload_gpu_gated`; "
+                  f"best fixed system {g['best_fixed']} {g['best_fixed_tps']:.1f}, per-domain oracle "
+                  f"{g['oracle_tps']:.1f}), the best bandit per order: {per}."]
     return lines
 
 
