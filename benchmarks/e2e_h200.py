@@ -164,6 +164,11 @@ def full(args: argparse.Namespace) -> int:
                       "--repeats", "3", *sel, *fuse],  # one or two batches: repeats, in alternating order
         "b32_greedy": [*common, "--batch-size", "32", "--prompts", "32", "--systems", "flashspec,target_only",
                        "--no-fixed-arms", "--repeats", "5", *sel, *fuse],
+        # batch 8 and 32 under the default rule: does the limit keep the bandits at target-only's throughput?
+        "b8_limited": [*common, "--batch-size", "8", "--systems", "flashspec,target_only", "--no-fixed-arms",
+                       "--repeats", "3", *sel, *fuse],
+        "b32_limited": [*common, "--batch-size", "32", "--prompts", "32", "--systems", "flashspec,target_only",
+                        "--no-fixed-arms", "--repeats", "5", *sel, *fuse],
         "b1_t07": [*common, "--temperature", "0.7", "--systems", "flashspec,target_only", *sel, *fuse],
         "b1_nf4": [*common, "--quantization", "nf4", "--systems", "flashspec,target_only", "--prompts", "4",
                    "--no-fixed-arms", *fuse],
@@ -184,7 +189,7 @@ def full(args: argparse.Namespace) -> int:
     }
     for name, extra in plan.items():
         if args.sections == "all" or name in args.sections.split(","):
-            domains = name == "b32_greedy" or name.startswith("workload")
+            domains = name.startswith(("b32", "workload"))
             cfg = (gconfig if "gated" in name else aconfig if name.endswith(("adaptive", "adaptive_blocked"))
                    else wconfig if name.startswith("workload")
                    else config4 if name in ("b2_greedy", "b4_greedy", "b8_greedy", "b32_greedy") else config)
@@ -248,10 +253,11 @@ def floor_table(bench: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 # sections whose own summary goes into summary[<section>] (b1_greedy's is the summary itself)
-SUMMARIZED = ("b1_adaptive", "b1_gated", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy", "b1_t07",
+SUMMARIZED = ("b1_adaptive", "b1_gated", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy",
+              "b8_limited", "b32_limited", "b1_t07",
               "b1_nf4")
 SECTIONS = ("b1_greedy", "b1_adaptive", "b1_gated", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy",
-            "b32_greedy", "b1_t07", "b1_nf4", "synthetic", "workload_interleaved", "workload_blocked", "workload_adaptive",
+            "b32_greedy", "b8_limited", "b32_limited", "b1_t07", "b1_nf4", "synthetic", "workload_interleaved", "workload_blocked", "workload_adaptive",
             "workload_adaptive_blocked", "workload_gated", "workload_gated_blocked", "b1_greedy_warm")
 # b1_greedy_warm: b1_greedy's FlashSpec systems again (`--bench-extra "--systems flashspec,target_only
 # --exactness 0"`) where the section itself ran with a one-batch warm-up.

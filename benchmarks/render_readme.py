@@ -73,7 +73,8 @@ def _e2e(data: dict[str, Any]) -> list[str]:
                         for n, v in g["bandit_speedup_by_domain_all"].items())
         lines += ["", f"Match-only prompt lookup as `[selector] first`, the bandits choosing between the 0.5B draft and "
                   f"no draft only where it finds nothing (`summary.b1_gated`), over own target-only per domain: {per}."]
-    for key in ("b2_greedy", "b2_limited", "b4_greedy", "b4_limited", "b8_greedy", "b32_greedy"):
+    for key in ("b2_greedy", "b2_limited", "b4_greedy", "b4_limited", "b8_greedy", "b8_limited", "b32_greedy",
+                "b32_limited"):
         b = s.get(key) or {}
         if b.get("bandit_speedup_vs_own_target_only"):
             r = b["bandit_speedup_vs_own_target_only"].values()
