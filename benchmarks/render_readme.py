@@ -61,18 +61,16 @@ def _e2e(data: dict[str, Any]) -> list[str]:
         ("speedup_vs_hf_generate", "HF eager"), ("speedup_vs_hf_compiled", "HF compiled"),
         ("speedup_vs_hf_assisted", "HF assisted"), ("speedup_vs_hf_lookup", "HF prompt lookup")) if s.get(key))
     lines += ["", f"Best FlashSpec system ({s['best_flashspec']}) over each HF baseline, on the prompts HF ran: {over}."]
-    a = s.get("b1_adaptive")
-    if a and a.get("bandit_speedup_by_domain_all"):
-        per = "; ".join(f"{n.removeprefix('bandit:')} " + ", ".join(f"{d} {x:.2f}x" for d, x in v.items())
-                        for n, v in a["bandit_speedup_by_domain_all"].items())
-        lines += ["", f"Bandits choosing between match-only prompt lookup and the same falling back to the 0.5B draft "
-                  f"(`summary.b1_adaptive`), over own target-only per domain: {per}."]
-    g = s.get("b1_gated")
-    if g and g.get("bandit_speedup_by_domain_all"):
-        per = "; ".join(f"{n.removeprefix('bandit:')} " + ", ".join(f"{d} {x:.2f}x" for d, x in v.items())
-                        for n, v in g["bandit_speedup_by_domain_all"].items())
-        lines += ["", f"Match-only prompt lookup as `[selector] first`, the bandits choosing between the 0.5B draft and "
-                  f"no draft only where it finds nothing (`summary.b1_gated`), over own target-only per domain: {per}."]
+    for key, what in (
+        ("b1_adaptive", "Bandits choosing between match-only prompt lookup and the same falling back to the 0.5B draft"),
+        ("b1_gated", "Match-only prompt lookup as `[selector] first`, the bandits choosing between the 0.5B draft and "
+                     "no draft only where it finds nothing"),
+    ):
+        by = (s.get(key) or {}).get("bandit_speedup_by_domain_all")
+        if by:
+            per = "; ".join(f"{n.removeprefix('bandit:')} " + ", ".join(f"{d} {x:.2f}x" for d, x in v.items())
+                            for n, v in by.items())
+            lines += ["", f"{what} (`summary.{key}`), over own target-only per domain: {per}."]
     for key in ("b2_greedy", "b2_limited", "b4_greedy", "b4_limited", "b8_greedy", "b8_limited", "b32_greedy",
                 "b32_limited"):
         b = s.get(key) or {}
