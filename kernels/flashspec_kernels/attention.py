@@ -7,28 +7,41 @@ and the keys by 128 and reads every slot it is given, masked or not: on the H200
 cost 9 us per layer over 256 slots and 19 us over 768 (docs/benchmarks/fast-profile-h200.json),
 for a few hundred kilobytes of keys and values. Here, split-KV ("flash-decoding"):
 
-1. ``_decode_attn_split``, grid ``(B * KV, splits)``: program ``(b, h, s)`` takes all
-   ``G * T`` queries that share KV head ``h`` of row ``b`` (``G = heads / kv_heads``: the
-   grouped queries read each key and value once) as one ``[BLOCK_M, hd]`` tile, and folds
-   the slots ``s * chunk .. (s + 1) * chunk - 1`` that any of them may see (none past the
-   row's largest position: the loop stops there) into an online softmax: running max
-   ``m``, sum ``den`` and ``acc = sum p v``, in float32, in base 2. A query at position
-   ``p`` sees slots ``0..p``, as in :meth:`flashspec_fast.model.Transformer.forward`.
+1. ``_decode_attn_split``, grid ``(B * KV, splits, row tiles)``: the ``G * T`` queries
+   that share KV head ``h`` of row ``b`` (``G = heads / kv_heads``: grouped queries read
+   each key and value once) go in tiles of ``BLOCK_M = 16`` rows; program ``(b, h, s, i)``
+   folds the slots ``s * chunk .. (s + 1) * chunk - 1`` that tile ``i``'s queries may see
+   (the loop stops at the tile's largest position) into an online softmax: running max
+   ``m``, sum ``den`` and ``acc = sum p v``, in float32, in base 2, over blocks of
+   ``BLOCK_N`` slots. A query at position ``p`` sees slots ``0..p``, as in
+   :meth:`flashspec_fast.model.Transformer.forward`.
 2. ``_decode_attn_combine``, grid ``(B * KV, G * T)``: rescales the splits' partial sums to
-   the common max and writes ``acc / den`` into ``o[b, t, head]``, the ``[B, T, H, hd]``
-   layout the output projection reads, so no permute copy follows.
+   their common max, adds them in split order, and writes ``acc / den`` into
+   ``o[b, t, head]``, the ``[B, T, H, hd]`` layout the output projection reads, so no
+   permute copy follows.
 
 With one split (``chunk >= span``) the first kernel normalises and writes the output
-itself. The split count aims at two programs per SM (``B * KV * splits``), so a batch-1
-step spreads over the GPU while a large batch does not write partial sums it does not need.
+itself. ``chunk`` depends on ``B * KV`` alone (``BLOCK_N`` slots per split at batch 1,
+more as the batch grows, so a large batch does not write partial sums it does not need).
+
+**The same query gets the same bits whatever else the forward holds.** A token scored
+alone (plain decoding, ``T = 1``) and the same token inside a verify step (``T = gamma +
+1``), or under a larger ``span``, goes through identical arithmetic: every tile has 16
+rows, so each query's products come from the same ``tl.dot`` shape; the slot blocks and
+the splits start at fixed slots (multiples of ``BLOCK_N`` and ``chunk``), and a block or
+split past a query's position adds exact zeros (its weight is ``exp2(-inf) = 0``); the
+combine adds the splits one by one in order, and with a single non-empty split it
+reproduces the direct path's ``acc / den`` exactly. So greedy speculative decoding keeps
+target-only's tokens in bf16 as far as attention is concerned.
 
 Bytes read per layer: the keys and values of the slots attended, ``2 * B * KV * hd *
-(max position + 1) * s`` (``s`` bytes per element), plus the queries; the partial sums
-are ``4 * B * KV * splits * BLOCK_M * (hd + 2)`` bytes written and read once.
+(max position + 1) * s`` (``s`` bytes per element) per row tile, plus the queries; the
+partial sums are ``4 * B * KV * splits * rows * (hd + 2)`` bytes written and read once.
 
 Head dims are padded to a power of two of at least 16 (``tl.dot``'s least inner size) with
-zeros, which changes no product. Numerics: ``q k^T`` and ``p v`` are ``tl.dot`` with float32 accumulation (``p`` cast to
-the cache dtype, as flash attention does); float32 inputs use IEEE products (no TF32).
+zeros, which changes no product. Numerics: ``q k^T`` and ``p v`` are ``tl.dot`` with
+float32 accumulation (``p`` cast to the cache dtype, as flash attention does); float32
+inputs use IEEE products (no TF32).
 """
 
 from __future__ import annotations
@@ -40,6 +53,7 @@ import triton
 import triton.language as tl
 
 MAX_WIDTH = 16  # query tokens per row up to which a forward uses this kernel (wider: prefill, SDPA)
+BLOCK_M = 16  # query rows per tile, whatever T: the same dot shape for every query
 BLOCK_N = 64  # slots per inner iteration
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # float32 partial sums: no float64
 _LOG2E = 1.4426950408889634
@@ -49,15 +63,16 @@ _LOG2E = 1.4426950408889634
 def _decode_attn_split(
     q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, ml_ptr, acc_ptr,
     slots, kv_heads, chunk, qk_scale,
-    T: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, IEEE: tl.constexpr,
+    T: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, IEEE: tl.constexpr,
 ):
     bkv = tl.program_id(0)
     split = tl.program_id(1)
+    tile = tl.program_id(2)
     nsplit = tl.num_programs(1)
     b = bkv // kv_heads
     h = bkv % kv_heads
-    rows = tl.arange(0, BLOCK_M)
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # query rows r = g * T + t of this KV head
     g = rows // T
     t = rows % T
     live = rows < G * T
@@ -102,32 +117,34 @@ def _decode_attn_split(
         out = acc / tl.where(den > 0, den, 1.0)[:, None]
         tl.store(o_ptr + q_off[:, None] + d[None, :], out.to(o_ptr.dtype.element_ty), mask=live[:, None] & dm[None, :])
     else:
-        part = bkv * nsplit + split
-        tl.store(ml_ptr + (part * BLOCK_M + rows) * 2, m)
-        tl.store(ml_ptr + (part * BLOCK_M + rows) * 2 + 1, den)
-        tl.store(acc_ptr + (part * BLOCK_M + rows)[:, None] * HD_PAD + d[None, :], acc)
+        at = (bkv * nsplit + split) * ROWS + rows  # [BLOCK_M] partial-sum rows
+        tl.store(ml_ptr + at * 2, m)
+        tl.store(ml_ptr + at * 2 + 1, den)
+        tl.store(acc_ptr + at[:, None] * HD_PAD + d[None, :], acc)
 
 
 @triton.jit
 def _decode_attn_combine(
     o_ptr, ml_ptr, acc_ptr, nsplit, kv_heads,
-    T: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-    SPLITS: tl.constexpr,
+    T: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr, ROWS: tl.constexpr,
 ):
     bkv = tl.program_id(0)
     r = tl.program_id(1)  # one query row (< G * T) per program
     b = bkv // kv_heads
     h = bkv % kv_heads
-    sp = tl.arange(0, SPLITS)
-    have = sp < nsplit
-    part = bkv * nsplit + sp
-    m = tl.load(ml_ptr + (part * BLOCK_M + r) * 2, mask=have, other=float("-inf"))
-    den = tl.load(ml_ptr + (part * BLOCK_M + r) * 2 + 1, mask=have, other=0.0)
-    top = tl.max(m, axis=0)
-    w = tl.where(den > 0, tl.exp2(m - top), 0.0)  # empty splits (m = -inf, den = 0) weigh 0
+    top = float("-inf")
+    for sp in range(nsplit):  # the common max (exact in any order)
+        top = tl.maximum(top, tl.load(ml_ptr + ((bkv * nsplit + sp) * ROWS + r) * 2))
     d = tl.arange(0, HD_PAD)
-    acc = tl.load(acc_ptr + (part * BLOCK_M + r)[:, None] * HD_PAD + d[None, :], mask=have[:, None], other=0.0)
-    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(den * w, axis=0)
+    acc = tl.zeros([HD_PAD], tl.float32)
+    den = 0.0
+    for sp in range(nsplit):  # summed in split order: empty splits (den = 0) add exact zeros
+        at = (bkv * nsplit + sp) * ROWS + r
+        part = tl.load(ml_ptr + at * 2 + 1)
+        w = tl.where(part > 0, tl.exp2(tl.load(ml_ptr + at * 2) - top), 0.0)
+        acc += tl.load(acc_ptr + at * HD_PAD + d) * w
+        den += part * w
+    out = acc / den
     g = r // T
     t = r % T
     tl.store(o_ptr + ((b * T + t) * (kv_heads * G) + h * G + g) * HD + d, out.to(o_ptr.dtype.element_ty), mask=d < HD)
@@ -138,10 +155,12 @@ def supported(head_dim: int, dtype: torch.dtype) -> bool:
     return dtype in DTYPES and 1 <= head_dim <= 256
 
 
-def _programs(device: torch.device) -> int:
-    if device.type == "cuda":
-        return 2 * torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the interpreter: a few splits, so the combine path is exercised
+def _chunk(batch: int, kv_heads: int) -> int:
+    """Slots per split: ``BLOCK_N`` up to 8 (row, KV head) pairs, then doubling with them, so
+    a batch-1 step spreads over many programs and a large batch writes few partial sums.
+    A function of the batch alone (not of the span or the width), so that a query's
+    arithmetic does not depend on which forward it is in."""
+    return BLOCK_N * triton.next_power_of_2(max(1, batch * kv_heads // 8))
 
 
 def decode_attention(
@@ -169,27 +188,25 @@ def decode_attention(
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("decode_attention: the caches must be contiguous [B, S, KV, hd] views")
     group = heads // kv_heads
-    block_m = max(16, triton.next_power_of_2(group * width))
-    blocks = triton.cdiv(span, BLOCK_N)
-    splits = max(1, min(blocks, triton.cdiv(_programs(q.device), batch * kv_heads)))
-    chunk = triton.cdiv(blocks, splits) * BLOCK_N
+    tiles = triton.cdiv(group * width, BLOCK_M)
+    chunk = _chunk(batch, kv_heads)
     splits = triton.cdiv(span, chunk)
     out = torch.empty_like(q)
     direct = splits == 1
     parts = batch * kv_heads * splits
-    ml = torch.empty((1,) if direct else (parts, block_m, 2), dtype=torch.float32, device=q.device)
     hd_pad = max(16, triton.next_power_of_2(hd))
-    acc = torch.empty((1,) if direct else (parts, block_m, hd_pad), dtype=torch.float32, device=q.device)
+    ml = torch.empty((1,) if direct else (parts, tiles * BLOCK_M, 2), dtype=torch.float32, device=q.device)
+    acc = torch.empty((1,) if direct else (parts, tiles * BLOCK_M, hd_pad), dtype=torch.float32, device=q.device)
     qk_scale = (scale if scale is not None else 1.0 / math.sqrt(hd)) * _LOG2E
-    _decode_attn_split[(batch * kv_heads, splits)](
+    _decode_attn_split[(batch * kv_heads, splits, tiles)](
         q, k_cache, v_cache, pos, out, ml, acc, slots, kv_heads, chunk, qk_scale,
-        T=width, G=group, HD=hd, HD_PAD=hd_pad, BLOCK_M=block_m, BLOCK_N=BLOCK_N, DIRECT=direct,
-        IEEE=q.dtype == torch.float32, num_warps=4,
+        T=width, G=group, HD=hd, HD_PAD=hd_pad, ROWS=tiles * BLOCK_M, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        DIRECT=direct, IEEE=q.dtype == torch.float32, num_warps=4,
     )
     if not direct:
         _decode_attn_combine[(batch * kv_heads, group * width)](
-            out, ml, acc, splits, kv_heads, T=width, G=group, HD=hd, HD_PAD=hd_pad, BLOCK_M=block_m,
-            SPLITS=triton.next_power_of_2(splits), num_warps=4,
+            out, ml, acc, splits, kv_heads, T=width, G=group, HD=hd, HD_PAD=hd_pad, ROWS=tiles * BLOCK_M,
+            num_warps=4,
         )
     return out
 

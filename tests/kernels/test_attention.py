@@ -64,11 +64,32 @@ def test_slots_past_a_rows_position_are_never_read() -> None:
 def test_split_count_changes_only_rounding(monkeypatch: pytest.MonkeyPatch) -> None:
     """One split (the direct path) and many give the same attention up to float32 rounding."""
     q, k, v, pos = case(1, 2, 6, 2, 32, 512, 512, torch.float32, seed=3)
-    monkeypatch.setattr(att, "_programs", lambda device: 1)
+    monkeypatch.setattr(att, "_chunk", lambda batch, kv: 512)
     one = att.decode_attention(q, k, v, pos, 512)
-    monkeypatch.setattr(att, "_programs", lambda device: 64)
+    monkeypatch.setattr(att, "_chunk", lambda batch, kv: 64)
     many = att.decode_attention(q, k, v, pos, 512)
     torch.testing.assert_close(one, many, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_query_gets_the_same_bits_in_any_forward(dtype: torch.dtype) -> None:
+    """The last token of a verify step (T = 1..9, the other queries before it) and the same
+    token scored alone get identical output bits, under the step's span and a larger one,
+    with the combine path (positions past the first split) and the direct one (span within
+    it): what keeps greedy speculative tokens equal to target-only's in bf16."""
+    g = torch.Generator(device=DEV).manual_seed(11)
+    heads, kv, hd, slots = 14, 2, 64, 512
+    k = torch.randn((1, slots, kv, hd), generator=g, device=DEV).to(dtype)
+    v = torch.randn((1, slots, kv, hd), generator=g, device=DEV).to(dtype)
+    for last, spans in ((300, (320, 512)), (40, (64, 128))):
+        q_last = torch.randn((1, 1, heads, hd), generator=g, device=DEV).to(dtype)
+        alone = att.decode_attention(q_last, k, v, torch.tensor([[last]], device=DEV), spans[0])
+        for width in (1, 4, 9):
+            q = torch.cat([torch.randn((1, width - 1, heads, hd), generator=g, device=DEV).to(dtype), q_last], dim=1)
+            pos = torch.arange(last - width + 1, last + 1, device=DEV)[None]
+            for span in spans:
+                out = att.decode_attention(q, k, v, pos, span)
+                assert torch.equal(out[:, -1:], alone), (last, width, span)
 
 
 @pytest.mark.parametrize(
