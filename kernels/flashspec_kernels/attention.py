@@ -132,14 +132,17 @@ def _decode_attn_combine(
     r = tl.program_id(1)  # one query row (< G * T) per program
     b = bkv // kv_heads
     h = bkv % kv_heads
-    top = float("-inf")
-    for sp in range(nsplit):  # the common max (exact in any order)
-        top = tl.maximum(top, tl.load(ml_ptr + ((bkv * nsplit + sp) * ROWS + r) * 2))
+    first = bkv * nsplit * ROWS + r  # split 0's partial-sum row; split s's is first + s * ROWS
+    top = tl.load(ml_ptr + first * 2)
+    for sp in range(1, nsplit):  # the common max (exact in any order)
+        top = tl.maximum(top, tl.load(ml_ptr + (first + sp * ROWS) * 2))
     d = tl.arange(0, HD_PAD)
-    acc = tl.zeros([HD_PAD], tl.float32)
-    den = 0.0
-    for sp in range(nsplit):  # summed in split order: empty splits (den = 0) add exact zeros
-        at = (bkv * nsplit + sp) * ROWS + r
+    part = tl.load(ml_ptr + first * 2 + 1)  # split 0 always holds slot 0, which every query sees
+    w = tl.exp2(tl.load(ml_ptr + first * 2) - top)
+    acc = tl.load(acc_ptr + first * HD_PAD + d) * w
+    den = part * w
+    for sp in range(1, nsplit):  # added in split order: empty splits (den = 0) add exact zeros
+        at = first + sp * ROWS
         part = tl.load(ml_ptr + at * 2 + 1)
         w = tl.where(part > 0, tl.exp2(tl.load(ml_ptr + at * 2) - top), 0.0)
         acc += tl.load(acc_ptr + at * HD_PAD + d) * w
