@@ -378,7 +378,7 @@ def batch_b1(section: Json, name: str) -> Json:
                                f"the draft (draft or fallback arms) and on the draft-only arms, share of `none` steps; "
                                f"steps over {SLOW_STEP_MS:g} ms (slow_steps)",
                         "arm_mix": arm_mix(section), "slow_steps": slow_steps(section, bandit_names(section))},
-            "catch_up": {"how": CATCH_UP_HOW + "; pooled over the section.s bandits", **catch_up(section, bandit_names(section))}}
+            "catch_up": {"how": CATCH_UP_HOW + "; pooled over the section's bandits", **catch_up(section, bandit_names(section))}}
 
 
 def batched(section: Json) -> Json:
