@@ -13,13 +13,17 @@ here, so it runs as one long request):
     Auer, Cesa-Bianchi & Fischer (2002).
 (b) ``switch_at_half``: means [0.3, 0.7, 0.5] then [0.7, 0.3, 0.5] from T/2;
     ``four_phase``: four phases of T/4 with the best arm 1, 0, 2, 1;
-    ``drifting``: sine-drifting means. Regret is dynamic (against the best arm now).
+    ``drifting``: sine-drifting means; ``best_arm_degrades``: means [0.3, 0.7, 0.5] then
+    [0.3, 0.4, 0.5] from T/2, so the arm played most drops below one played little but
+    not never (the case forgetting is for: in the switches above the arm that becomes best
+    is one UCB1 has neglected, whose large bonus brings it back on its own). Regret is
+    dynamic (against the best arm now).
 (c) ``costed``: plain decoding (gamma 0, cost 1.0), a small draft (a 0.6, gamma 4,
     cost 1.2) and a big draft (a 0.8, gamma 4, cost 2.2), costs in target-forward
     units; Thompson and UCB1 fed the acceptance fraction vs the throughput reward.
     Regret is in tokens per time unit, summed over steps.
 
-Run: ``python benchmarks/bandit_sim.py`` (about three minutes on one CPU core).
+Run: ``python benchmarks/bandit_sim.py`` (about four minutes on one CPU core).
 """
 
 from __future__ import annotations
@@ -154,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             [MEANS, [0.7, 0.3, 0.5], [0.5, 0.3, 0.7], MEANS], [quarter, 2 * quarter, 3 * quarter]
         ),
         "drifting": DriftingBernoulli([0.5, 0.5, 0.5], amplitude=0.3, period=horizon // 2),
+        "best_arm_degrades": PiecewiseBernoulli([MEANS, [0.3, 0.4, 0.5]], [half]),
     }
     scenarios: dict[str, Any] = {}
     for name, env in envs.items():
@@ -187,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             "nonstationary": _per_selector(scenarios["switch_at_half"]),
             "nonstationary_four_phase": _per_selector(scenarios["four_phase"]),
             "drifting": _per_selector(scenarios["drifting"]),
+            "nonstationary_degrading": _per_selector(scenarios["best_arm_degrades"]),
             "costed": _costed_summary(scenarios["costed"]),
             # The issue's tables hold its four selectors; the ones added since sit here, same shape.
             "added_selectors": {
@@ -196,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                     ("nonstationary", "switch_at_half"),
                     ("nonstationary_four_phase", "four_phase"),
                     ("drifting", "drifting"),
+                    ("nonstationary_degrading", "best_arm_degrades"),
                 )
             },
         },
@@ -209,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         "four_phase": "(b) four phases: best arm 1, 0, 2, 1",
         "drifting": f"drifting means 0.5 + 0.3 sin(2 pi t / {horizon // 2} + 2 pi k / 3)",
         "costed": "(c) costed arms: regret in tokens per time unit",
+        "best_arm_degrades": f"(b) the best arm degrades at T/2 = {half}: [0.3, 0.7, 0.5] -> [0.3, 0.4, 0.5]",
     }
     for name, summary in scenarios.items():
         plot(summary, str(args.out / f"bandit-sim-{name.replace('_', '-')}.png"), titles[name])
