@@ -511,8 +511,14 @@ def width_at(arm: Arm, trace: Mapping[str, Any], t: int) -> int:
 
 
 def replay(selector: Any, reward: str, traces: Mapping[str, Mapping[str, Any]], order: Sequence[str],
-           costs: Sequence[Mapping[int, float]], arms: Sequence[Arm] = ARMS) -> list[Step]:
-    """Serve every prompt in ``order`` with one selector that keeps its state throughout."""
+           costs: Sequence[Mapping[int, float]], arms: Sequence[Arm] = ARMS, first: int | None = None
+           ) -> list[Step]:
+    """Serve every prompt in ``order`` with one selector that keeps its state throughout.
+
+    ``first`` (an index into ``arms``, a ``match`` arm), as the engine's ``[selector] first``:
+    where that arm proposes (``match_width[t] > 0``) its step runs without the selector,
+    recorded with arm ``-1``, and does not feed the selector's reward scale; elsewhere the
+    selector picks and learns."""
     from flashspec_core.contracts import RequestAware
     from flashspec_core.rewards import make_reward
 
@@ -524,6 +530,12 @@ def replay(selector: Any, reward: str, traces: Mapping[str, Mapping[str, Any]], 
         tr = traces[pid]
         n, t = len(tr["tokens"]), 0
         while t < n:
+            if first is not None and (w := own_width(arms[first], tr, t)) > 0:
+                acc = accepted_at(arms[first], tr, t)
+                emitted = min(acc + 1, n - t)
+                steps.append(Step(pid, tr["domain"], -1, w, acc, emitted, costs[first][w]))
+                t += emitted
+                continue
             k = selector.select()
             w, acc = width_at(arms[k], tr, t), accepted_at(arms[k], tr, t)
             emitted = min(acc + 1, n - t)  # the last step may stop at max_new_tokens / EOS
@@ -545,7 +557,8 @@ def tally(steps: Sequence[Step], arms: Sequence[Arm] = ARMS) -> dict[str, Any]:
         "mean_accepted": accepted / len(steps) if steps else 0.0,
         "tokens_per_step": emitted / len(steps) if steps else 0.0,
         "acceptance": accepted / drafted if drafted else None,
-        "arm_share": {a.name: sum(s.arm == i for s in steps) / max(1, len(steps)) for i, a in enumerate(arms)},
+        "arm_share": {a.name: sum(s.arm == i for s in steps) / max(1, len(steps)) for i, a in enumerate(arms)}
+        | ({"(first)": sum(s.arm == -1 for s in steps) / len(steps)} if any(s.arm == -1 for s in steps) else {}),
     }
 
 
@@ -609,8 +622,9 @@ def mean_ci(values: Sequence[float]) -> dict[str, Any]:
 
 
 def simulate(traces: Mapping[str, Mapping[str, Any]], costs: Sequence[Mapping[int, float]], seeds: int,
-             arms: Sequence[Arm] = ARMS) -> dict[str, Any]:
-    """Every policy over both orders: fixed arms, selectors x rewards (seed-averaged), oracle."""
+             arms: Sequence[Arm] = ARMS, first: int | None = None) -> dict[str, Any]:
+    """Every policy over both orders: fixed arms, selectors x rewards (seed-averaged), oracle
+    (``first``: see :func:`replay`; a fixed arm is then "the first arm, else this one")."""
     from flashspec_selectors import FixedConfig, FixedSelector
 
     policies: dict[str, Any] = {}
@@ -618,7 +632,7 @@ def simulate(traces: Mapping[str, Mapping[str, Any]], costs: Sequence[Mapping[in
     fixed = {}
     for i, a in enumerate(arms):
         steps = replay(FixedSelector(FixedConfig(arm=i), len(arms)), "acceptance", traces,
-                       order_prompts(traces, "blocked"), costs, arms)
+                       order_prompts(traces, "blocked"), costs, arms, first)
         fixed[a.name] = tally_domains(steps, arms)
         policies[f"fixed:{a.name}"] = {"kind": "fixed", "order": "any", **_flat(fixed[a.name])}
     best = {d: max(fixed, key=lambda name: fixed[name][d]["tps"]) for d in DOMAINS}
@@ -634,13 +648,14 @@ def simulate(traces: Mapping[str, Mapping[str, Any]], costs: Sequence[Mapping[in
         rules[order] = rule_inputs(traces, ids)
         for name, (make, randomised) in selector_makers(**rules[order], k=len(arms)).items():
             for reward in ("acceptance", "throughput"):
-                runs = [tally_domains(replay(make(seed), reward, traces, ids, costs, arms), arms)
+                runs = [tally_domains(replay(make(seed), reward, traces, ids, costs, arms, first), arms)
                         for seed in range(seeds if randomised else 1)]
                 policies[f"{name}+{reward}@{order}"] = {
                     "kind": "selector", "selector": name, "reward": reward, "order": order,
                     "seeds": len(runs), "randomised": randomised, **_seed_mean(runs)}
                 if order == "blocked":
-                    examples[f"{name}+{reward}"] = [s.arm for s in replay(make(0), reward, traces, ids, costs, arms)]
+                    examples[f"{name}+{reward}"] = [s.arm for s in replay(make(0), reward, traces, ids, costs, arms,
+                                                                          first)]
     return {"policies": policies, "blocked_arm_choices_seed0": examples, "rule_inputs": rules}
 
 
@@ -778,14 +793,21 @@ def run_simulate(args: argparse.Namespace) -> int:
     by_order = {o: headline(policies, o) for o in ("interleaved", "blocked")}
     counts = {d: sum(tr["domain"] == d for tr in traces.values()) for d in DOMAINS}
     adaptive = simulate(traces, step_costs(costs, ADAPTIVE), args.seeds, ADAPTIVE)["policies"]
+    # [selector] first: the same two policies, the selector asked only where lookup finds nothing
+    gated = simulate(traces, step_costs(costs, ADAPTIVE), args.seeds, ADAPTIVE, first=0)["policies"]
     all_oracle = policies["oracle:per-domain"]["tps"]
-    adaptive_by_order = {}
-    for o in ("interleaved", "blocked"):
-        h = headline(adaptive, o)
-        adaptive_by_order[o] = {**h, "selector_vs_all_arms_oracle": h["best_selector_tps"] / all_oracle,
-                                "selector_vs_all_arms_best_fixed": h["best_selector_tps"] / by_order[o]["best_fixed_tps"],
-                                "selector_within_5pct_of_all_arms_oracle": h["best_selector_tps"] >= 0.95 * all_oracle,
-                                "selector_ge_all_arms_best_fixed": h["best_selector_tps"] >= by_order[o]["best_fixed_tps"]}
+
+    def two_arm(pols: Mapping[str, Any]) -> dict[str, Any]:
+        out = {}
+        for o in ("interleaved", "blocked"):
+            h = headline(pols, o)
+            out[o] = {**h, "selector_vs_all_arms_oracle": h["best_selector_tps"] / all_oracle,
+                      "selector_vs_all_arms_best_fixed": h["best_selector_tps"] / by_order[o]["best_fixed_tps"],
+                      "selector_within_5pct_of_all_arms_oracle": h["best_selector_tps"] >= 0.95 * all_oracle,
+                      "selector_ge_all_arms_best_fixed": h["best_selector_tps"] >= by_order[o]["best_fixed_tps"]}
+        return out
+
+    adaptive_by_order, gated_by_order = two_arm(adaptive), two_arm(gated)
     result = {
         "summary": {"workload": {
             **by_order["interleaved"], "by_order": by_order,
@@ -798,6 +820,13 @@ def run_simulate(args: argparse.Namespace) -> int:
                                  "`selector_vs_all_arms_*` compare with are those of every arm above",
                          "policies": {k: {"tps": v["tps"], "per_domain": {d: v["per_domain"][d]["tps"] for d in DOMAINS}}
                                       for k, v in adaptive.items()}},
+            "gated": {"arms": [a.name for a in ADAPTIVE], "first": ADAPTIVE[0].name, "by_order": gated_by_order,
+                      "note": "[selector] first = the match-only lookup: where it proposes, its step runs and the "
+                              "selector is neither asked nor fed; elsewhere the selector chooses between its plain "
+                              "step (arm lookup-match: the search that found nothing, then a plain step) and the "
+                              "draft's (lookup-match>draft0.5b-g3); the fixed policies are those of `adaptive`",
+                      "policies": {k: {"tps": v["tps"], "per_domain": {d: v["per_domain"][d]["tps"] for d in DOMAINS}}
+                                   for k, v in gated.items()}},
             "policies": {k: {"tps": v["tps"], "per_domain": {d: v["per_domain"][d]["tps"] for d in DOMAINS}}
                          for k, v in policies.items()},
         }},
@@ -824,6 +853,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         "sensitivity_cheap_match_step": match_sensitivity(traces, costs, per_arm, args.seeds),
         "policies": policies,
         "adaptive_policies": adaptive,
+        "gated_policies": gated,
         "blocked_arm_choices_seed0": sim["blocked_arm_choices_seed0"],
         "rule_inputs": sim["rule_inputs"],
         "domain_boundaries_blocked": _boundaries(traces),
@@ -992,6 +1022,21 @@ def render(result: Mapping[str, Any], full: bool = True) -> str:
                      f"`{h['best_fixed'].removeprefix('fixed:')}` | {h['best_fixed_tps']:.1f} | {h['oracle_tps']:.1f} | "
                      f"{_pct(h['selector_vs_oracle'])} | {'yes' if h['selector_ge_fixed'] else 'no'} | "
                      f"{'yes' if h['selector_within_5pct_of_oracle'] else 'no'} |")
+    g = w.get("gated")
+    if full and g:
+        lines += ["", f"**Lookup first** (`summary.workload.gated`: `{g['first']}` as `[selector] first`, the selector "
+                  "choosing only where it finds nothing between a plain step and the draft's; its two fixed policies "
+                  "and their oracle):", "",
+                  "| order | best selector | tok/s | best fixed policy | tok/s | oracle tok/s | selector / oracle | "
+                  ">= best fixed? | within 5% of oracle? | / best fixed arm of all | / oracle of all arms |",
+                  "|---|---|---:|---|---:|---:|---:|---|---|---:|---:|"]
+        for order, h in g["by_order"].items():
+            lines.append(f"| {order} | `{h['best_selector'].split('@')[0]}` | {h['best_selector_tps']:.1f} | "
+                         f"`{h['best_fixed'].removeprefix('fixed:')}` | {h['best_fixed_tps']:.1f} | "
+                         f"{h['oracle_tps']:.1f} | {_pct(h['selector_vs_oracle'])} | "
+                         f"{'yes' if h['selector_ge_fixed'] else 'no'} | "
+                         f"{'yes' if h['selector_within_5pct_of_oracle'] else 'no'} | "
+                         f"{h['selector_vs_all_arms_best_fixed']:.3f}x | {_pct(h['selector_vs_all_arms_oracle'])} |")
     return "\n".join(lines)
 
 

@@ -145,3 +145,38 @@ def test_oracle_beats_every_fixed_arm_per_domain():
 def test_rule_inputs_count_domain_changes():
     assert bw.rule_inputs(TRACES, bw.order_prompts(TRACES, "blocked")) == {"horizon": 49, "breakpoints": 2}
     assert bw.rule_inputs(TRACES, bw.order_prompts(TRACES, "interleaved"))["breakpoints"] == 5
+
+
+def test_first_arm_steps_run_without_the_selector():
+    """first = the match arm (the engine's [selector] first): where lookup proposes, the step is
+    the match arm's, arm -1, and the selector is neither asked nor updated; elsewhere it picks.
+    Each fixed policy is then step for step the ungated fallback arm or match arm."""
+    arms = bw.ADAPTIVE  # (lookup-match, lookup-match>draft0.5b-g3)
+    costs = bw.step_costs(COSTS, arms)
+    ids = bw.order_prompts(TRACES, "blocked")
+    no_match = sum(w == 0 for t in TRACES.values() for w in t["match_width"])  # an upper bound on selector steps
+
+    class Counting:
+        def __init__(self) -> None:
+            self.asked = self.told = 0
+
+        def select(self) -> int:
+            self.asked += 1
+            return self.asked % 2
+
+        def update(self, arm: int, reward: float) -> None:
+            self.told += 1
+
+    sel = Counting()
+    steps = bw.replay(sel, "throughput", TRACES, ids, costs, arms, first=0)
+    assert sum(s.emitted for s in steps) == sum(len(t["tokens"]) for t in TRACES.values())
+    gate = [s for s in steps if s.arm == -1]
+    assert gate and all(s.width > 0 for s in gate)
+    assert sel.asked == sel.told == len(steps) - len(gate) <= no_match
+    from flashspec_selectors import FixedConfig, FixedSelector
+
+    for i in range(len(arms)):
+        gated = bw.replay(FixedSelector(FixedConfig(arm=i), 2), "acceptance", TRACES, ids, costs, arms, first=0)
+        plain = bw.replay(FixedSelector(FixedConfig(arm=i), 2), "acceptance", TRACES, ids, costs, arms)
+        assert [(s.width, s.accepted, s.emitted, s.seconds) for s in gated] == \
+               [(s.width, s.accepted, s.emitted, s.seconds) for s in plain]
