@@ -243,14 +243,25 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
         run_pipeline(pipeline, prompts, warm_groups(groups, args.warmup), args, domains)
         timed.append((name, use_arms, sel, own_limit, []))
     for rep in range(args.repeats):
-        # Repeats alternate the order (ABBA): a drift over the run (clocks, allocator) then
-        # weighs on every system alike instead of on the ones that run last.
-        for name, use_arms, sel, own_limit, runs in timed if rep % 2 == 0 else timed[::-1]:
-            # every repeat starts from the untrained selector and reward: repeats are independent runs
-            pipeline.arms, pipeline.selector, pipeline.reward = use_arms, copy.deepcopy(sel), copy.deepcopy(reward)
-            pipeline.speculate_max_batch = own_limit
-            pipeline.first = None if name == "target_only" else first
-            run = run_pipeline(pipeline, prompts, groups, args, domains)
+        # Systems take turns batch by batch, and the system that goes first rotates with the
+        # batch and the repeat: a drift within the run (clocks, heat, allocator) then weighs on
+        # every system alike. (Whole repeats in alternating order left it on whichever system
+        # ran first in more repeats: at batch 8 the bandits, all of whose steps were plain,
+        # ran 0.92x-0.94x of target-only, and 1.00x in the one repeat they went first.)
+        # Every repeat starts from the untrained selector and reward: repeats are independent
+        # runs; within a repeat each system keeps its own selector from batch to batch.
+        state = {name: (copy.deepcopy(sel), copy.deepcopy(reward)) for name, _, sel, _, _ in timed}
+        parts: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in timed}
+        for j, group in enumerate(groups):
+            turn = (rep + j) % len(timed)
+            for name, use_arms, _sel, own_limit, _runs in timed[turn:] + timed[:turn]:
+                pipeline.arms, (pipeline.selector, pipeline.reward) = use_arms, state[name]
+                pipeline.speculate_max_batch = own_limit
+                pipeline.first = None if name == "target_only" else first
+                parts[name].append(run_pipeline(pipeline, prompts, [group], args, domains))
+        for name, _, _, _, runs in timed:
+            run = {"requests": [r for p in parts[name] for r in p["requests"]],
+                   "steps": [s for p in parts[name] for s in p["steps"]]}
             for row in (*run["requests"], *run["steps"]):
                 row["repeat"] = rep
             runs.append(run)
@@ -524,8 +535,9 @@ def parser() -> argparse.ArgumentParser:
                    help="batches run untimed before timing, per system (-1: all of them, so no capture or compile "
                         "of a new shape lands in a timed run; selectors warm up on a copy and are timed untrained)")
     p.add_argument("--repeats", type=int, default=1,
-                   help="timed runs per system; repeats alternate the systems' order (A B, B A, ...) after every "
-                        "system has warmed up, so use 2 or more to balance a drift over the run")
+                   help="timed runs per system, after every system has warmed up; within a repeat the systems "
+                        "take turns batch by batch and who goes first rotates with the batch and the repeat, so a "
+                        "drift over the run weighs on every system alike")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prompts", type=int, default=0, help="use only the first N prompts (0 = all)")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list from {','.join(SYSTEMS)}")

@@ -132,9 +132,14 @@ def test_warm_up_runs_every_batch_and_leaves_the_selector_untrained(
     bench.flashspec_runs(pipe, prompts, batches(3, 1), args, ["code", "prose", "code"],
                          lambda n, r: runs.__setitem__(n, r))
     (name,) = runs
-    assert len(seen) == 3  # the warm-up, then two timed repeats
-    for before, after, steps in seen:  # UCB1's step count: its own run's alone
-        assert before == 0 and after == steps > 0
+    assert len(seen) == 1 + 2 * 3  # the warm-up over all three batches, then two repeats batch by batch
+    warm, timed = seen[0], seen[1:]
+    assert warm[0] == 0 and warm[1] == warm[2] > 0
+    for rep in (timed[:3], timed[3:]):  # UCB1's step count: its own repeat's alone, carried from batch to batch
+        assert rep[0][0] == 0
+        for (_, after, _), (before, _, _) in zip(rep, rep[1:], strict=False):
+            assert before == after
+        assert all(after - before == steps > 0 for before, after, steps in rep)
     assert [r["repeat"] for r in runs[name]["requests"]] == [0, 0, 0, 1, 1, 1]
     assert {s["repeat"] for s in runs[name]["steps"]} == {0, 1}
     assert len(bench.summarize_run(runs[name])["tokens_per_s_by_repeat"]) == 2
@@ -203,3 +208,30 @@ def test_first_arm_runs_in_every_system_but_target_only(
     assert arms["fixed:lookup"] == {"lookup"}  # the first arm, else the same arm again: nothing, a plain step
     assert "lookup" in arms["bandit:UCB1"] and pipe.first == 1
     assert firsts[("none",)] is None and firsts[("draft-g3", "lookup")] == 1
+
+
+def test_systems_take_turns_batch_by_batch(setup: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within a repeat the systems alternate per batch, and who goes first rotates with the
+    batch and the repeat, so each system goes first equally often over an even number of turns."""
+    import flashspec_fast.bench as bench
+    from flashspec_core.build import build_pipeline
+
+    args = bench.parser().parse_args(["--workload", str(setup["workload"]), "--config", str(setup["config"]),
+                                      "--out", str(setup["root"] / "o5"), "--no-fixed-arms", "--repeats", "2"])
+    args.systems = ["target_only", "flashspec"]
+    pipe = build_pipeline(bench.load_config_dict(args.config, args.dtype, args.fuse, args.quantization))
+    calls: list[tuple[str, list]] = []
+
+    def fake_run(pipeline: Any, prompts: Any, groups: Any, args: Any, domains: Any) -> dict[str, Any]:
+        calls.append(("A" if len(pipeline.arms) == 1 else "B", groups))
+        return {"requests": [{"new_tokens": 1, "prompt": g[0]} for g in groups], "steps": []}
+
+    monkeypatch.setattr(bench, "run_pipeline", fake_run)
+    monkeypatch.setattr(bench, "warm_groups", lambda groups, warmup: ["warm"])
+    recorded: dict[str, list] = {}
+    bench.flashspec_runs(pipe, [[1], [2]], [[0], [1]], args, ["code", "prose"],
+                         lambda n, r: recorded.__setitem__(n, [(x["repeat"], x["prompt"]) for x in r["requests"]]))
+    timed = [(who, g[0][0]) for who, g in calls[2:]]
+    assert timed == [("A", 0), ("B", 0), ("B", 1), ("A", 1),  # repeat 0: A first, then B first
+                     ("B", 0), ("A", 0), ("A", 1), ("B", 1)]  # repeat 1: the other way round
+    assert recorded["target_only"] == [(0, 0), (0, 1), (1, 0), (1, 1)]
