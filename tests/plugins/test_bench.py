@@ -145,18 +145,23 @@ def test_warm_up_runs_every_batch_and_leaves_the_selector_untrained(
     assert len(bench.summarize_run(runs[name])["tokens_per_s_by_repeat"]) == 2
 
 
-def test_every_system_warms_up_first_and_repeats_alternate_the_order(
-    setup: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Warm-ups of all systems come before any timed run, and the timed runs go A B, B A, A B
-    (a drift over the run weighs on every system alike); each repeat is recorded."""
+def _bandit_and_target_only(setup: dict[str, Path], out: str, repeats: int) -> tuple[Any, Any, Any]:
+    """The bench module, its args (target-only and the config's bandit, no fixed arms) and the pipeline."""
     import flashspec_fast.bench as bench
     from flashspec_core.build import build_pipeline
 
     args = bench.parser().parse_args(["--workload", str(setup["workload"]), "--config", str(setup["config"]),
-                                      "--out", str(setup["root"] / "o3"), "--no-fixed-arms", "--repeats", "3"])
+                                      "--out", str(setup["root"] / out), "--no-fixed-arms", "--repeats", str(repeats)])
     args.systems = ["target_only", "flashspec"]
-    pipe = build_pipeline(bench.load_config_dict(args.config, args.dtype, args.fuse, args.quantization))
+    return bench, args, build_pipeline(bench.load_config_dict(args.config, args.dtype, args.fuse, args.quantization))
+
+
+def test_every_system_warms_up_first_and_repeats_alternate_the_order(
+    setup: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Warm-ups of all systems come before any timed run, and with one batch the timed runs go
+    A B, B A, A B (a drift over the run weighs on every system alike); each repeat is recorded."""
+    bench, args, pipe = _bandit_and_target_only(setup, "o3", repeats=3)
     calls: list[tuple[str, bool]] = []
 
     def fake_run(pipeline: Any, prompts: Any, groups: Any, args: Any, domains: Any) -> dict[str, Any]:
@@ -213,13 +218,7 @@ def test_first_arm_runs_in_every_system_but_target_only(
 def test_systems_take_turns_batch_by_batch(setup: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """Within a repeat the systems alternate per batch, and who goes first rotates with the
     batch and the repeat, so each system goes first equally often over an even number of turns."""
-    import flashspec_fast.bench as bench
-    from flashspec_core.build import build_pipeline
-
-    args = bench.parser().parse_args(["--workload", str(setup["workload"]), "--config", str(setup["config"]),
-                                      "--out", str(setup["root"] / "o5"), "--no-fixed-arms", "--repeats", "2"])
-    args.systems = ["target_only", "flashspec"]
-    pipe = build_pipeline(bench.load_config_dict(args.config, args.dtype, args.fuse, args.quantization))
+    bench, args, pipe = _bandit_and_target_only(setup, "o5", repeats=2)
     calls: list[tuple[str, list]] = []
 
     def fake_run(pipeline: Any, prompts: Any, groups: Any, args: Any, domains: Any) -> dict[str, Any]:
