@@ -369,7 +369,7 @@ def graph_threshold(raw: list[Json], d: Defaults) -> Json:
                          "direct_us": us(r["triton_direct"]["ms"])} for r in mixed]}
 
 
-Setting = tuple[int, int, int]  # (logits per block, warps, programs per SM)
+Setting = tuple[int, int, int, bool]  # (logits per block, warps, programs per SM, PASS_LANE_MAX)
 
 
 def sweep_scores(rows: list[Json]) -> dict[Setting, float]:
@@ -379,21 +379,23 @@ def sweep_scores(rows: list[Json]) -> dict[Setting, float]:
         best[shape(r)] = min(best.get(shape(r), math.inf), r["ms"])
     score: dict[Setting, float] = {}
     for r in rows:
-        key = (r["BLOCK_V"], r["num_warps"], r["programs_per_sm"])
+        key = (r["BLOCK_V"], r["num_warps"], r["programs_per_sm"], bool(r.get("lane_max", False)))
         score[key] = score.get(key, 0.0) + r["ms"] / best[shape(r)]
     return score
 
 
 def setting(key: Setting, score: dict[Setting, float]) -> Json:
-    return {"block_warps": list(key[:2]), "programs_per_sm": key[2], "score": score.get(key)}
+    return {"block_warps": list(key[:2]), "programs_per_sm": key[2], "lane_max": key[3], "score": score.get(key)}
 
 
 def pass_sweep_dtype(rows: list[Json], default: Setting, used: Setting, copy_gbs: float) -> Json:
     score = sweep_scores(rows)
     pick = min(score, key=score.__getitem__)
-    at = {k[:2]: v for k, v in score.items() if k[2] == default[2]}
+    at = {k[:2]: v for k, v in score.items() if k[2:] == default[2:]}
     best_at = min(at, key=at.__getitem__) if at else None
-    ms = {(shape(r), r["BLOCK_V"], r["num_warps"], r["programs_per_sm"]): r["ms"] for r in rows}
+    ms = {(shape(r), r["BLOCK_V"], r["num_warps"], r["programs_per_sm"], bool(r.get("lane_max", False))): r["ms"]
+          for r in rows}
+    by_lane = {lane: min((v for k, v in score.items() if k[3] == lane), default=None) for lane in (False, True)}
     names = sorted({shape(r) for r in rows})
     fastest = [min((r for r in rows if shape(r) == s), key=lambda r: r["ms"]) for s in names]
     in_band = [r for r in fastest if within([r], GOAL_BAND)]
@@ -402,6 +404,7 @@ def pass_sweep_dtype(rows: list[Json], default: Setting, used: Setting, copy_gbs
             if default in score and used in score else None,
             "best_at_default_programs_per_sm": {"block_warps": list(best_at), "score": at[best_at]} if best_at else None,
             "per_shape_best_programs_per_sm": span(r["programs_per_sm"] for r in fastest),
+            "best_score_by_lane_max": {str(k).lower(): v for k, v in by_lane.items() if v is not None},
             "goal_band_best_fraction": {"shapes": len(in_band), "logits": span(logits(r) for r in in_band),
                                         "fraction_of_copy": span(r["gbs"] / copy_gbs for r in in_band)}}
 
@@ -412,20 +415,25 @@ def pass_sweep(data: Json, d: Defaults) -> Json:
 
     def used(dtype_name: str) -> Setting:  # config.PASS_CONFIG is keyed by bytes per logit
         block, warps = cfg["PASS_CONFIG"][str(ITEMSIZE[dtype_name])]
-        return block, warps, per_sm
+        return block, warps, per_sm, bool(cfg.get("PASS_LANE_MAX", {}).get(str(ITEMSIZE[dtype_name]), False))
 
-    return {"how": "pass_sweep: its shapes, (block, warps) pairs and programs per SM; per dtype the score of each "
+    def default(dtype_name: str) -> Setting:  # the per-lane max option is off by default (PASS_LANE_MAX)
+        lane = cfg.get("defaults", {}).get("PASS_LANE_MAX", {}).get(str(ITEMSIZE[dtype_name]), False)
+        return (*d.pass_config[ITEMSIZE[dtype_name]], d.programs_per_sm, bool(lane))
+
+    return {"how": "pass_sweep: its shapes, (block, warps) pairs, programs per SM and, where swept, the per-lane max "
+                   "(PASS_LANE_MAX); per dtype the score of each "
                    "setting (sum over the shapes of time / that shape's best time; null: not swept) for the pick, "
                    "the setting the run used (config.PASS_CONFIG at the launcher's programs per SM, "
                    "config.programs_wanted / sm_count) and the measured commit's default "
                    f"(PASS_CONFIG {d.pass_config} by bytes per logit, {d.programs_per_sm} programs per SM), the default's time / the used setting's - 1 per shape, "
-                   "the best pair at the default's programs per SM; per shape the fastest setting's programs per SM, "
+                   "the best pair at the default's programs per SM and lane max; the best score with and without "
+                   "the per-lane max (best_score_by_lane_max); per shape the fastest setting's programs per SM, "
                    "and in the 10M-100M band its rate (gbs) over copy_bandwidth.gbs",
             "shapes": len({shape(r, with_dtype=False) for r in sw}), "logits": span(logits(r) for r in sw),
             "pairs": len({(r["BLOCK_V"], r["num_warps"]) for r in sw}),
             "programs_per_sm": sorted({r["programs_per_sm"] for r in sw}), "launcher_programs_per_sm": per_sm,
-            "per_dtype": {k: pass_sweep_dtype(v, (*d.pass_config[ITEMSIZE[k]], d.programs_per_sm), used(k),
-                                              data["copy_bandwidth"]["gbs"])
+            "per_dtype": {k: pass_sweep_dtype(v, default(k), used(k), data["copy_bandwidth"]["gbs"])
                           for k, v in by_dtype(sw).items()}}
 
 

@@ -210,8 +210,10 @@ def test_sweeps(out: dict[str, Any]) -> None:
     bf16 = s["per_dtype"]["bfloat16"]
     # scores: (4096, 4, 8) = 1.2/1 + 3/3 = 2.2 is the pick and what the run used; the default (4096, 8, 4)
     # 2 + 4/3; at the default's 4 per SM (4096, 4) scores 1 + 2
-    assert bf16["pick"] == bf16["used"] == {"block_warps": [4096, 4], "programs_per_sm": 8, "score": 2.2}
-    assert bf16["default"] == {"block_warps": [4096, 8], "programs_per_sm": 4, "score": 3.3333}
+    assert bf16["pick"] == bf16["used"] == {"block_warps": [4096, 4], "programs_per_sm": 8, "lane_max": False,
+                                            "score": 2.2}
+    assert bf16["default"] == {"block_warps": [4096, 8], "programs_per_sm": 4, "lane_max": False, "score": 3.3333}
+    assert bf16["best_score_by_lane_max"] == {"false": 2.2}  # a sweep from before the per-lane max
     assert bf16["default_over_used_minus_1"] == {"min": 0.3333, "max": 0.6667}  # 4/3 - 1, 2/1.2 - 1
     assert bf16["best_at_default_programs_per_sm"] == {"block_warps": [4096, 4], "score": 3.0}
     assert bf16["per_shape_best_programs_per_sm"] == {"min": 4, "max": 8}
@@ -240,3 +242,16 @@ def test_defaults_recorded_by_the_benchmark_win_over_the_table() -> None:
     assert not d.graphed({"B": 1, "gamma": 1, "V": 16 << 20, "dtype": "float32"})  # 128 MiB: direct
     with pytest.raises(ValueError, match="no defaults known"):
         va.run_defaults({"commit": "not-in-the-table", "config": {}})
+
+
+def test_sweep_scores_keep_the_lane_max_apart() -> None:
+    """Rows of both forms of the pass's max score separately; the pick can be either."""
+    def row(b: int, lane: bool, ms: float) -> dict[str, Any]:
+        return {"dtype": "torch.bfloat16", "B": b, "gamma": 4, "V": 32000, "BLOCK_V": 4096, "num_warps": 4,
+                "programs_per_sm": 8, "lane_max": lane, "ms": ms, "gbs": 1.0}
+
+    rows = [row(8, False, 2.0), row(8, True, 1.0), row(32, False, 4.0), row(32, True, 3.0)]
+    out = va.pass_sweep_dtype(rows, (4096, 4, 8, False), (4096, 4, 8, False), copy_gbs=2.0)
+    assert out["pick"] == {"block_warps": [4096, 4], "programs_per_sm": 8, "lane_max": True, "score": 2.0}
+    assert out["best_score_by_lane_max"] == {"false": 2 + 4 / 3, "true": 2.0}
+    assert out["default_over_used_minus_1"] == {"min": 0.0, "max": 0.0}
