@@ -650,6 +650,8 @@ def analyse(raw: Json, model: Json | None) -> Json:
         "b1_greedy": lambda: batch_b1(sections[b1], b1) if b1 else None,
         "b1_adaptive": lambda: batch_b1(sections["b1_adaptive"], "b1_adaptive") if "b1_adaptive" in sections else None,
         "b1_gated": lambda: batch_b1(sections["b1_gated"], "b1_gated") if "b1_gated" in sections else None,
+        "b1_gated_every": lambda: (batch_b1(sections["b1_gated_every"], "b1_gated_every")
+                                   if "b1_gated_every" in sections else None),
         "b2_greedy": lambda: batched(sections["b2_greedy"]) if "b2_greedy" in sections else None,
         "b4_greedy": lambda: batched(sections["b4_greedy"]) if "b4_greedy" in sections else None,
         "b8_greedy": lambda: batched(sections["b8_greedy"]) if "b8_greedy" in sections else None,

@@ -37,7 +37,8 @@ def fast_table(model: str, max_len: int, fuse: bool) -> str:
 
 
 def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: int, verifier: str, max_len: int,
-                  fuse: bool, adaptive: bool = False, limit: int = SPECULATE_MAX_BATCH, gated: bool = False) -> str:
+                  fuse: bool, adaptive: bool = False, limit: int = SPECULATE_MAX_BATCH, gated: bool = False,
+                  every: bool = False) -> str:
     """The bench config: the 0.5B draft at each gamma, padded and match-only prompt lookup,
     match-only lookup falling back to the first draft, no speculation, Thompson sampling
     with the throughput reward. ``adaptive``: only the two lookup-first arms to choose from
@@ -45,7 +46,8 @@ def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: 
     ``select = false``): the choice is then whether to draft where lookup finds nothing.
     ``gated``: match-only lookup as ``[selector] first``, and the selector choosing, only where
     it finds nothing, between the first draft and no draft: the same two fixed policies as
-    ``adaptive``, but the selector learns from the steps where its choice made a difference.
+    ``adaptive``, but the selector learns from the steps where its choice made a difference;
+    with ``every``, the selector chooses among every draft gamma, padded lookup and no draft.
     All stop speculating above ``limit`` live rows."""
     g, d = lookup_gamma, draft_gammas[0]
 
@@ -56,14 +58,15 @@ def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: 
     lookup_first = [f'{match}name = "lookup-match-g{g}"\n',  # and the same with the draft where lookup finds nothing:
                     f'{match}fallback = "draft0.5b-g{d}"\nname = "lookup-match-g{g}-or-draft0.5b-g{d}"\n']
     first = ""
+    padded = f'[[arm]]\nuse = "prompt_lookup"\ngamma = {g}\nname = "lookup-g{g}"\n'
     if gated:
-        arms = [f'{match}name = "lookup-match-g{g}"\nselect = false\n', draft(d), '[[arm]]\nuse = "none"\nname = "none"\n']
+        chosen = [*map(draft, draft_gammas), padded] if every else [draft(d)]
+        arms = [f'{match}name = "lookup-match-g{g}"\nselect = false\n', *chosen, '[[arm]]\nuse = "none"\nname = "none"\n']
         first = f'first = "lookup-match-g{g}"\n'
     elif adaptive:
         arms = [*lookup_first, f"{draft(d)}select = false\n"]
     else:
-        arms = [*map(draft, draft_gammas), f'[[arm]]\nuse = "prompt_lookup"\ngamma = {g}\nname = "lookup-g{g}"\n',
-                *lookup_first, '[[arm]]\nuse = "none"\nname = "none"\n']
+        arms = [*map(draft, draft_gammas), padded, *lookup_first, '[[arm]]\nuse = "none"\nname = "none"\n']
     return (f"[target]\n{fast_table(paths['target'], max_len, fuse)}\n" + "\n".join(arms)
             + f'\n[verifier]\nuse = "{verifier}"\n\n[selector]\nuse = "thompson"\nreward = "throughput"\n'
             + f"speculate_max_batch = {limit}\n{first}")
@@ -142,6 +145,8 @@ def full(args: argparse.Namespace) -> int:
     aconfig.write_text(pipeline_toml(paths, [3, 6], 8, args.verifier, 1024, args.fuse, adaptive=True))
     gconfig = Path("/tmp/fs_gated.toml")  # the same two policies, the selector asked only where lookup finds nothing
     gconfig.write_text(pipeline_toml(paths, [3, 6], 8, args.verifier, 1024, args.fuse, gated=True))
+    econfig = Path("/tmp/fs_gated_every.toml")  # b1_greedy's arms, with match-only lookup first
+    econfig.write_text(pipeline_toml(paths, [3, 5], 6, args.verifier, 768, args.fuse, gated=True, every=True))
     work = args.out  # each section's bench.json lands in --out/<section>/ as soon as it is written
     sections: dict[str, Any] = {}
     limit = ["--prompts", str(args.prompts)] if args.prompts else []
@@ -152,6 +157,8 @@ def full(args: argparse.Namespace) -> int:
         "b1_greedy": [*common, "--hf-prompts", str(args.hf_prompts), "--exactness", "2", *sel, *fuse],
         "b1_adaptive": [*common, "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse],
         "b1_gated": [*common, "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse],
+        # issue 5's arm set (the draft at two gammas, padded lookup, none) behind match-only lookup
+        "b1_gated_every": [*common, "--systems", "flashspec,target_only", "--repeats", "4", *sel, *fuse],
         # batch 2 and 4 place [selector] speculate_max_batch: where does a fixed arm stop paying?
         "b2_greedy": [*common, "--batch-size", "2", "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse],
         "b4_greedy": [*common, "--batch-size", "4", "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse],
@@ -190,7 +197,7 @@ def full(args: argparse.Namespace) -> int:
     for name, extra in plan.items():
         if args.sections == "all" or name in args.sections.split(","):
             domains = name.startswith(("b32", "workload"))
-            cfg = (gconfig if "gated" in name else aconfig if name.endswith(("adaptive", "adaptive_blocked"))
+            cfg = (econfig if name == "b1_gated_every" else gconfig if "gated" in name else aconfig if name.endswith(("adaptive", "adaptive_blocked"))
                    else wconfig if name.startswith("workload")
                    else config4 if name in ("b2_greedy", "b4_greedy", "b8_greedy", "b32_greedy") else config)
             sections[name] = bench(work / name, cfg, deadline, *extra, *args.bench_extra.split(),
@@ -253,10 +260,10 @@ def floor_table(bench: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 # sections whose own summary goes into summary[<section>] (b1_greedy's is the summary itself)
-SUMMARIZED = ("b1_adaptive", "b1_gated", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy",
+SUMMARIZED = ("b1_adaptive", "b1_gated", "b1_gated_every", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy",
               "b8_limited", "b32_limited", "b1_t07",
               "b1_nf4")
-SECTIONS = ("b1_greedy", "b1_adaptive", "b1_gated", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy",
+SECTIONS = ("b1_greedy", "b1_adaptive", "b1_gated", "b1_gated_every", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy",
             "b32_greedy", "b8_limited", "b32_limited", "b1_t07", "b1_nf4", "synthetic", "workload_interleaved", "workload_blocked", "workload_adaptive",
             "workload_adaptive_blocked", "workload_gated", "workload_gated_blocked", "b1_greedy_warm")
 # b1_greedy_warm: b1_greedy's FlashSpec systems again (`--bench-extra "--systems flashspec,target_only

@@ -65,6 +65,8 @@ def _e2e(data: dict[str, Any]) -> list[str]:
         ("b1_adaptive", "Bandits choosing between match-only prompt lookup and the same falling back to the 0.5B draft"),
         ("b1_gated", "Match-only prompt lookup as `[selector] first`, the bandits choosing between the 0.5B draft and "
                      "no draft only where it finds nothing"),
+        ("b1_gated_every", "Match-only prompt lookup as `[selector] first`, the bandits choosing between every draft "
+                           "gamma, padded lookup and no draft where it finds nothing"),
     ):
         by = (s.get(key) or {}).get("bandit_speedup_by_domain_all")
         if by:
