@@ -208,25 +208,11 @@ def full(args: argparse.Namespace) -> int:
 
 
 def write(out: Path, sections: dict[str, Any], work: Path) -> None:
-    b1 = sections.get("b1_greedy") or {}
-    summary: dict[str, Any] = dict(b1.get("summary", {}))
-    summary["label"] = "real pair: Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft (bf16, dequantized Q4_K_M GGUF)"
-    for key in SUMMARIZED:
-        s = (sections.get(key) or {}).get("summary")
-        if s:
-            summary[key] = {
-                k: v
-                for k, v in s.items()
-                if k.startswith(("speedup_vs_own", "best_flashspec", "mean_acc", "target_only_tokens", "host_fraction",
-                                 "bandit_speedup"))
-            }
-    syn = (sections.get("synthetic") or {}).get("synthetic_scaling")
-    if syn:
-        summary["scaling_synthetic"] = syn
-    summary["skipped_sections"] = [k for k, v in sections.items() if v is None]
-    result = {"summary": summary, "sections": sections}
+    """The sections run so far, with the summary ``summarize`` would build (a look while the
+    run goes on: the committed file comes from ``summarize`` over the sections' folders)."""
+    summary = build_summary({k: sections.get(k) for k in SECTIONS if k in sections}, "unknown (the GPU copy)", {})
     out.mkdir(parents=True, exist_ok=True)
-    (out / "e2e-h200.json").write_text(json.dumps(result, indent=1))
+    (out / "e2e-h200.json").write_text(json.dumps({"summary": summary, "sections": sections}, indent=1))
     say(f"wrote {out / 'e2e-h200.json'}")
     print(json.dumps(summary, indent=1)[:6000])
 
@@ -375,6 +361,30 @@ def summarize_dir(args: argparse.Namespace) -> int:
     for sec in sections.values():  # recomputed from the raw rows, so newer summary fields appear too
         if sec:
             sec["summaries"] = {n: summarize_run(r) if r["requests"] else sec["summaries"][n] for n, r in sec["runs"].items()}
+    other = dict(x.split("=", 1) for x in args.section_commit)
+    unknown = set(other) - set(SECTIONS)
+    if unknown:
+        raise SystemExit(f"--section-commit: unknown sections {sorted(unknown)}")
+    summary = build_summary(sections, args.commit, other)
+    args.out.mkdir(parents=True, exist_ok=True)
+    raw = args.out / "e2e-h200-raw.json.gz"
+    with gzip.open(raw, "wt") as f:  # every step row and generated token of every section
+        json.dump({"summary": summary, "sections": sections}, f)
+    slim_sections = {k: (slim(v) if v else v) for k, v in sections.items()}
+    (args.out / "e2e-h200.json").write_text(json.dumps(
+        {"summary": summary, "raw": raw.name, "sections": slim_sections}, indent=1))
+    for png in sorted((args.src / "b1_greedy").glob("*.png")):
+        shutil.copy(png, args.out / f"e2e-h200-{png.name}")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def build_summary(sections: dict[str, Any], commit: str, section_commits: dict[str, str]) -> dict[str, Any]:
+    """The ``summary`` object from the sections (those absent or None were not run):
+    b1_greedy's headline fields, each SUMMARIZED section's own summary, the workloads, and
+    what ran where (``section_commits`` names sections measured at another commit than
+    ``commit``)."""
+    sections = {k: sections.get(k) for k in SECTIONS} | sections
     b1 = sections["b1_greedy"] or {}
     summary: dict[str, Any] = {k: v for k, v in (b1.get("summary") or {}).items()}
     summary["label"] = "real pair: Qwen2.5-Coder-1.5B-Instruct target, 0.5B draft (bf16, dequantized Q4_K_M GGUF)"
@@ -422,23 +432,9 @@ def summarize_dir(args: argparse.Namespace) -> int:
     warm_b1_ran = bool(sections["b1_greedy"]) and not cold(sections["b1_greedy"])
     summary["skipped_sections"] = [k for k, v in sections.items()
                                    if v is None and not (k == "b1_greedy_warm" and warm_b1_ran)]
-    summary["measured_at_commit"] = args.commit
-    other = dict(x.split("=", 1) for x in args.section_commit)
-    unknown = set(other) - set(SECTIONS)
-    if unknown:
-        raise SystemExit(f"--section-commit: unknown sections {sorted(unknown)}")
-    summary["section_commits"] = {k: other.get(k, args.commit) for k, v in sections.items() if v is not None}
-    args.out.mkdir(parents=True, exist_ok=True)
-    raw = args.out / "e2e-h200-raw.json.gz"
-    with gzip.open(raw, "wt") as f:  # every step row and generated token of every section
-        json.dump({"summary": summary, "sections": sections}, f)
-    slim_sections = {k: (slim(v) if v else v) for k, v in sections.items()}
-    (args.out / "e2e-h200.json").write_text(json.dumps(
-        {"summary": summary, "raw": raw.name, "sections": slim_sections}, indent=1))
-    for png in sorted((args.src / "b1_greedy").glob("*.png")):
-        shutil.copy(png, args.out / f"e2e-h200-{png.name}")
-    print(json.dumps(summary, indent=1))
-    return 0
+    summary["measured_at_commit"] = commit
+    summary["section_commits"] = {k: section_commits.get(k, commit) for k, v in sections.items() if v is not None}
+    return summary
 
 
 def smoke(args: argparse.Namespace) -> int:

@@ -1,0 +1,28 @@
+"""benchmarks/e2e_h200.py's summary builder, on hand-made sections (no GPU, no models)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from _scripts import load_benchmark
+
+e2e = load_benchmark("e2e_h200")
+
+
+def _section(summary: dict[str, Any], tps: float) -> dict[str, Any]:
+    return {"summary": summary, "args": {"warmup": -1}, "config": "", "runs": {},
+            "summaries": {"target_only": {"tokens_per_s": tps, "outside_steps_ms_per_batch": 1.0}}}
+
+
+def test_summary_from_the_sections_that_ran() -> None:
+    b1 = _section({"speedup_vs_own_target_only": 1.2, "best_flashspec": "fixed:x"}, 100.0)
+    gated = _section({"bandit_speedup_by_domain_all": {"bandit:ucb1": {"code": 1.3, "prose": 1.0}}}, 90.0)
+    s = e2e.build_summary({"b1_greedy": b1, "b1_gated": gated, "b8_greedy": None}, "abc1234", {"b1_gated": "def5678"})
+    assert s["speedup_vs_own_target_only"] == 1.2 and s["tokens_per_s"] == {"target_only": 100.0}
+    assert s["b1_gated"] == gated["summary"]  # a SUMMARIZED section's own summary
+    assert "b8_greedy" in s["skipped_sections"] and "b1_greedy" not in s["skipped_sections"]
+    assert s["section_commits"] == {"b1_greedy": "abc1234", "b1_gated": "def5678"}
+    assert s["measured_at_commit"] == "abc1234" and s["cold_sections"] == []
+    # HF baselines and the float32 check that did not run are named, not silently absent
+    assert "hf_lookup (skipped: run budget)" in s["not_measured"]
+    assert "greedy_identical (float32 check skipped: run budget)" in s["not_measured"]
