@@ -197,7 +197,8 @@ class Pipeline:
             choice = self.selector.select()
             index = self.choices[choice]
             arm = self.arms[index]
-            draft = None
+            if index != self.first:  # the first arm chosen again keeps its empty proposal: a plain step
+                draft = None
         if draft is not None:
             drafter = arm
         else:

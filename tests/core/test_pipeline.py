@@ -343,3 +343,24 @@ def test_a_select_false_arm_that_is_not_first_is_an_error(models: dict[str, Path
     del config["selector"]["first"]
     with pytest.raises(ConfigError, match="neither an arm.s fallback nor"):
         build_pipeline(config)
+
+
+def test_first_arm_is_searched_once_per_step(models: dict[str, Path]) -> None:
+    """A selector that picks the first arm itself (the bench's fixed "lookup, else plain")
+    reuses its empty proposal instead of searching the context a second time."""
+    config = _gated(models, "fixed")
+    config["arm"][0]["select"] = True  # the first arm is also the fixed selector's arm 0
+    pipe = build_pipeline(config)
+    calls = []
+    gate = pipe.arms[0].provider
+    propose = gate.propose
+
+    def counted(*a: object, **k: object) -> object:
+        calls.append(1)
+        return propose(*a, **k)
+
+    gate.propose = counted  # type: ignore[method-assign]
+    result = pipe.generate([[1, 2, 3, 4, 5, 1, 2]], max_new_tokens=16)
+    assert result.token_ids[0] == _greedy_target(models["target"], [1, 2, 3, 4, 5, 1, 2], 16, eos=15)
+    assert len(calls) == len(result.steps) and {r.arm_name for r in result.steps} == {"lookup-match"}
+    assert {r.gamma for r in result.steps} >= {0} and max(r.gamma for r in result.steps) > 0
