@@ -253,12 +253,9 @@ class Pipeline:
         """The first arm's proposal; when it is empty, its provider is rolled back at once (it
         proposed nothing, so nothing of it entered the sequences) and the selector's arm drafts."""
         gate = self.arms[self.first]  # type: ignore[index]
-        draft = gate.provider.propose(tokens, lengths, gate.gamma, sampling, generator)
+        draft = _checked(gate.provider.propose(tokens, lengths, gate.gamma, sampling, generator), gate)
         if _empty(draft):
             gate.provider.rollback([0] * len(lengths))
-        elif draft.tokens.dim() != 2 or draft.tokens.shape[1] > gate.gamma:
-            raise RuntimeError(f"arm {gate.name!r}: the draft proposed tokens of shape {tuple(draft.tokens.shape)}, "
-                               f"not [B, <= gamma = {gate.gamma}]")
         return draft
 
     def _propose(
@@ -271,10 +268,7 @@ class Pipeline:
         if _empty(draft) and arm.fallback is not None:
             drafter = self.arms[arm.fallback]
             draft = drafter.provider.propose(tokens, lengths, drafter.gamma, sampling, generator)
-        if draft.tokens.dim() != 2 or draft.tokens.shape[1] > drafter.gamma:
-            raise RuntimeError(f"arm {drafter.name!r}: the draft proposed tokens of shape {tuple(draft.tokens.shape)}, "
-                               f"not [B, <= gamma = {drafter.gamma}]")
-        return draft, drafter
+        return _checked(draft, drafter), drafter
 
     def _observe(self, record: StepRecord) -> None:
         if self.logger is not None:
@@ -283,6 +277,14 @@ class Pipeline:
             self.logger.info("step", **fields)
         if self.on_step is not None:
             self.on_step(record)
+
+
+def _checked(draft: Draft, arm: Arm) -> Draft:
+    """The draft, if its tokens are ``[B, <= arm.gamma]``; a clear error naming the arm if not."""
+    if draft.tokens.dim() != 2 or draft.tokens.shape[1] > arm.gamma:
+        raise RuntimeError(f"arm {arm.name!r}: the draft proposed tokens of shape {tuple(draft.tokens.shape)}, "
+                           f"not [B, <= gamma = {arm.gamma}]")
+    return draft
 
 
 def _empty(draft: Draft) -> bool:
