@@ -231,17 +231,17 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
         plan.append((f"bandit:{type(selector).__name__}", arms, selector))
         plan += [(f"bandit:{name}", arms, make_selector(name, len(pipeline.choices))) for name in args.selectors]
     reward, limit, first = pipeline.reward, pipeline.speculate_max_batch, pipeline.first
-    timed: list[tuple[str, list[Any], Any, int | None, list[dict[str, Any]]]] = []
+    timed: list[tuple[str, list[Any], Any, int | None, int | None, list[dict[str, Any]]]] = []
     for name, use_arms, sel in plan:  # every system warms up before any is timed
         # A fixed arm runs at every batch size (what the arm itself costs); the bandits keep the
         # config's batch limit, which then shows as the arm "batch_limit" in their steps.
         pipeline.speculate_max_batch = own_limit = limit if name.startswith("bandit:") else None
-        pipeline.first = None if name == "target_only" else first  # [selector] first: in every system but plain
+        pipeline.first = own_first = None if name == "target_only" else first  # [selector] first: all but plain
         # Warm-up on copies of the selector and the reward's running state: the timed run starts untrained.
         pipeline.arms, pipeline.selector, pipeline.reward = use_arms, copy.deepcopy(sel), copy.deepcopy(reward)
         _say(f"{name}: warm-up")
         run_pipeline(pipeline, prompts, warm_groups(groups, args.warmup), args, domains)
-        timed.append((name, use_arms, sel, own_limit, []))
+        timed.append((name, use_arms, sel, own_limit, own_first, []))
     for rep in range(args.repeats):
         # Systems take turns batch by batch, and the system that goes first rotates with the
         # batch and the repeat: a drift within the run (clocks, heat, allocator) then weighs on
@@ -250,16 +250,15 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
         # ran 0.92x-0.94x of target-only, and 1.00x in the one repeat they went first.)
         # Every repeat starts from the untrained selector and reward: repeats are independent
         # runs; within a repeat each system keeps its own selector from batch to batch.
-        state = {name: (copy.deepcopy(sel), copy.deepcopy(reward)) for name, _, sel, _, _ in timed}
+        state = {name: (copy.deepcopy(sel), copy.deepcopy(reward)) for name, _, sel, *_ in timed}
         parts: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in timed}
         for j, group in enumerate(groups):
             turn = (rep + j) % len(timed)
-            for name, use_arms, _sel, own_limit, _runs in timed[turn:] + timed[:turn]:
+            for name, use_arms, _sel, own_limit, own_first, _runs in timed[turn:] + timed[:turn]:
                 pipeline.arms, (pipeline.selector, pipeline.reward) = use_arms, state[name]
-                pipeline.speculate_max_batch = own_limit
-                pipeline.first = None if name == "target_only" else first
+                pipeline.speculate_max_batch, pipeline.first = own_limit, own_first
                 parts[name].append(run_pipeline(pipeline, prompts, [group], args, domains))
-        for name, _, _, _, runs in timed:
+        for name, *_, runs in timed:
             run = {"requests": [r for p in parts[name] for r in p["requests"]],
                    "steps": [s for p in parts[name] for s in p["steps"]]}
             for row in (*run["requests"], *run["steps"]):

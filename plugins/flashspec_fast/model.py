@@ -259,6 +259,7 @@ class Transformer:
         kernel = self.decode_kernel and width <= DECODE_MAX_WIDTH
         mask = None if kernel else self._mask(pos, group, span)
         slots = (torch.arange(batch, device=self.device)[:, None] * self.max_len + write).view(-1)  # [B*T]
+        cache = (batch, self.max_len, a.kv_heads, hd)  # a layer's cache rows as [B, S, KV, hd]
         for i, layer in enumerate(w.layers):
             h = ops.rms_norm(x, layer.attn_norm, a.norm_eps)
             qkv = linear(h, layer.wqkv, layer.bqkv).view(batch, width, a.heads + 2 * a.kv_heads, hd)
@@ -266,13 +267,12 @@ class Transformer:
             vc = self.v_cache[i, :batch].view(batch * self.max_len, nkv)
             q = ops.rope_store(qkv, cos, sin, kc, vc, slots, a.heads, a.kv_heads)  # [B, T, H, hd]
             if kernel:  # decoding: flashspec_kernels.attention, [B, T, H, hd] in and out
-                cache = (batch, self.max_len, a.kv_heads, hd)
                 o = decode_attention(q, kc.view(cache), vc.view(cache), pos, span).view(batch * width, nq)
             else:
                 q = q.reshape(batch, width, a.kv_heads, group, hd).permute(0, 2, 3, 1, 4)
                 q = q.reshape(batch, a.kv_heads, group * width, hd)
-                keys = kc.view(batch, self.max_len, a.kv_heads, hd)[:, :span].transpose(1, 2)
-                values = vc.view(batch, self.max_len, a.kv_heads, hd)[:, :span].transpose(1, 2)
+                keys = kc.view(cache)[:, :span].transpose(1, 2)
+                values = vc.view(cache)[:, :span].transpose(1, 2)
                 o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, KV, G*T, hd]
                 o = o.view(batch, a.kv_heads, group, width, hd).permute(0, 3, 1, 2, 4).reshape(batch * width, nq)
             x = linear_add_(x, o, layer.wo)
