@@ -71,14 +71,19 @@ def test_split_count_changes_only_rounding(monkeypatch: pytest.MonkeyPatch) -> N
     torch.testing.assert_close(one, many, rtol=1e-5, atol=1e-5)
 
 
+# (query heads, KV heads, head dim): the 0.5B draft's; on the GPU also the 1.5B target's and the 7B's
+HEAD_SHAPES = [(14, 2, 64)] + ([(12, 2, 128), (28, 4, 128)] if DEV == "cuda" else [])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_a_query_gets_the_same_bits_in_any_forward(dtype: torch.dtype) -> None:
-    """The last token of a verify step (T = 1..9, the other queries before it) and the same
-    token scored alone get identical output bits, under the step's span and a larger one,
+@pytest.mark.parametrize(("heads", "kv", "hd"), HEAD_SHAPES)
+def test_a_query_gets_the_same_bits_in_any_forward(dtype: torch.dtype, heads: int, kv: int, hd: int) -> None:
+    """The last token of a verify step (T = 1..9, the other queries before it), and at T = 4
+    every token, get the bits the same token gets scored alone, under the step's span and a larger one,
     with the combine path (positions past the first split) and the direct one (span within
     it): what keeps greedy speculative tokens equal to target-only's in bf16."""
     g = torch.Generator(device=DEV).manual_seed(11)
-    heads, kv, hd, slots = 14, 2, 64, 512
+    slots = 512
     k = torch.randn((1, slots, kv, hd), generator=g, device=DEV).to(dtype)
     v = torch.randn((1, slots, kv, hd), generator=g, device=DEV).to(dtype)
     for last, spans in ((300, (320, 512)), (40, (64, 128))):
@@ -90,6 +95,10 @@ def test_a_query_gets_the_same_bits_in_any_forward(dtype: torch.dtype) -> None:
             for span in spans:
                 out = att.decode_attention(q, k, v, pos, span)
                 assert torch.equal(out[:, -1:], alone), (last, width, span)
+            if width == 4:  # the earlier rows too (accepted tokens come from them): their tile reads past them
+                for i in range(width - 1):
+                    one = att.decode_attention(q[:, i : i + 1], k, v, pos[:, i : i + 1], spans[0])
+                    assert torch.equal(out[:, i : i + 1], one), (last, i)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,60 @@
+"""benchmarks/width_invariance.py on a tiny random checkpoint (CPU, float32, the kernel in Triton's interpreter)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from _scripts import load_benchmark
+from _tiny import tiny_lm
+
+wi = load_benchmark("width_invariance")
+
+
+def test_compare_counts_rows_and_finds_one_changed_element() -> None:
+    alone = torch.arange(12, dtype=torch.float32).view(3, 4)
+    wide = alone.clone()
+    wide[1, 2] += 0.5
+    got = wi.compare(alone, wide)
+    assert got == {"rows": 3, "bit_equal_rows": 2, "max_abs_diff": 0.5, "argmax_equal_rows": 3}
+    wide[2, 0] = 100.0  # now row 2's argmax moves too
+    assert wi.compare(alone, wide)["argmax_equal_rows"] == 2
+    with pytest.raises(ValueError, match=r"shapes \(3, 4\) and \(2, 4\)"):
+        wi.compare(alone, wide[:2])
+
+
+def test_run_writes_both_tables(tmp_path: Path) -> None:
+    model = tiny_lm(tmp_path / "m", vocab=16, seed=0, scale=8.0)
+    out = tmp_path / "out"
+    assert wi.main(["--model", str(model), "--dtype", "fp32", "--device", "cpu", "--prefix", "20",
+                    "--positions", "6", "--widths", "2,4", "--max-len", "64", "--out", str(out)]) == 0
+    data = json.loads((out / "width-invariance-cpu.json").read_text())
+    assert set(data["logits"]) == {"decode_kernel", "sdpa"}
+    for table in data["logits"].values():
+        for k in (2, 4):
+            windows = 6 - k + 1
+            assert table[str(k)]["last_row"]["rows"] == windows
+            assert table[str(k)]["every_row"]["rows"] == windows * k
+    attention = next(v for n, v in data["pieces"].items() if n.startswith("decode_attention"))
+    # the kernel's own promise, checked here in the interpreter: a query's bits do not depend on the width
+    assert all(v["bit_equal_rows"] == v["rows"] == int(k) for k, v in attention.items())
+    assert data["config"]["fuse"] is False and data["commit"]
+    assert not list(out.glob("*.tmp"))
+
+
+@pytest.mark.parametrize(("args", "match"), [
+    (["--widths", "1,4"], "each must be 2..16"),
+    (["--prefix", "60"], "must stay below max_len 64"),
+])
+def test_bad_input_is_a_clear_error(tmp_path: Path, args: list[str], match: str) -> None:
+    model = tiny_lm(tmp_path / "m", vocab=16, seed=0, scale=8.0)
+    with pytest.raises((SystemExit, ValueError), match=match):
+        wi.main(["--model", str(model), "--dtype", "fp32", "--device", "cpu", "--max-len", "64",
+                 "--out", str(tmp_path / "o"), *args])
+
+
+def test_a_folder_without_a_config_is_named(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="no config.json"):
+        wi.main(["--model", str(tmp_path), "--device", "cpu", "--out", str(tmp_path / "o")])
