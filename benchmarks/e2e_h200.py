@@ -249,6 +249,8 @@ def floor_table(bench: dict[str, Any]) -> list[dict[str, Any]]:
 SUMMARIZED = ("b1_adaptive", "b1_gated", "b1_gated_every", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy",
               "b8_limited", "b32_limited", "b1_t07",
               "b1_nf4")
+# the bandits each section runs besides its config's (Thompson): the docs compare every one
+MORE_SELECTORS = ("ucb1", "sliding_window_ucb", "request_thompson", "glr_thompson", "discounted_thompson")
 SECTIONS = ("b1_greedy", "b1_adaptive", "b1_gated", "b1_gated_every", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy",
             "b32_greedy", "b8_limited", "b32_limited", "b1_t07", "b1_nf4", "synthetic", "workload_interleaved", "workload_blocked", "workload_adaptive",
             "workload_adaptive_blocked", "workload_gated", "workload_gated_blocked", "b1_greedy_warm")
@@ -543,7 +545,9 @@ def main() -> int:
                    "the section's own (a later option wins), e.g. \"--systems flashspec,target_only\"")
     f.add_argument("--fuse", action="store_true")
     f.add_argument("--verifier", default="auto", help="the config's verifier (auto: triton on CUDA)")
-    f.add_argument("--selectors", default="", help="more bandits to run besides the config's (bench --selectors)")
+    f.add_argument("--selectors", default=",".join(MORE_SELECTORS),
+                   help="more bandits to run besides the config's Thompson (bench --selectors; '' for none): by "
+                        "default every other bundled selector, so each bandit section compares them all")
     f.add_argument("--sections", default="b1_greedy,b8_greedy,b32_greedy,b1_t07,b1_nf4,synthetic",
                    help=f"comma list of {','.join(s for s in SECTIONS if s != 'b1_greedy_warm')}, 'all', or 'none' "
                         "to convert only (split a run over several calls on a warm machine; /tmp/fsbf16 is reused)")
