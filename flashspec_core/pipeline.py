@@ -51,6 +51,12 @@ class GenerationResult:
     summary: dict[str, Any]
 
 
+def _wait(device: torch.device) -> None:
+    """Let the work queued on ``device`` finish (CUDA; elsewhere work is synchronous)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class _Clock:
     """Marks on the device timeline (CUDA events) or the host clock (CPU)."""
 
@@ -154,6 +160,10 @@ class Pipeline:
         if isinstance(self.selector, RequestAware):  # before the first select(), so it may keep per-request stats
             self.selector.begin_request(batch)
         self.target.prefill(tokens, lengths)
+        # The prefill is queued on the device; without this wait the first step's wall time (and
+        # its host share, the wall time its device marks do not cover) would hold the prefill's:
+        # at batch 32 on the H200, 21.8 ms of a 2.2 ms step, once per batch.
+        _wait(self.target.device)
         eos = self.target.eos_token_ids
         steps: list[StepRecord] = []
         while any(active):
