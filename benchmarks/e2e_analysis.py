@@ -232,13 +232,34 @@ def per_domain(section: Json) -> Json:
             "tokens_per_s": tps, "vs_target_only": {n: {d: v / plain[d] for d, v in t.items()} for n, t in tps.items()}}
 
 
+WAIT_MS = 1.0  # host time per step above which a step waited for something else than itself (the prefill)
+
+
 def host_fraction(sections: dict[str, Json]) -> Json:
     rows = [(v["host_fraction"], name, n) for name, sec in sections.items() for n, v in sec["summaries"].items()
             if v.get("host_fraction") is not None]
     worst = max(rows)
     per = {name: max(f for f, s, _ in rows if s == name) for name in sections if any(s == name for _, s, _ in rows)}
-    return {"how": "summaries[...].host_fraction (mean host ms / mean step ms): the largest per section and overall",
-            "max": worst[0], "max_section": worst[1], "max_system": worst[2], "max_per_section": per}
+    waits: Json = {}
+    for name, sec in sections.items():
+        for system, run in (sec.get("runs") or {}).items():
+            steps = run.get("steps") or []
+            host = [max(x["step_ms"] - x["draft_ms"] - x["target_ms"] - x["verify_ms"], 0.0) for x in steps]
+            slow = [h for h in host if h > WAIT_MS]
+            kept = [(h, x["step_ms"]) for h, x in zip(host, steps, strict=True) if h <= WAIT_MS]
+            if slow and kept:
+                batches = len({r["batch_id"] for r in run["requests"]})
+                row = {"system": system, "slow_steps": len(slow), "batches": batches,
+                       "slow_host_ms_median": statistics.median(slow),
+                       "host_fraction_without": sum(h for h, _ in kept) / sum(m for _, m in kept)}
+                if row["host_fraction_without"] > waits.get(name, {}).get("host_fraction_without", -1.0):
+                    waits[name] = row
+    return {"how": "summaries[...].host_fraction (mean host ms / mean step ms): the largest per section and overall; "
+                   f"prefill_wait: per section, the system with the largest host fraction once the steps with more "
+                   f"than {WAIT_MS} ms of host time are left out (before the pipeline waited for the queued prefill, "
+                   "the first step of each batch held it), with their count, the batches and their median host ms",
+            "max": worst[0], "max_section": worst[1], "max_system": worst[2], "max_per_section": per,
+            "prefill_wait": waits}
 
 
 def step_economics(section: Json) -> Json:

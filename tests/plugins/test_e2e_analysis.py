@@ -162,3 +162,19 @@ def test_repeats_gives_each_repeat_its_own_rate() -> None:
     assert got["target_only"]["spread"] == pytest.approx(100 / 450)
     assert got["bandit:ucb1"]["per_domain"][0] == pytest.approx({"code": 600.0, "prose": 600.0})
     assert ea.repeats({"b8_greedy": once}) is None
+
+
+def test_prefill_wait_leaves_out_the_steps_that_held_the_prefill() -> None:
+    """A run whose first step per batch held 5 ms of host time (the queued prefill): counted,
+    and the host fraction recomputed without them; a run with none is not listed."""
+    waited = {"requests": [_request(0, "code", 3, 30.0), _request(1, "code", 3, 30.0)],
+              "steps": [_step("none", 0, 0, 7.0), _step("none", 0, 0, 2.0), _step("none", 0, 0, 2.0)] * 2}
+    section = {"summaries": {"target_only": _summary(waited), "fixed:draft0.5b-g3": _summary(RUNS["fixed:draft0.5b-g3"])},
+               "runs": {"target_only": waited, "fixed:draft0.5b-g3": RUNS["fixed:draft0.5b-g3"]}}
+    got = ea.host_fraction({"b8_limited": section})
+    row = got["prefill_wait"]["b8_limited"]
+    host = 2.0 - 0.05 - 1.8 - 0.02  # each kept step's
+    assert row["system"] == "target_only" and row["slow_steps"] == 2 and row["batches"] == 2
+    assert row["slow_host_ms_median"] == pytest.approx(7.0 - 0.05 - 1.8 - 0.02)
+    assert row["host_fraction_without"] == pytest.approx(host / 2.0)
+    assert got["max_system"] == "target_only" and got["max"] > row["host_fraction_without"]
