@@ -45,6 +45,17 @@ def _kernels(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _at(summary: dict[str, Any], section: str) -> str:
+    """``, at <commit>`` where the summary says which commit measured the section."""
+    sha = (summary.get("section_commits") or {}).get(section)
+    return f", at `{sha}`" if sha else ""
+
+
+def _only(bandits: list[str]) -> str:
+    """A caveat where a section compared no selectors: one bandit ran alone."""
+    return f" (only {bandits[0].split('@')[0]} ran in this section)" if len(bandits) == 1 else ""
+
+
 def _e2e(data: dict[str, Any]) -> list[str]:
     s = data["summary"]
     tps = s["tokens_per_s"]
@@ -72,7 +83,8 @@ def _e2e(data: dict[str, Any]) -> list[str]:
         if by:
             per = "; ".join(f"{n.removeprefix('bandit:')} " + ", ".join(f"{d} {x:.2f}x" for d, x in v.items())
                             for n, v in by.items())
-            lines += ["", f"{what} (`summary.{key}`), over own target-only per domain: {per}."]
+            lines += ["", f"{what} (`summary.{key}`{_at(s, key)}), over own target-only per domain: {per}"
+                          f"{_only(list(by))}."]
     for key in ("b2_greedy", "b2_limited", "b4_greedy", "b4_limited", "b8_greedy", "b8_limited", "b32_greedy",
                 "b32_limited"):
         b = s.get(key) or {}
@@ -133,9 +145,11 @@ def _workload(data: dict[str, Any], e2e: dict[str, Any] | None = None) -> list[s
         per = "; ".join(f"{o}: {k.removesuffix('@' + o)} {g['policies'][k]['tps']:.1f} tokens/s "
                         f"({g['policies'][k]['tps'] / g['best_fixed_tps']:.4f}x the best fixed system, "
                         f"{g['policies'][k]['tps'] / g['oracle_tps']:.1%} of the oracle)" for o, k in best.items())
-        lines += ["", f"Measured on the H200 with match-only lookup as `[selector] first` (`summary.workload_gpu_gated`; "
-                  f"best fixed system {g['best_fixed']} {g['best_fixed_tps']:.1f}, per-domain oracle "
-                  f"{g['oracle_tps']:.1f}), the best bandit per order: {per}."]
+        bandits = sorted({k.split("@")[0] for k in g["policies"] if k.startswith("bandit:")})
+        lines += ["", f"Measured on the H200 with match-only lookup as `[selector] first` (`summary.workload_gpu_gated`"
+                  f"{_at((e2e or {}).get('summary') or {}, 'workload_gated')}; best fixed system {g['best_fixed']} "
+                  f"{g['best_fixed_tps']:.1f}, per-domain oracle {g['oracle_tps']:.1f}), the best bandit per order: "
+                  f"{per}{_only(bandits)}."]
     return lines
 
 
