@@ -146,20 +146,30 @@ def step_rows(steps: Sequence[Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def graph_captures(pipeline: Any) -> int:
+    """CUDA graphs the pipeline's fast target and drafts have captured so far (a capture
+    inside a timed batch is setup work timed as decoding: the bench records how many)."""
+    caches = {id(g): g for x in (pipeline.target, *(a.provider for a in pipeline.arms))
+              if (g := getattr(x, "graphs", None)) is not None}  # arms may share a provider: each cache once
+    return sum(int(getattr(g, "captures", 0)) for g in caches.values())
+
+
 def run_pipeline(pipeline: Any, prompts: list[list[int]], groups: list[list[int]], args: argparse.Namespace,
                  domains: list[str]) -> dict[str, Any]:
     requests, steps = [], []
     for group in groups:
         sync()
+        captured = graph_captures(pipeline)
         t0 = time.perf_counter()
         res = pipeline.generate([prompts[i] for i in group], max_new_tokens=args.max_new_tokens,
                                 temperature=args.temperature, seed=args.seed)
         sync()
         wall = time.perf_counter() - t0
         bid = next(_BATCH_IDS)
+        captures = graph_captures(pipeline) - captured
         for i, ids in zip(group, res.token_ids, strict=True):
             requests.append({"prompt": i, "domain": domains[i], "new_tokens": len(ids), "wall_s": wall,
-                             "batch": group, "batch_id": bid, "tokens": ids})
+                             "batch": group, "batch_id": bid, "tokens": ids, "graph_captures": captures})
         steps.extend(step_rows(res.steps))
     return {"requests": requests, "steps": steps}
 
@@ -170,6 +180,8 @@ def summarize_run(run: dict[str, Any]) -> dict[str, Any]:
     tokens = sum(r["new_tokens"] for r in run["requests"])
     wall = sum(walls.values())
     out: dict[str, Any] = {"new_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else None}
+    if any("graph_captures" in r for r in run["requests"]):  # per batch, counted once
+        out["graph_captures"] = sum({r["batch_id"]: r.get("graph_captures", 0) for r in run["requests"]}.values())
     repeats = sorted({r["repeat"] for r in run["requests"] if "repeat" in r})
     if len(repeats) > 1:  # each timed repeat on its own: the spread the pooled figure hides
         out["tokens_per_s_by_repeat"] = [

@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from _tiny import perturbed_lm, tiny_lm
 
 from flashspec_core.cli import main as cli_main
-from flashspec_fast.bench import batches, first_divergence, main, summarize_run
+from flashspec_fast.bench import batches, first_divergence, graph_captures, main, summarize_run
+from flashspec_fast.graphs import GraphCache
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +101,30 @@ def test_helpers() -> None:
     assert first_divergence([1, 2, 3], [1, 2, 4]) == 2 and first_divergence([1], [1]) is None
     run = {"requests": [{"prompt": 0, "domain": "x", "new_tokens": 10, "wall_s": 2.0, "batch": [0, 1], "batch_id": 7},
                         {"prompt": 1, "domain": "x", "new_tokens": 6, "wall_s": 2.0, "batch": [0, 1], "batch_id": 7}]}
-    assert summarize_run(run)["tokens_per_s"] == 8.0
+    assert summarize_run(run)["tokens_per_s"] == 8.0 and "graph_captures" not in summarize_run(run)
+    for r, n in zip(run["requests"], (3, 3), strict=True):
+        r["graph_captures"] = n  # the batch's count, on each of its requests
+    assert summarize_run(run)["graph_captures"] == 3
+
+
+def test_graph_captures_counts_each_cache_once() -> None:
+    """The target's and the drafts' graph caches; two arms sharing a provider count it once;
+    the count survives clear() (a reallocated cache captures again)."""
+
+    class Part:
+        def __init__(self, captures: int) -> None:
+            self.graphs = GraphCache(torch.device("cpu"), enabled=False)
+            self.graphs.captures = captures
+
+    class Arm:
+        def __init__(self, provider: object) -> None:
+            self.provider = provider
+
+    target, draft = Part(4), Part(3)
+    pipe = type("P", (), {"target": target, "arms": [Arm(draft), Arm(draft), Arm(object())]})()
+    assert graph_captures(pipe) == 7
+    draft.graphs.clear()
+    assert graph_captures(pipe) == 7
 
 
 def test_warm_up_runs_every_batch_and_leaves_the_selector_untrained(
