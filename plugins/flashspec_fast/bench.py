@@ -136,6 +136,30 @@ class Always:
         """Nothing to learn."""
 
 
+class Tour:
+    """The bandits' warm-up selector: every arm in turn, each for 1 step, then each for 2 in a
+    row, 3, 4, and again. A bandit's timed run may pick any arm at any point, and a draft that
+    sat out some steps catches up with a wider forward; the tour makes every arm meet every
+    batch's attention spans and the draft meet both short and long catch-ups, so that their
+    CUDA graphs are captured before the clock starts (the bandit's own warm-up choices covered
+    only the shapes those choices met)."""
+
+    def __init__(self, num_arms: int) -> None:
+        self.num_arms, self.t, self.arm, self.run, self.left = num_arms, 0, 0, 1, 1
+
+    def select(self) -> int:
+        return self.arm
+
+    def update(self, arm: int, reward: float) -> None:
+        self.t += 1
+        self.left -= 1
+        if self.left == 0:
+            self.arm = (self.arm + 1) % self.num_arms
+            if self.arm == 0:
+                self.run = self.run % 4 + 1
+            self.left = self.run
+
+
 def step_rows(steps: Sequence[Any]) -> list[dict[str, Any]]:
     rows = []
     for r in steps:
@@ -249,8 +273,11 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
         # config's batch limit, which then shows as the arm "batch_limit" in their steps.
         pipeline.speculate_max_batch = own_limit = limit if name.startswith("bandit:") else None
         pipeline.first = own_first = None if name == "target_only" else first  # [selector] first: all but plain
-        # Warm-up on copies of the selector and the reward's running state: the timed run starts untrained.
-        pipeline.arms, pipeline.selector, pipeline.reward = use_arms, copy.deepcopy(sel), copy.deepcopy(reward)
+        # Warm-up on copies of the reward's running state, and for the bandits a tour of their arms
+        # instead of their selector: the timed run starts untrained, with every arm's shapes captured.
+        pipeline.arms = use_arms
+        warm = Tour(len(pipeline.choices)) if name.startswith("bandit:") else copy.deepcopy(sel)
+        pipeline.selector, pipeline.reward = warm, copy.deepcopy(reward)
         _say(f"{name}: warm-up")
         run_pipeline(pipeline, prompts, warm_groups(groups, args.warmup), args, domains)
         timed.append((name, use_arms, sel, own_limit, own_first, []))

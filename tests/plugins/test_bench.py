@@ -107,6 +107,16 @@ def test_helpers() -> None:
     assert summarize_run(run)["graph_captures"] == 3
 
 
+def test_tour_plays_every_arm_in_runs_of_one_to_four() -> None:
+    from flashspec_fast.bench import Tour
+
+    tour, played = Tour(3), []
+    for _ in range(3 * (1 + 2 + 3 + 4) + 3):
+        played.append(tour.select())
+        tour.update(played[-1], 0.5)
+    assert played == [0, 1, 2, 0, 0, 1, 1, 2, 2, 0, 0, 0, 1, 1, 1, 2, 2, 2, *[0] * 4, *[1] * 4, *[2] * 4, 0, 1, 2]
+
+
 def test_graph_captures_counts_each_cache_once() -> None:
     """The target's and the drafts' graph caches; two arms sharing a provider count it once;
     the count survives clear() (a reallocated cache captures again)."""
@@ -150,7 +160,10 @@ def test_warm_up_runs_every_batch_and_leaves_the_selector_untrained(
         before = pipeline.selector.t
         run = real(pipeline, *a)
         seen.append((before, pipeline.selector.t, len(run["steps"])))
+        arms.append((type(pipeline.selector).__name__, {s["arm_name"] for s in run["steps"]}))
         return run
+
+    arms: list[tuple[str, set[str]]] = []
 
     monkeypatch.setattr(bench, "run_pipeline", spy)
     runs: dict[str, dict] = {}
@@ -160,6 +173,8 @@ def test_warm_up_runs_every_batch_and_leaves_the_selector_untrained(
     assert len(seen) == 1 + 2 * 3  # the warm-up over all three batches, then two repeats batch by batch
     warm, timed = seen[0], seen[1:]
     assert warm[0] == 0 and warm[1] == warm[2] > 0
+    assert arms[0] == ("Tour", {a.name for a in pipe.arms if a.selectable})  # the warm-up toured every arm
+    assert {kind for kind, _ in arms[1:]} == {type(pipe.selector).__name__}
     for rep in (timed[:3], timed[3:]):  # UCB1's step count: its own repeat's alone, carried from batch to batch
         assert rep[0][0] == 0
         for (_, after, _), (before, _, _) in zip(rep, rep[1:], strict=False):
