@@ -30,6 +30,7 @@ import torch
 KINDS = [  # first match wins: cuDNN's attention kernel names contain "sm90" too
     ("attention", re.compile(r"sdpa|attention|fmha|flash|efficient|softmax|decode_attn", re.I)),
     ("gemm", re.compile(r"gemm|gemv|cutlass|xmma|nvjet|cublas|splitK|sm90", re.I)),
+    ("rope_store", re.compile(r"rope_store", re.I)),  # flashspec_kernels.rope (before Inductor's triton_ names)
     ("fused_elementwise", re.compile(r"^triton_", re.I)),
     ("copy_index", re.compile(r"index|scatter|gather|copy|cat|elementwise|reduce|vectorized|unrolled", re.I)),
 ]

@@ -17,7 +17,9 @@ every slot it is given, and on the H200 it cost 19 us per layer over 768 slots a
 9 us over 256 (docs/benchmarks/fast-profile-h200.json). Each span is captured once.
 Decoding forwards (up to 16 tokens per row) on CUDA use instead the split-KV Triton kernel
 of :mod:`flashspec_kernels.attention`, which stops at each row's last position and writes
-the ``[B, T, H, hd]`` layout the output projection reads (``attention`` option).
+the ``[B, T, H, hd]`` layout the output projection reads (``attention`` option). With it,
+every forward rotates q and k and stores k and v in one Triton launch per layer
+(:mod:`flashspec_kernels.rope`) instead of Inductor's four.
 
 Numerics follow transformers' Qwen2/Llama modules (RMSNorm in float32, rotary
 tables computed in float32 and cast to the model dtype), so a float64 model here
@@ -38,6 +40,7 @@ import torch.nn.functional as F
 
 from flashspec_kernels.attention import MAX_WIDTH as DECODE_MAX_WIDTH
 from flashspec_kernels.attention import decode_attention, supported
+from flashspec_kernels.rope import rope_store as rope_store_kernel
 
 MIN_SPAN = 128  # fewest slots a forward attends (smaller spans would only add captured graphs)
 
@@ -265,7 +268,8 @@ class Transformer:
             qkv = linear(h, layer.wqkv, layer.bqkv).view(batch, width, a.heads + 2 * a.kv_heads, hd)
             kc = self.k_cache[i, :batch].view(batch * self.max_len, nkv)
             vc = self.v_cache[i, :batch].view(batch * self.max_len, nkv)
-            q = ops.rope_store(qkv, cos, sin, kc, vc, slots, a.heads, a.kv_heads)  # [B, T, H, hd]
+            store = rope_store_kernel if self.decode_kernel else ops.rope_store  # one launch, not Inductor's four
+            q = store(qkv, cos, sin, kc, vc, slots, a.heads, a.kv_heads)  # [B, T, H, hd]
             if kernel:  # decoding: flashspec_kernels.attention, [B, T, H, hd] in and out
                 o = decode_attention(q, kc.view(cache), vc.view(cache), pos, span).view(batch * width, nq)
             else:
