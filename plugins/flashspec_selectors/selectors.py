@@ -272,12 +272,17 @@ class RequestThompsonConfig:
     global arm mean that shrink each past request's arm means and each profile
     blended with the current request's own rewards; ``memory``: past requests
     remembered; ``temperature``: power ``eta`` of the likelihood (1: the plain
-    posterior; ``eta < 1`` tempers a misspecified one); ``seed`` as for ``thompson``."""
+    posterior; ``eta < 1`` tempers a misspecified one); ``initial_round``: plays of
+    every arm at the start of each request before the posterior chooses (an arm
+    whose reward is the same for every kind of request, such as no speculation,
+    never tells the kinds apart, so without it a request can stay with the wrong
+    kind; 0 turns it off); ``seed`` as for ``thompson``."""
 
     alpha: float = attrs.field(default=1.0, validator=_positive_number)
     kappa: float = attrs.field(default=1.0, validator=_positive_number)
     memory: int = attrs.field(default=256, validator=_int_at_least(1))
     temperature: float = attrs.field(default=1.0, validator=_positive_number)
+    initial_round: int = attrs.field(default=1, validator=_int_at_least(0))
     seed: int | None = attrs.field(default=None, validator=_optional_int_at_least(0))
 
 
@@ -472,7 +477,8 @@ class RequestThompson:
     (N_jk + kappa)``: its mean reward per arm, shrunk toward the global mean
     ``g_k = (sum of rewards + 1) / (plays + 2)`` so that arms it never played read
     as average. Inside a request, with rewards ``r_1..r_n`` from arms
-    ``a_1..a_n`` so far, request ``j`` has Gaussian log-likelihood
+    ``a_1..a_n`` so far (each request first plays every arm ``initial_round`` times),
+    request ``j`` has Gaussian log-likelihood
     ``-eta sum_i (r_i - m_{j a_i})^2 / (2 sigma^2)``, ``sigma^2`` the pooled
     within-request reward variance (0.25, the most a reward in ``[0, 1]`` can have,
     until there is one). ``select`` draws ``j`` from the posterior (uniform prior
@@ -487,6 +493,7 @@ class RequestThompson:
     def __init__(self, config: RequestThompsonConfig, num_arms: int) -> None:
         self.num_arms = _check_num_arms(num_arms)
         self.alpha, self.kappa, self.eta = float(config.alpha), float(config.kappa), float(config.temperature)
+        self.initial_round = int(config.initial_round)
         self.rng = np.random.default_rng(config.seed)
         self.past: deque[np.ndarray] = deque(maxlen=config.memory)  # each [3, K]: plays, sums, sums of squares
         self.totals = np.zeros((3, self.num_arms))  # [3, K] over remembered and current requests
@@ -523,6 +530,10 @@ class RequestThompson:
 
     def select(self) -> int:
         plays, sums = self.now[0], self.now[1]
+        if self.initial_round:  # this request's opening round: each arm its plays, in order
+            short = np.flatnonzero(plays < self.initial_round)
+            if short.size:
+                return int(short[0])
         logw = self.loglik.copy()
         logw[-1] += math.log(self.alpha)
         w = np.exp(logw - logw.max())

@@ -257,7 +257,7 @@ def test_sliding_window_forgets() -> None:
 def test_request_thompson_settles_on_the_arm_of_requests_that_rewarded_alike() -> None:
     # Two kinds of request: kind A pays on arm 0, kind B on arm 2; arm 1 is mediocre for both.
     kinds = {"A": [0.9, 0.5, 0.1], "B": [0.1, 0.5, 0.9]}
-    selector = RequestThompson(RequestThompsonConfig(seed=0), 3)
+    selector = RequestThompson(RequestThompsonConfig(seed=0, initial_round=0), 3)  # the posterior alone
     for i in range(20):
         selector.begin_request(1)
         means = kinds["AB"[i % 2]]
@@ -270,6 +270,25 @@ def test_request_thompson_settles_on_the_arm_of_requests_that_rewarded_alike() -
         selector.update(best, kinds[kind][best])  # one telling reward
         picks = [selector.select() for _ in range(50)]
         assert picks.count(best) >= 45, (kind, picks)
+
+
+def test_request_thompson_opens_each_request_with_a_round_of_every_arm() -> None:
+    """Kind A pays on arm 1 only, and arm 0 (no speculation) pays 0.5 for every kind: without
+    the opening round a request that starts on arm 0 learns nothing about its kind."""
+    for rounds in (1, 2):
+        selector = RequestThompson(RequestThompsonConfig(seed=0, initial_round=rounds), 3)
+        for _ in range(3):
+            selector.begin_request(1)
+            opening = []
+            for _ in range(3 * rounds):
+                opening.append(selector.select())
+                selector.update(opening[-1], [0.5, 0.9, 0.1][opening[-1]])
+            assert opening == [k for k in range(3) for _ in range(rounds)]
+        picks = []
+        for _ in range(30):
+            picks.append(selector.select())
+            selector.update(picks[-1], [0.5, 0.9, 0.1][picks[-1]])
+        assert picks.count(1) >= 27, picks
 
 
 def test_request_thompson_without_requests_is_one_long_request() -> None:
