@@ -132,6 +132,13 @@ def _workload(data: dict[str, Any], e2e: dict[str, Any] | None = None) -> list[s
         f"({a['selector_vs_all_arms_best_fixed']:.2f}x the best fixed arm of all, "
         f"{a['selector_vs_all_arms_oracle']:.0%} of the oracle over every arm).",
     ]
+    gated = (w.get("gated") or {}).get("by_order")
+    if gated:
+        per = "; ".join(f"{o}: {v['best_selector'].split('@')[0]} {v['best_selector_tps']:.1f} "
+                        f"({v['selector_vs_all_arms_best_fixed']:.3f}x the best fixed arm of all, "
+                        f"{v['selector_vs_all_arms_oracle']:.1%} of the oracle over every arm)" for o, v in gated.items())
+        lines += ["", f"The same two policies with match-only lookup as `[selector] first` (the selector asked only "
+                      f"where it finds nothing), best selector per order: {per}."]
     g = ((e2e or {}).get("summary") or {}).get("workload_gpu_adaptive")
     if g:
         lines += ["", f"Measured on the H200 (`e2e-h200.json`, `summary.workload_gpu_adaptive`, two lookup-first arms, "
