@@ -75,6 +75,8 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache:
         raise ValueError(f"rope_store: cos/sin {tuple(cos.shape)}/{tuple(sin.shape)} do not fit qkv {tuple(qkv.shape)}")
     if k_cache.shape != v_cache.shape or k_cache.shape[-1] != kv_heads * hd or tuple(slots.shape) != (batch * width,):
         raise ValueError(f"rope_store: caches {tuple(k_cache.shape)} / slots {tuple(slots.shape)} do not fit")
+    if k_cache.dtype != qkv.dtype or v_cache.dtype != qkv.dtype:
+        raise ValueError(f"rope_store: caches in {k_cache.dtype}/{v_cache.dtype}, qkv in {qkv.dtype}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("rope_store: the caches must be contiguous [B * S, KV * hd] views")
     qkv, cos, sin, slots = qkv.contiguous(), cos.contiguous(), sin.contiguous(), slots.contiguous()

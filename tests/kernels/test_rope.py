@@ -55,6 +55,7 @@ def test_a_token_gets_the_same_bits_in_any_forward() -> None:
 
 @pytest.mark.parametrize(("change", "match"), [
     ("heads", "does not hold 13 query"), ("cos", "cos/sin"), ("slots", "slots"), ("cache", "contiguous"),
+    ("dtype", "caches in torch.float64"),
 ])
 def test_bad_input_is_a_clear_error(change: str, match: str) -> None:
     qkv, cos, sin, slots, rows = case(1, 2, 12, 2, 8, torch.float32)
@@ -66,5 +67,7 @@ def test_bad_input_is_a_clear_error(change: str, match: str) -> None:
         slots = slots[:1]
     if change == "cache":
         kc = torch.zeros((16, rows), device=DEV).t()
+    if change == "dtype":
+        kc = kc.double()
     with pytest.raises(ValueError, match=match):
         rope_store(qkv, cos, sin, kc, vc, slots, heads, 2)
