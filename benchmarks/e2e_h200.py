@@ -32,8 +32,12 @@ SPECULATE_MAX_BATCH = 1
 LIMIT_4 = 4
 MODELS = {"target": "qwen2.5-coder-1.5b-instruct", "draft": "qwen2.5-coder-0.5b-instruct"}
 
+ATTENTION = {"value": "auto"}  # every fast model's `attention` (full --attention): sdpa turns both Triton kernels off
+
+
 def fast_table(model: str, max_len: int, fuse: bool) -> str:
-    return f'use = "fast"\nmodel = "{model}"\ndtype = "bf16"\nmax_len = {max_len}\nfuse = {str(fuse).lower()}\n'
+    return (f'use = "fast"\nmodel = "{model}"\ndtype = "bf16"\nmax_len = {max_len}\nfuse = {str(fuse).lower()}\n'
+            f'attention = "{ATTENTION["value"]}"\n')
 
 
 def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: int, verifier: str, max_len: int,
@@ -129,6 +133,7 @@ def convert_only(args: argparse.Namespace) -> int:
 
 
 def full(args: argparse.Namespace) -> int:
+    ATTENTION["value"] = args.attention
     runnable = [s for s in SECTIONS if s != "b1_greedy_warm"]  # that one is b1_greedy run again with --bench-extra
     unknown = set(args.sections.split(",")) - set(runnable) - {"all", "none"}
     if unknown:  # before the minutes of GGUF conversion
@@ -544,6 +549,8 @@ def main() -> int:
     f.add_argument("--bench-extra", default="", help="more `flashspec bench` arguments for every section, after "
                    "the section's own (a later option wins), e.g. \"--systems flashspec,target_only\"")
     f.add_argument("--fuse", action="store_true")
+    f.add_argument("--attention", choices=("auto", "sdpa", "triton"), default="auto",
+                   help="the fast models' decoding attention and rotary kernels (sdpa: PyTorch only, a fallback)")
     f.add_argument("--verifier", default="auto", help="the config's verifier (auto: triton on CUDA)")
     f.add_argument("--selectors", default=",".join(MORE_SELECTORS),
                    help="more bandits to run besides the config's Thompson (bench --selectors; '' for none): by "

@@ -26,3 +26,19 @@ def test_summary_from_the_sections_that_ran() -> None:
     # HF baselines and the float32 check that did not run are named, not silently absent
     assert "hf_lookup (skipped: run budget)" in s["not_measured"]
     assert "greedy_identical (float32 check skipped: run budget)" in s["not_measured"]
+
+
+def test_every_fast_model_takes_the_attention_switch(tmp_path: Any) -> None:
+    """`full --attention sdpa` (the fallback if a Triton kernel fails on the GPU) reaches the
+    target and every draft arm of each bench config, and the configs are valid TOML."""
+    import tomllib
+
+    paths = {"target": str(tmp_path / "t"), "draft": str(tmp_path / "d")}
+    try:
+        e2e.ATTENTION["value"] = "sdpa"
+        for kw in ({}, {"gated": True, "every": True}, {"adaptive": True}):
+            cfg = tomllib.loads(e2e.pipeline_toml(paths, [3, 5], 6, "triton", 768, True, **kw))
+            fast = [cfg["target"], *(a for a in cfg["arm"] if a.get("use") == "fast")]
+            assert len(fast) >= 2 and {t["attention"] for t in fast} == {"sdpa"}
+    finally:
+        e2e.ATTENTION["value"] = "auto"
