@@ -288,10 +288,8 @@ def bench(fn, wall: bool = True) -> dict:
     return r
 
 
-def logits_pass_fn(logits: torch.Tensor, config: tuple[int, int] | None = None, per_sm: int | None = None,
-                   lane_max: bool | None = None):
+def logits_pass_fn(logits: torch.Tensor, config: tuple[int, int] | None = None, per_sm: int | None = None):
     block, warps = config or ops.PASS_CONFIG[logits.element_size()]
-    lane = ops.PASS_LANE_MAX[logits.element_size()] if lane_max is None else lane_max
     b, g1, v = logits.shape
     rows = b * g1
     wanted = per_sm * torch.cuda.get_device_properties(DEV).multi_processor_count if per_sm else ops._programs_wanted(DEV)
@@ -299,8 +297,7 @@ def logits_pass_fn(logits: torch.Tensor, config: tuple[int, int] | None = None, 
     part = torch.empty((2, rows, nsplit), dtype=torch.float32, device=DEV)
 
     def run() -> None:
-        ops._lse_partial_kernel[(rows, nsplit)](logits, part, 1.0, v, per, BLOCK_V=block, LANE_MAX=lane,
-                                                num_warps=warps)
+        ops._lse_partial_kernel[(rows, nsplit)](logits, part, 1.0, v, per, BLOCK_V=block, num_warps=warps)
 
     return run
 
@@ -349,9 +346,10 @@ SWEEP_PER_SM = [4, 8, 16, 32]  # programs the launcher aims for, per SM
 
 
 def sweep_pass() -> list[dict]:
-    """The full pass at several (block, warps, programs per SM, lane max) on five shapes; per
-    dtype, the config with the smallest sum over shapes of time / that shape's best time
-    becomes ops.PASS_CONFIG, ops.PASS_LANE_MAX (and ops.PROGRAMS_PER_SM) for the rest of the run."""
+    """The full pass at several (block, warps, programs per SM) on five shapes; per dtype, the
+    config with the smallest sum over shapes of time / that shape's best time becomes
+    ops.PASS_CONFIG (and ops.PROGRAMS_PER_SM) for the rest of the run. (Rows carry
+    ``lane_max: false``: the per-lane max form, swept at ed12466, was slower and is gone.)"""
     out = []
     for dtype in (torch.bfloat16, torch.float32):
         for b, gamma, v in SWEEP_SHAPES:
@@ -359,11 +357,10 @@ def sweep_pass() -> list[dict]:
             nbytes = logits.numel() * logits.element_size()
             for block, warps in SWEEP_CONFIGS:
                 for per_sm in SWEEP_PER_SM:
-                    for lane in (False, True):
-                        fn = logits_pass_fn(logits, (block, warps), per_sm, lane)
-                        ms = do_bench(fn, warmup=10, rep=40, return_mode="median")
-                        out.append(dict(dtype=str(dtype), B=b, gamma=gamma, V=v, BLOCK_V=block, num_warps=warps,
-                                        programs_per_sm=per_sm, lane_max=lane, ms=ms, gbs=nbytes / ms / 1e6))  # fmt: skip
+                    fn = logits_pass_fn(logits, (block, warps), per_sm)
+                    ms = do_bench(fn, warmup=10, rep=40, return_mode="median")
+                    out.append(dict(dtype=str(dtype), B=b, gamma=gamma, V=v, BLOCK_V=block, num_warps=warps,
+                                    programs_per_sm=per_sm, lane_max=False, ms=ms, gbs=nbytes / ms / 1e6))  # fmt: skip
             del logits
     chosen = {}
     for dtype in (torch.bfloat16, torch.float32):
@@ -378,7 +375,6 @@ def sweep_pass() -> list[dict]:
             score[key] = score.get(key, 0.0) + r["ms"] / best[(r["B"], r["gamma"], r["V"])]
         chosen[dtype.itemsize] = min(score, key=score.get)
         ops.PASS_CONFIG[dtype.itemsize] = chosen[dtype.itemsize][:2]
-        ops.PASS_LANE_MAX[dtype.itemsize] = chosen[dtype.itemsize][3]
     per_sm = chosen[2][2]  # one launcher setting for both dtypes: bf16 is the engine's case
     if hasattr(ops, "PROGRAMS_PER_SM"):
         ops.PROGRAMS_PER_SM = per_sm
@@ -522,7 +518,6 @@ def main() -> None:
     }
     result["config"]["defaults"] = {  # the code's settings before the sweep may replace them
         "PASS_CONFIG": {str(k): list(v) for k, v in ops.PASS_CONFIG.items()},
-        "PASS_LANE_MAX": {str(k): v for k, v in ops.PASS_LANE_MAX.items()},
         "RACE_BLOCK_V": ops.RACE_BLOCK_V, "RACE_WARPS": ops.RACE_WARPS,
         "PROGRAMS_PER_SM": getattr(ops, "PROGRAMS_PER_SM", None),
         "graph_max_bytes": TritonVerifierConfig().graph_max_bytes,
@@ -543,7 +538,6 @@ def main() -> None:
         result["race_sweep"] = sweep_race()
         save()
     result["config"]["PASS_CONFIG"] = {str(k): list(v) for k, v in ops.PASS_CONFIG.items()}
-    result["config"]["PASS_LANE_MAX"] = {str(k): v for k, v in ops.PASS_LANE_MAX.items()}
     result["config"]["RACE_BLOCK_V"] = ops.RACE_BLOCK_V
     result["config"]["RACE_WARPS"] = ops.RACE_WARPS
     result["config"]["programs_wanted"] = ops._programs_wanted(DEV)  # after the sweep's choice

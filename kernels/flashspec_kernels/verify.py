@@ -79,11 +79,6 @@ from flashspec_core.sampling import Noise, filter_logits, verify_greedy, verify_
 # run's table was timed with these): the pass's best (block, warps, programs per SM) per dtype.
 # full pass (and greedy argmax): bytes per logit -> (logits per block, warps per program)
 PASS_CONFIG = {2: (4096, 4), 4: (2048, 4)}
-# The pass's max: one per row and block (False: a cross-lane max each block, then one exp2 per
-# logit) or one per lane (True: no cross-lane step inside the loop, still one exp2 per logit;
-# the lanes are merged once at the end). benchmarks/verify_kernels.py sweeps both; the
-# default stays the one measured until a sweep on the H200 picks the other.
-PASS_LANE_MAX = {2: False, 4: False}
 RACE_BLOCK_V = 8192  # logits per block in the race (four quarters, one philox call per quad)
 RACE_WARPS = 8
 # Programs the launcher aims for per SM (the pass sweep's pick in both dtypes at dcd459a; the
@@ -115,7 +110,6 @@ def _lse_partial_kernel(
     BLOCK_V: tl.constexpr,
     ROWS: tl.constexpr = 1,  # rows per program (module doc, "Rows per program")
     n_rows=1 << 62,  # R; the default means one row per program of the grid
-    LANE_MAX: tl.constexpr = False,  # PASS_LANE_MAX
 ):
     rows = tl.minimum(n_rows, tl.num_programs(0) * ROWS)
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # [ROWS]
@@ -130,32 +124,18 @@ def _lse_partial_kernel(
     # block), the sum stays per lane (reduced once at the end); one exp2 per logit. Maxima
     # are kept in raw-logit units: max(x) * inv_t == max(x * inv_t) exactly, as inv_t > 0.
     scale = inv_t * 1.4426950408889634  # log2(e) / temperature
+    # (A per-lane max instead, merged once at the end, was measured 17-23% slower on the H200
+    # at ed12466 and removed: verify-kernels-h200-analysis.json, best_score_by_lane_max.)
     s = tl.zeros((ROWS, BLOCK_V), tl.float32)
-    if LANE_MAX:
-        # Each lane keeps its own max: a logit above it rescales the lane's sum (the one exp2
-        # is the rescale), one at or below it adds exp2 of its distance; -inf adds nothing.
-        ml = tl.full((ROWS, BLOCK_V), float("-inf"), tl.float32)
-        for blk in range(blocks_per_split):
-            offs = lo + blk * BLOCK_V + offs0
-            x = tl.load(base + offs[None, :], mask=(offs < V)[None, :], other=float("-inf")).to(tl.float32)
-            d = x - ml
-            up = d > 0
-            e = tl.where(x == float("-inf"), 0.0, tl.math.exp2(tl.where(up, -d, d) * scale))
-            s = tl.where(up, s * e + 1.0, s + e)
-            ml = tl.maximum(ml, x)
-        m = tl.max(ml, axis=1)
-        m_safe = tl.where(m == float("-inf"), 0.0, m)  # a row of -inf only: sum 0
-        s_row = tl.sum(s * tl.math.exp2((ml - m_safe[:, None]) * scale), axis=1)
-    else:
-        m = tl.full((ROWS,), float("-inf"), tl.float32)
-        for blk in range(blocks_per_split):
-            offs = lo + blk * BLOCK_V + offs0
-            x = tl.load(base + offs[None, :], mask=(offs < V)[None, :], other=float("-inf")).to(tl.float32)
-            m_new = tl.maximum(m, tl.max(x, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: adds nothing
-            s = s * tl.math.exp2((m - m_safe) * scale)[:, None] + tl.math.exp2((x - m_safe[:, None]) * scale)
-            m = m_new
-        s_row = tl.sum(s, axis=1)
+    m = tl.full((ROWS,), float("-inf"), tl.float32)
+    for blk in range(blocks_per_split):
+        offs = lo + blk * BLOCK_V + offs0
+        x = tl.load(base + offs[None, :], mask=(offs < V)[None, :], other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: adds nothing
+        s = s * tl.math.exp2((m - m_safe) * scale)[:, None] + tl.math.exp2((x - m_safe[:, None]) * scale)
+        m = m_new
+    s_row = tl.sum(s, axis=1)
     m_row = m * inv_t
     out = row * nsplit + split
     tl.store(part_ptr + out, m_row, mask=live)
@@ -673,8 +653,7 @@ def _verify(
     race_i = race_i.view(torch.int32)
     rpp = _rows_per_program(dev, rows, block)
     _lse_partial_kernel[(triton.cdiv(rows, rpp), nsplit1)](
-        logits, part, inv_t, vocab, per1, BLOCK_V=block, ROWS=rpp, n_rows=rows,
-        LANE_MAX=PASS_LANE_MAX[logits.element_size()], num_warps=warps,
+        logits, part, inv_t, vocab, per1, BLOCK_V=block, ROWS=rpp, n_rows=rows, num_warps=warps,
     )
     rpp = _rows_per_program(dev, batch, max(race_block // 4, g_pad * s_pad))
     _accept_race_kernel[(triton.cdiv(batch, rpp), nsplit2)](

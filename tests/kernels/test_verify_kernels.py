@@ -63,16 +63,6 @@ def test_exact_matches_reference_odd_vocab(small_blocks, b: int, gamma: int, dty
     check_exact(logits, tokens, q, SamplingParams(temperature=0.7), seed=2, programs=2 * b)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_exact_matches_reference_with_lane_max(small_blocks, monkeypatch: pytest.MonkeyPatch,
-                                               dtype: torch.dtype) -> None:
-    """PASS_LANE_MAX (each lane its own max, merged at the end) keeps exact mode's tokens."""
-    monkeypatch.setattr(ops, "PASS_LANE_MAX", {2: True, 4: True})
-    logits, tokens, q = inputs(3, 4, 1271, dtype, seed=21, with_q=True)
-    check_exact(logits, tokens, None, SamplingParams(), seed=22, programs=3 * 3 * 5)
-    check_exact(logits, tokens, q, SamplingParams(temperature=0.7), seed=23, programs=6)
-
-
 @pytest.mark.parametrize(
     ("b", "gamma", "dtype"),
     [
@@ -98,9 +88,7 @@ def test_exact_with_top_k_top_p(small_blocks) -> None:
     check_exact(logits, tokens, q, SamplingParams(top_p=0.5), seed=6)
 
 
-@pytest.mark.parametrize("lane_max", [False, True])
-def test_exact_with_minus_inf_logits(small_blocks, monkeypatch: pytest.MonkeyPatch, lane_max: bool) -> None:
-    monkeypatch.setattr(ops, "PASS_LANE_MAX", {2: lane_max, 4: lane_max})
+def test_exact_with_minus_inf_logits(small_blocks) -> None:
     b, gamma, v = 4, 4, 1271
     logits, tokens, q = inputs(b, gamma, v, torch.float32, seed=7, with_q=True)
     g = torch.Generator(device=DEV).manual_seed(8)
@@ -153,12 +141,8 @@ def test_non_contiguous_inputs(small_blocks) -> None:
     check_exact(logits_t, tokens_t, q, SamplingParams(), seed=14)
 
 
-@pytest.mark.parametrize("lane_max", [False, True])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_lse_and_log_p_within_twice_torch_fp32_error(monkeypatch: pytest.MonkeyPatch, temperature: float,
-                                                     lane_max: bool) -> None:
-    """Both forms of the pass's max (per row and block, per lane: PASS_LANE_MAX)."""
-    monkeypatch.setattr(ops, "PASS_LANE_MAX", {2: lane_max, 4: lane_max})
+def test_lse_and_log_p_within_twice_torch_fp32_error(temperature: float) -> None:
     b, gamma, v = 4, 4, 32000
     x = torch.randn((b, gamma + 1, v), generator=torch.Generator(device=DEV).manual_seed(15), device=DEV) * 5
     tokens = torch.randint(0, v, (b, gamma), device=DEV)
