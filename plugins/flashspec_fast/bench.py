@@ -571,7 +571,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--warmup", type=int, default=-1,
                    help="batches run untimed before timing, per system (-1: all of them, so no capture or compile "
-                        "of a new shape lands in a timed run; selectors warm up on a copy and are timed untrained)")
+                        "of a new shape lands in a timed run; a bandit warms up on a tour of its arms, not its own "
+                        "choices, and is timed untrained)")
     p.add_argument("--repeats", type=int, default=1,
                    help="timed runs per system, after every system has warmed up; within a repeat the systems "
                         "take turns batch by batch and who goes first rotates with the batch and the repeat, so a "

@@ -263,12 +263,12 @@ class Transformer:
         mask = None if kernel else self._mask(pos, group, span)
         slots = (torch.arange(batch, device=self.device)[:, None] * self.max_len + write).view(-1)  # [B*T]
         cache = (batch, self.max_len, a.kv_heads, hd)  # a layer's cache rows as [B, S, KV, hd]
+        store = rope_store_kernel if self.decode_kernel else ops.rope_store  # one launch, not Inductor's four
         for i, layer in enumerate(w.layers):
             h = ops.rms_norm(x, layer.attn_norm, a.norm_eps)
             qkv = linear(h, layer.wqkv, layer.bqkv).view(batch, width, a.heads + 2 * a.kv_heads, hd)
             kc = self.k_cache[i, :batch].view(batch * self.max_len, nkv)
             vc = self.v_cache[i, :batch].view(batch * self.max_len, nkv)
-            store = rope_store_kernel if self.decode_kernel else ops.rope_store  # one launch, not Inductor's four
             q = store(qkv, cos, sin, kc, vc, slots, a.heads, a.kv_heads)  # [B, T, H, hd]
             if kernel:  # decoding: flashspec_kernels.attention, [B, T, H, hd] in and out
                 o = decode_attention(q, kc.view(cache), vc.view(cache), pos, span).view(batch * width, nq)
