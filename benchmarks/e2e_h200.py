@@ -32,17 +32,14 @@ SPECULATE_MAX_BATCH = 1
 LIMIT_4 = 4
 MODELS = {"target": "qwen2.5-coder-1.5b-instruct", "draft": "qwen2.5-coder-0.5b-instruct"}
 
-ATTENTION = {"value": "auto"}  # every fast model's `attention` (full --attention): sdpa turns both Triton kernels off
-
-
-def fast_table(model: str, max_len: int, fuse: bool) -> str:
+def fast_table(model: str, max_len: int, fuse: bool, attention: str) -> str:
     return (f'use = "fast"\nmodel = "{model}"\ndtype = "bf16"\nmax_len = {max_len}\nfuse = {str(fuse).lower()}\n'
-            f'attention = "{ATTENTION["value"]}"\n')
+            f'attention = "{attention}"\n')
 
 
 def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: int, verifier: str, max_len: int,
                   fuse: bool, adaptive: bool = False, limit: int = SPECULATE_MAX_BATCH, gated: bool = False,
-                  every: bool = False) -> str:
+                  every: bool = False, attention: str = "auto") -> str:
     """The bench config: the 0.5B draft at each gamma, padded and match-only prompt lookup,
     match-only lookup falling back to the first draft, no speculation, Thompson sampling
     with the throughput reward. ``adaptive``: only the two lookup-first arms to choose from
@@ -52,26 +49,28 @@ def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: 
     it finds nothing, between the first draft and no draft: the same two fixed policies as
     ``adaptive``, but the selector learns from the steps where its choice made a difference;
     with ``every``, the selector chooses among every draft gamma, padded lookup and no draft.
-    All stop speculating above ``limit`` live rows."""
+    All stop speculating above ``limit`` live rows; ``attention`` is every fast model's
+    (``sdpa`` turns both Triton kernels off)."""
     g, d = lookup_gamma, draft_gammas[0]
 
     def draft(gamma: int) -> str:
-        return f"[[arm]]\n{fast_table(paths['draft'], max_len, fuse)}gamma = {gamma}\nname = \"draft0.5b-g{gamma}\"\n"
+        return f"[[arm]]\n{fast_table(paths['draft'], max_len, fuse, attention)}gamma = {gamma}\nname = \"draft0.5b-g{gamma}\"\n"
 
     match = f'[[arm]]\nuse = "prompt_lookup"\ngamma = {g}\nmin_ngram = 2\nfill = false\n'
     lookup_first = [f'{match}name = "lookup-match-g{g}"\n',  # and the same with the draft where lookup finds nothing:
                     f'{match}fallback = "draft0.5b-g{d}"\nname = "lookup-match-g{g}-or-draft0.5b-g{d}"\n']
     first = ""
     padded = f'[[arm]]\nuse = "prompt_lookup"\ngamma = {g}\nname = "lookup-g{g}"\n'
+    none = '[[arm]]\nuse = "none"\nname = "none"\n'
     if gated:
         chosen = [*map(draft, draft_gammas), padded] if every else [draft(d)]
-        arms = [f'{match}name = "lookup-match-g{g}"\nselect = false\n', *chosen, '[[arm]]\nuse = "none"\nname = "none"\n']
+        arms = [f'{match}name = "lookup-match-g{g}"\nselect = false\n', *chosen, none]
         first = f'first = "lookup-match-g{g}"\n'
     elif adaptive:
         arms = [*lookup_first, f"{draft(d)}select = false\n"]
     else:
-        arms = [*map(draft, draft_gammas), padded, *lookup_first, '[[arm]]\nuse = "none"\nname = "none"\n']
-    return (f"[target]\n{fast_table(paths['target'], max_len, fuse)}\n" + "\n".join(arms)
+        arms = [*map(draft, draft_gammas), padded, *lookup_first, none]
+    return (f"[target]\n{fast_table(paths['target'], max_len, fuse, attention)}\n" + "\n".join(arms)
             + f'\n[verifier]\nuse = "{verifier}"\n\n[selector]\nuse = "thompson"\nreward = "throughput"\n'
             + f"speculate_max_batch = {limit}\n{first}")
 
@@ -133,25 +132,33 @@ def convert_only(args: argparse.Namespace) -> int:
 
 
 def full(args: argparse.Namespace) -> int:
-    ATTENTION["value"] = args.attention
     runnable = [s for s in SECTIONS if s != "b1_greedy_warm"]  # that one is b1_greedy run again with --bench-extra
     unknown = set(args.sections.split(",")) - set(runnable) - {"all", "none"}
     if unknown:  # before the minutes of GGUF conversion
         raise SystemExit(f"--sections: unknown {sorted(unknown)}; choose from {', '.join(runnable)}, all, none")
     deadline = time.time() + args.budget
     paths = convert(args.gguf, Path("/tmp/fsbf16"))
-    config = Path("/tmp/fs_e2e.toml")
-    config.write_text(pipeline_toml(paths, [3, 5], 6, args.verifier, 768, args.fuse))
-    config4 = Path("/tmp/fs_e2e_limit4.toml")
-    config4.write_text(pipeline_toml(paths, [3, 5], 6, args.verifier, 768, args.fuse, limit=LIMIT_4))
-    wconfig = Path("/tmp/fs_workload.toml")  # issue 6's arms, as in benchmarks/bandit_workload.py
-    wconfig.write_text(pipeline_toml(paths, [3, 6], 8, args.verifier, 1024, args.fuse))
-    aconfig = Path("/tmp/fs_adaptive.toml")  # the same, reduced to the two lookup-first arms
-    aconfig.write_text(pipeline_toml(paths, [3, 6], 8, args.verifier, 1024, args.fuse, adaptive=True))
-    gconfig = Path("/tmp/fs_gated.toml")  # the same two policies, the selector asked only where lookup finds nothing
-    gconfig.write_text(pipeline_toml(paths, [3, 6], 8, args.verifier, 1024, args.fuse, gated=True))
-    econfig = Path("/tmp/fs_gated_every.toml")  # b1_greedy's arms, with match-only lookup first
-    econfig.write_text(pipeline_toml(paths, [3, 5], 6, args.verifier, 768, args.fuse, gated=True, every=True))
+
+    def config(name: str, gammas: list[int], lookup: int, max_len: int, **kw: Any) -> Path:
+        path = Path(f"/tmp/fs_{name}.toml")
+        path.write_text(pipeline_toml(paths, gammas, lookup, args.verifier, max_len, args.fuse,
+                                      attention=args.attention, **kw))
+        return path
+
+    b1 = config("e2e", [3, 5], 6, 768)
+    config_of = dict.fromkeys(SECTIONS, b1)  # each section's config; b1_greedy's unless named below
+    config_of |= dict.fromkeys(("b2_greedy", "b4_greedy", "b8_greedy", "b32_greedy"),
+                               config("e2e_limit4", [3, 5], 6, 768, limit=LIMIT_4))
+    # issue 6's arms, as in benchmarks/bandit_workload.py
+    config_of |= dict.fromkeys(("workload_interleaved", "workload_blocked"), config("workload", [3, 6], 8, 1024))
+    # the same, reduced to the two lookup-first arms
+    config_of |= dict.fromkeys(("b1_adaptive", "workload_adaptive", "workload_adaptive_blocked"),
+                               config("adaptive", [3, 6], 8, 1024, adaptive=True))
+    # the same two policies, the selector asked only where lookup finds nothing
+    config_of |= dict.fromkeys(("b1_gated", "workload_gated", "workload_gated_blocked"),
+                               config("gated", [3, 6], 8, 1024, gated=True))
+    # b1_greedy's arms, with match-only lookup first
+    config_of["b1_gated_every"] = config("gated_every", [3, 5], 6, 768, gated=True, every=True)
     work = args.out  # each section's bench.json lands in --out/<section>/ as soon as it is written
     sections: dict[str, Any] = {}
     limit = ["--prompts", str(args.prompts)] if args.prompts else []
@@ -202,10 +209,7 @@ def full(args: argparse.Namespace) -> int:
     for name, extra in plan.items():
         if args.sections == "all" or name in args.sections.split(","):
             domains = name.startswith(("b32", "workload"))
-            cfg = (econfig if name == "b1_gated_every" else gconfig if "gated" in name else aconfig if name.endswith(("adaptive", "adaptive_blocked"))
-                   else wconfig if name.startswith("workload")
-                   else config4 if name in ("b2_greedy", "b4_greedy", "b8_greedy", "b32_greedy") else config)
-            sections[name] = bench(work / name, cfg, deadline, *extra, *args.bench_extra.split(),
+            sections[name] = bench(work / name, config_of[name], deadline, *extra, *args.bench_extra.split(),
                                    workload=DOMAINS if domains else WORKLOAD)
             write(args.out, sections, work)
     write(args.out, sections, work)

@@ -34,11 +34,7 @@ def test_every_fast_model_takes_the_attention_switch(tmp_path: Any) -> None:
     import tomllib
 
     paths = {"target": str(tmp_path / "t"), "draft": str(tmp_path / "d")}
-    try:
-        e2e.ATTENTION["value"] = "sdpa"
-        for kw in ({}, {"gated": True, "every": True}, {"adaptive": True}):
-            cfg = tomllib.loads(e2e.pipeline_toml(paths, [3, 5], 6, "triton", 768, True, **kw))
-            fast = [cfg["target"], *(a for a in cfg["arm"] if a.get("use") == "fast")]
-            assert len(fast) >= 2 and {t["attention"] for t in fast} == {"sdpa"}
-    finally:
-        e2e.ATTENTION["value"] = "auto"
+    for kw in ({}, {"gated": True, "every": True}, {"adaptive": True}):
+        cfg = tomllib.loads(e2e.pipeline_toml(paths, [3, 5], 6, "triton", 768, True, attention="sdpa", **kw))
+        fast = [cfg["target"], *(a for a in cfg["arm"] if a.get("use") == "fast")]
+        assert len(fast) >= 2 and {t["attention"] for t in fast} == {"sdpa"}
