@@ -779,6 +779,12 @@ def arm_stats(traces: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def tps_table(policies: Mapping[str, Any]) -> dict[str, Any]:
+    """Each policy's tokens/s, overall and per domain (the summary's ``policies`` tables)."""
+    return {k: {"tps": v["tps"], "per_domain": {d: v["per_domain"][d]["tps"] for d in DOMAINS}}
+            for k, v in policies.items()}
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     data = json.loads(args.traces.read_text())
     traces = data["traces"]
@@ -818,17 +824,14 @@ def run_simulate(args: argparse.Namespace) -> int:
             "adaptive": {"arms": [a.name for a in ADAPTIVE], "by_order": adaptive_by_order,
                          "note": "the selectors choose between these two arms only; the oracle and best fixed arm "
                                  "`selector_vs_all_arms_*` compare with are those of every arm above",
-                         "policies": {k: {"tps": v["tps"], "per_domain": {d: v["per_domain"][d]["tps"] for d in DOMAINS}}
-                                      for k, v in adaptive.items()}},
+                         "policies": tps_table(adaptive)},
             "gated": {"arms": [a.name for a in ADAPTIVE], "first": ADAPTIVE[0].name, "by_order": gated_by_order,
                       "note": "[selector] first = the match-only lookup: where it proposes, its step runs and the "
                               "selector is neither asked nor fed; elsewhere the selector chooses between its plain "
                               "step (arm lookup-match: the search that found nothing, then a plain step) and the "
                               "draft's (lookup-match>draft0.5b-g3); the fixed policies are those of `adaptive`",
-                      "policies": {k: {"tps": v["tps"], "per_domain": {d: v["per_domain"][d]["tps"] for d in DOMAINS}}
-                                   for k, v in gated.items()}},
-            "policies": {k: {"tps": v["tps"], "per_domain": {d: v["per_domain"][d]["tps"] for d in DOMAINS}}
-                         for k, v in policies.items()},
+                      "policies": tps_table(gated)},
+            "policies": tps_table(policies),
         }},
         "config": {
             "arms": [attrs.asdict(a) for a in ARMS], "seeds": args.seeds,

@@ -139,13 +139,14 @@ def _workload(data: dict[str, Any], e2e: dict[str, Any] | None = None) -> list[s
                         f"{v['selector_vs_all_arms_oracle']:.1%} of the oracle over every arm)" for o, v in gated.items())
         lines += ["", f"The same two policies with match-only lookup as `[selector] first` (the selector asked only "
                       f"where it finds nothing), best selector per order: {per}."]
-    g = ((e2e or {}).get("summary") or {}).get("workload_gpu_adaptive")
+    measured = (e2e or {}).get("summary") or {}
+    g = measured.get("workload_gpu_adaptive")
     if g:
         lines += ["", f"Measured on the H200 (`e2e-h200.json`, `summary.workload_gpu_adaptive`, two lookup-first arms, "
                   f"best over both orders): {g['best_selector']} {g['best_selector_tps']:.1f} tokens/s, best fixed arm "
                   f"({g['best_fixed']}) {g['best_fixed_tps']:.1f}, per-domain oracle {g['oracle_tps']:.1f} "
                   f"({g['selector_vs_best_fixed']:.0%} of the best fixed arm, {g['selector_vs_oracle']:.0%} of the oracle)."]
-    g = ((e2e or {}).get("summary") or {}).get("workload_gpu_gated")
+    g = measured.get("workload_gpu_gated")
     if g:
         best = {o: max((k for k in g["policies"] if k.endswith(f"@{o}")), key=lambda k: g["policies"][k]["tps"])
                 for o in ("interleaved", "blocked") if any(k.endswith(f"@{o}") for k in g["policies"])}
@@ -154,7 +155,7 @@ def _workload(data: dict[str, Any], e2e: dict[str, Any] | None = None) -> list[s
                         f"{g['policies'][k]['tps'] / g['oracle_tps']:.1%} of the oracle)" for o, k in best.items())
         bandits = sorted({k.split("@")[0] for k in g["policies"] if k.startswith("bandit:")})
         lines += ["", f"Measured on the H200 with match-only lookup as `[selector] first` (`summary.workload_gpu_gated`"
-                  f"{_at((e2e or {}).get('summary') or {}, 'workload_gated')}; best fixed system {g['best_fixed']} "
+                  f"{_at(measured, 'workload_gated')}; best fixed system {g['best_fixed']} "
                   f"{g['best_fixed_tps']:.1f}, per-domain oracle {g['oracle_tps']:.1f}), the best bandit per order: "
                   f"{per}{_only(bandits)}."]
     return lines
