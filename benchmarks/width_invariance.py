@@ -41,19 +41,11 @@ ROOT = Path(__file__).resolve().parent.parent
 for sub in ("plugins", "kernels", ""):
     sys.path.insert(0, str(ROOT / sub))
 
-from flashspec_fast.model import (  # noqa: E402
-    ModelArgs,
-    Transformer,
-    linear,
-    linear_add_,
-    load_weights,
-    random_weights,
-    read_config,
-    shape_config,
-)
+from flashspec_fast.model import Transformer, linear, linear_add_  # noqa: E402
+from flashspec_fast.options import SHAPE_PREFIX, FastOptions, build_model  # noqa: E402
 from flashspec_kernels.attention import decode_attention  # noqa: E402
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
+DTYPES = {"bf16": "bf16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}  # -> FastOptions.dtype
 
 
 def compare(alone: torch.Tensor, wide: torch.Tensor) -> dict[str, Any]:
@@ -155,17 +147,12 @@ def pieces_table(model: Transformer, widths: list[int], seed: int) -> dict[str, 
     return out
 
 
-def load(model: str, dtype: torch.dtype, device: torch.device, max_len: int, fuse: bool) -> Transformer:
-    if model.startswith("shape:"):
-        args = ModelArgs.from_hf(shape_config(model.removeprefix("shape:")))
-        weights = random_weights(args, dtype, device)
-    else:
-        path = Path(model)
-        if not (path / "config.json").is_file():
-            raise SystemExit(f"--model {model}: no config.json there (a converted checkpoint folder or shape:NAME)")
-        args = ModelArgs.from_hf(read_config(path))
-        weights = load_weights(path, args, dtype, device)
-    return Transformer(args, weights, max_len, fuse=fuse, attention="triton")
+def load(model: str, dtype: str, device: str, max_len: int, fuse: bool) -> Transformer:
+    """The fast back-end's own loader (flashspec_fast.options.build_model), decode kernels on."""
+    if not model.startswith(SHAPE_PREFIX) and not (Path(model) / "config.json").is_file():
+        raise SystemExit(f"--model {model}: no config.json there (a converted checkpoint folder or shape:NAME)")
+    return build_model(FastOptions(model=model, dtype=DTYPES[dtype], device=device, max_len=max_len, fuse=fuse,
+                                   attention="triton"))[0]
 
 
 def commit(given: str | None) -> str | None:
@@ -197,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--widths {args.widths}: each must be 2..16 (the decode kernel's widths above one)")
     device = torch.device(args.device)
     fuse = not args.no_fuse and device.type == "cuda"
-    model = load(args.model, DTYPES[args.dtype], device, args.max_len, fuse)
+    model = load(args.model, args.dtype, args.device, args.max_len, fuse)
     result: dict[str, Any] = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__, "triton": __import__("triton").__version__, "commit": commit(args.commit),
