@@ -45,11 +45,14 @@ def _rope_store_kernel(
         c2 = tl.load(cos_ptr + tok * HD + half + d, mask=m, other=0.0)
         s1 = tl.load(sin_ptr + tok * HD + d, mask=m, other=0.0)
         s2 = tl.load(sin_ptr + tok * HD + half + d, mask=m, other=0.0)
+        # new names, not x1/x2: the compiler (unlike the interpreter) refuses a variable
+        # whose type changes inside a branch on a runtime value such as `head`
+        y1, y2 = x1, x2
         if UPCAST:
-            x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
+            y1, y2 = x1.to(tl.float32), x2.to(tl.float32)
             c1, c2, s1, s2 = c1.to(tl.float32), c2.to(tl.float32), s1.to(tl.float32), s2.to(tl.float32)
-        o1 = x1 * c1 + (-x2) * s1  # rotate_half(x) = cat(-x2, x1)
-        o2 = x2 * c2 + x1 * s2
+        o1 = y1 * c1 + (-y2) * s1  # rotate_half(x) = cat(-x2, x1)
+        o2 = y2 * c2 + y1 * s2
         if head < H:
             dst = q_ptr + (tok * H + head) * HD
         else:
