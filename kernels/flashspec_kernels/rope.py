@@ -12,8 +12,9 @@ token's slot, a value head copied into ``v_cache`` there. One launch per layer.
 
 Numerics: the rotation of HF's Qwen2/Llama (``x * cos + rotate_half(x) * sin``, the two
 halves of ``cos``/``sin`` as given), computed in float32 for 16-bit inputs (rounded once, as
-Inductor's fused kernel does) and in the input's own precision for float32/float64, so the
-float tests keep HF's tokens. Elementwise per token: a token's bits do not depend on the
+Inductor's fused kernel does) and in the input's own precision for float32/float64: the same
+bits as eager torch on CPU; on the GPU the compiler contracts the float32 products and sums
+into FMAs (one rounding where eager has two), within an ulp or two of eager torch. Elementwise per token: a token's bits do not depend on the
 other tokens of the forward.
 """
 

@@ -9,7 +9,8 @@ from flashspec_fast.model import rope_store as torch_rope_store
 from flashspec_kernels.rope import rope_store
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-# exact where both compute in the input's precision; 16-bit: the kernel rounds once (as Inductor does), eager twice
+# exact where both compute in the input's precision (float32 only on CPU: below); 16-bit: the kernel rounds once
+# (as Inductor does), eager twice
 DTYPES = [torch.float32, torch.float64] + ([torch.bfloat16, torch.float16] if DEV == "cuda" else [])
 
 
@@ -31,8 +32,10 @@ def test_matches_the_torch_rotation_and_store(dtype: torch.dtype, batch: int, wi
     caches = [torch.full((rows, kv * hd), 7.0, dtype=dtype, device=DEV) for _ in range(4)]
     got = rope_store(qkv, cos, sin, caches[0], caches[1], slots, heads, kv)
     want = torch_rope_store(qkv, cos, sin, caches[2], caches[3], slots, heads, kv)
-    exact = dtype in (torch.float32, torch.float64)
-    tol = {} if exact else {"rtol": 2e-2, "atol": 2e-2}
+    # float32 on the GPU: the compiler contracts x1 * c1 - x2 * s1 into FMAs (one rounding where eager
+    # torch has two), measured on the H200 at d551e61 as the only failures; within an ulp or two
+    exact = dtype == torch.float64 or (dtype == torch.float32 and DEV == "cpu")
+    tol = {} if exact else {"rtol": 1e-6, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
     for a, b in ((got, want), (caches[0], caches[2]), (caches[1], caches[3])):
         if exact:
             assert torch.equal(a, b)
