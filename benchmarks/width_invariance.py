@@ -17,7 +17,10 @@ verify step as one of ``gamma + 1`` rows. In bf16 on the H200 the two disagree a
 2. **Pieces.** On random inputs of the model's shapes, each piece of a forward at ``M = 1``
    and as the last of ``M = k`` rows: the GEMMs (QKV, output, gate-up, down, LM head, with
    the residual add in place as the forward does it), the compiled RMSNorm and SiLU-mul
-   (the last row), and the decode-attention kernel (every row against its query alone).
+   (the last row), and the decode-attention kernel (every row against its query alone),
+   once under one span and once as the forward calls it, each query under its own span.
+3. **Depth.** Part 1 at the widest width over the first ``d`` layers only (1, 2, 4, ...,
+   all): the first depth whose rows differ localises the layer where the bits part.
 
 Writes ``width-invariance-<device>.json``: device, versions, commit, config and both
 tables. No timing: run it anywhere (CPU: float32 or float64, ``TRITON_INTERPRET=1`` for
@@ -137,13 +140,44 @@ def pieces_table(model: Transformer, widths: list[int], seed: int) -> dict[str, 
         alone = torch.cat([decode_attention(q[:, i : i + 1], kc, vc, pos[:, i : i + 1], span) for i in range(k)], 1)
         return alone[0], decode_attention(q, kc, vc, pos, span)[0]  # every row: [k, H, hd]
 
+    def attention_own_spans(k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """As the forward calls it: each query alone under its own ``span_for(p + 1)``, the
+        window under the widest one's; the window straddles a power of two, so the spans
+        (and the kernel's split counts) differ between the two."""
+        edge = min(model.max_len, 512) // 2  # spans edge and 2 * edge meet here
+        slots, last = min(model.max_len, 512), edge + 2
+        kc, vc = rnd(1, slots, a.kv_heads, hd), rnd(1, slots, a.kv_heads, hd)
+        q = rnd(1, k, a.heads, hd)
+        pos = torch.arange(last - k + 1, last + 1, device=dev)[None]
+        alone = torch.cat([decode_attention(q[:, i : i + 1], kc, vc, pos[:, i : i + 1],
+                                            model.span_for(int(pos[0, i]) + 1)) for i in range(k)], 1)
+        return alone[0], decode_attention(q, kc, vc, pos, model.span_for(last + 1))[0]
+
     pieces[f"decode_attention (group {group}, head dim {hd})"] = attention
+    pieces["decode_attention, each at its own span (across a power of two)"] = attention_own_spans
     out: dict[str, Any] = {}
     for name, piece in pieces.items():
         per = {}
         for k in widths:
             per[str(k)] = compare(*piece(k))
         out[name] = per
+    return out
+
+
+def depth_table(model: Transformer, prefix: int, positions: int, width: int, seed: int) -> dict[str, Any]:
+    """Part 3: part 1 at one width over the first ``d`` layers only (the rest dropped, the
+    final norm and LM head kept), for growing ``d``: the first depth whose rows differ is
+    where a token's bits start to depend on the forward, which the pieces on random inputs
+    may not show."""
+    full = model.w.layers
+    depths = sorted({d for d in (1, 2, 4, 8, 16, len(full)) if d <= len(full)})
+    out: dict[str, Any] = {}
+    try:
+        for d in depths:
+            model.w.layers = full[:d]
+            out[str(d)] = logits_table(model, prefix, positions, [width], seed)[str(width)]["every_row"]
+    finally:
+        model.w.layers = full
     return out
 
 
@@ -197,6 +231,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[width-invariance] {name}: " + ", ".join(
             f"k={k} {v['every_row']['bit_equal_rows']}/{v['every_row']['rows']} rows equal"
             for k, v in result["logits"][name].items()), file=sys.stderr)
+    model.decode_kernel = True
+    width = max(widths)
+    result["depth"] = {"width": width, "positions": min(args.positions, 16), "decode_kernel": True,
+                       "by_layers": depth_table(model, args.prefix, min(args.positions, 16), width, args.seed)}
+    print("[width-invariance] first d layers, k={}: ".format(width) + ", ".join(
+        f"d={d} {v['bit_equal_rows']}/{v['rows']}" for d, v in result["depth"]["by_layers"].items()), file=sys.stderr)
     for name, per in result["pieces"].items():
         print(f"[width-invariance] {name}: " + ", ".join(
             f"k={k} {'equal' if v['bit_equal_rows'] else 'DIFFERS'}" for k, v in per.items()), file=sys.stderr)

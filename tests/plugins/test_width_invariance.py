@@ -40,6 +40,11 @@ def test_run_writes_both_tables(tmp_path: Path) -> None:
     attention = next(v for n, v in data["pieces"].items() if n.startswith("decode_attention"))
     # the kernel's own promise, checked here in the interpreter: a query's bits do not depend on the width
     assert all(v["bit_equal_rows"] == v["rows"] == int(k) for k, v in attention.items())
+    spans = data["pieces"]["decode_attention, each at its own span (across a power of two)"]
+    assert all(v["bit_equal_rows"] == v["rows"] == int(k) for k, v in spans.items())  # split counts differ there
+    depth = data["depth"]
+    assert depth["width"] == 4 and list(depth["by_layers"]) == ["1", "2"]  # the tiny model has two layers
+    assert all(v["rows"] == (6 - 4 + 1) * 4 for v in depth["by_layers"].values())
     assert data["config"]["fuse"] is False and data["commit"]
     assert not list(out.glob("*.tmp"))
 
