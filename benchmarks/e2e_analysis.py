@@ -582,6 +582,31 @@ def adaptive_steps(section: Json) -> Json:
             "bandits": sel}
 
 
+def selector_choices(section: Json) -> Json:
+    """Batch 1: per run and domain, steps by arm; and the draft-only arm's steps by the arm of
+    the step before them in the same request (its draft ms and emitted tokens)."""
+    runs = section["runs"]
+    arm = next(iter(draft_arms(section)), None)
+    out: Json = {}
+    for n in [k for k in runs if k.startswith(("fixed:", "bandit:"))]:
+        by_dom: dict[str, dict[str, int]] = {}
+        after: dict[str, list[Json]] = {}
+        for b in split_batches(runs[n]):
+            counts = by_dom.setdefault(b.requests[0]["domain"], {})
+            for i, st in enumerate(b.steps):
+                counts[st["arm_name"]] = counts.get(st["arm_name"], 0) + 1
+                if arm and i and st["arm_name"] == arm:
+                    after.setdefault(b.steps[i - 1]["arm_name"], []).append(st)
+        out[n] = {"steps_by_domain_and_arm": by_dom,
+                  "draft_steps_by_previous_arm": {
+                      k: {"steps": len(v), "draft_ms_median": median(x["draft_ms"] for x in v),
+                          "emitted_mean": sum(x["emitted"] for x in v) / len(v)} for k, v in after.items()}}
+    return {"how": f"split_batches (one request per batch at batch 1): per run and request domain, step rows by "
+                   f"arm_name (the first arm's steps included under its own name); for the draft-only arm {arm}, "
+                   "its steps after the request's first, grouped by the arm_name of the step before", "draft_arm": arm,
+            "runs": out}
+
+
 def model_vs_measured(section: Json, model: Json) -> Json:
     """The measured two-arm run's fixed systems against the modelled workload's replay of the same arms."""
     pol = model["policies"]
@@ -683,6 +708,10 @@ def analyse(raw: Json, model: Json | None) -> Json:
         "workload_adaptive_steps": lambda: adaptive_steps(sections["workload_adaptive"]) if "workload_adaptive" in sections else None,
         "model_vs_measured": lambda: (model_vs_measured(sections["workload_adaptive"], model)
                                       if model and "workload_adaptive" in sections else None),
+        "workload_gated_choices": lambda: (selector_choices(sections["workload_gated"])
+                                           if "workload_gated" in sections else None),
+        "workload_gated_blocked_choices": lambda: (selector_choices(sections["workload_gated_blocked"])
+                                                   if "workload_gated_blocked" in sections else None),
         "bf16_divergence": lambda: bf16(sections),
         "repeats": lambda: repeats(sections),
     }

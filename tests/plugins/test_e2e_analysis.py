@@ -179,3 +179,16 @@ def test_prefill_wait_leaves_out_the_steps_that_held_the_prefill() -> None:
     assert row["slow_host_ms_median"] == pytest.approx(7.0 - 0.05 - 1.8 - 0.02)
     assert row["host_fraction_without"] == pytest.approx(host / 2.0)
     assert got["max_system"] == "target_only" and got["max"] > row["host_fraction_without"]
+
+
+def test_selector_choices_count_arms_per_domain_and_split_draft_steps_by_the_step_before() -> None:
+    got = ea.selector_choices(SECTION)
+    assert got["draft_arm"] == "draft0.5b-g3"
+    thompson = got["runs"]["bandit:Thompson"]
+    assert thompson["steps_by_domain_and_arm"] == {"code": {"none": 1, "draft0.5b-g3": 1},
+                                                   "prose": {"draft0.5b-g3": 2}}
+    # prompt 0's draft step follows `none`; prompt 1's second follows the draft; a request's first is in neither
+    assert thompson["draft_steps_by_previous_arm"] == {
+        "none": {"steps": 1, "draft_ms_median": 6.0, "emitted_mean": 3.0},
+        "draft0.5b-g3": {"steps": 1, "draft_ms_median": 4.2, "emitted_mean": 1.0}}
+    assert "target_only" not in got["runs"] and "fixed:draft0.5b-g3" in got["runs"]
