@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     width = max(widths)
     result["depth"] = {"width": width, "positions": min(args.positions, 16), "decode_kernel": True,
                        "by_layers": depth_table(model, args.prefix, min(args.positions, 16), width, args.seed)}
-    print("[width-invariance] first d layers, k={}: ".format(width) + ", ".join(
+    print(f"[width-invariance] first d layers, k={width}: " + ", ".join(
         f"d={d} {v['bit_equal_rows']}/{v['rows']}" for d, v in result["depth"]["by_layers"].items()), file=sys.stderr)
     for name, per in result["pieces"].items():
         print(f"[width-invariance] {name}: " + ", ".join(
