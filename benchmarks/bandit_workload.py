@@ -776,6 +776,30 @@ def arm_stats(traces: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
                               "proposes": float(np.mean([w > 0 for w in width])), "positions": len(acc)}
             if a.fallback is not None:
                 out[a.name][d]["falls_back"] = float(np.mean([acting(a, tr, t) is a.fallback for tr, t in pos]))
+            first = [accepted_at(a, tr, 0) for tr, t in pos if t == 0]  # each request's first decode step
+            out[a.name][d]["mean_accepted_first_position"] = float(np.mean(first))
+    return out
+
+
+def order_sensitivity(traces: Mapping[str, Mapping[str, Any]], costs: Mapping[str, Any], seeds: int
+                      ) -> dict[str, Any]:
+    """request_thompson in the lookup-first design with the two arms in either order (the
+    model lists the plain arm first, the engine's config the draft) and with and without an
+    opening round, which plays the arms in list order on each request's first steps."""
+    from flashspec_selectors import RequestThompson, RequestThompsonConfig
+
+    out: dict[str, Any] = {}
+    for label, arms in (("model_order", ADAPTIVE), ("engine_order", tuple(reversed(ADAPTIVE)))):
+        per, first = step_costs(costs, arms), [a.name for a in arms].index(ADAPTIVE[0].name)
+        for rounds in (0, 1):
+            for order in ("interleaved", "blocked"):
+                ids = order_prompts(traces, order)
+                runs = [tally_domains(replay(RequestThompson(RequestThompsonConfig(seed=seed, initial_round=rounds),
+                                                             len(arms)), "throughput", traces, ids, per, arms, first),
+                                      arms) for seed in range(seeds)]
+                out[f"{label}/initial_round={rounds}/{order}"] = {
+                    "arms": [a.name for a in arms], "tps": float(np.mean([r["overall"]["tps"] for r in runs])),
+                    "per_domain": {d: float(np.mean([r[d]["tps"] for r in runs])) for d in DOMAINS}}
     return out
 
 
@@ -854,6 +878,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         },
         "arm_acceptance": arm_stats(traces),
         "sensitivity_cheap_match_step": match_sensitivity(traces, costs, per_arm, args.seeds),
+        "sensitivity_arm_order": order_sensitivity(traces, costs, args.seeds),
         "policies": policies,
         "adaptive_policies": adaptive,
         "gated_policies": gated,

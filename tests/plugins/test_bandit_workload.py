@@ -180,3 +180,19 @@ def test_first_arm_steps_run_without_the_selector():
         plain = bw.replay(FixedSelector(FixedConfig(arm=i), 2), "acceptance", TRACES, ids, costs, arms)
         assert [(s.width, s.accepted, s.emitted, s.seconds) for s in gated] == \
                [(s.width, s.accepted, s.emitted, s.seconds) for s in plain]
+
+
+def test_arm_order_sensitivity_runs_both_orders_with_and_without_a_round():
+    got = bw.order_sensitivity(TRACES, COSTS, seeds=2)
+    assert set(got) == {f"{o}/initial_round={r}/{w}" for o in ("model_order", "engine_order") for r in (0, 1)
+                        for w in ("interleaved", "blocked")}
+    assert got["model_order/initial_round=0/blocked"]["arms"] == [a.name for a in bw.ADAPTIVE]
+    assert got["engine_order/initial_round=1/blocked"]["arms"] == [a.name for a in reversed(bw.ADAPTIVE)]
+    assert all(v["tps"] > 0 and set(v["per_domain"]) == set(bw.DOMAINS) for v in got.values())
+
+
+def test_first_position_acceptance_is_each_trace_at_t0():
+    stats = bw.arm_stats(TRACES)
+    draft = next(a for a in bw.ARMS if a.source == "draft")
+    want = sum(bw.accepted_at(draft, t, 0) for t in TRACES.values() if t["domain"] == "code") / 2
+    assert stats[draft.name]["code"]["mean_accepted_first_position"] == want
