@@ -591,19 +591,29 @@ def selector_choices(section: Json) -> Json:
     for n in [k for k in runs if k.startswith(("fixed:", "bandit:"))]:
         by_dom: dict[str, dict[str, int]] = {}
         after: dict[str, list[Json]] = {}
+        rewards: dict[str, dict[str, dict[str, list[float]]]] = {}  # domain -> first/later -> arm -> rewards
         for b in split_batches(runs[n]):
-            counts = by_dom.setdefault(b.requests[0]["domain"], {})
+            d = b.requests[0]["domain"]
+            counts = by_dom.setdefault(d, {})
             for i, st in enumerate(b.steps):
                 counts[st["arm_name"]] = counts.get(st["arm_name"], 0) + 1
                 if arm and i and st["arm_name"] == arm:
                     after.setdefault(b.steps[i - 1]["arm_name"], []).append(st)
+                if "reward" in st:
+                    place = rewards.setdefault(d, {}).setdefault("first_step" if i == 0 else "later_steps", {})
+                    place.setdefault(st["arm_name"], []).append(float(st["reward"]))
         out[n] = {"steps_by_domain_and_arm": by_dom,
+                  "mean_reward_by_domain": {d: {k: {a: {"steps": len(v), "mean": sum(v) / len(v)}
+                                                    for a, v in per.items()} for k, per in r.items()}
+                                            for d, r in rewards.items()},
                   "draft_steps_by_previous_arm": {
                       k: {"steps": len(v), "draft_ms_median": median(x["draft_ms"] for x in v),
                           "emitted_mean": sum(x["emitted"] for x in v) / len(v)} for k, v in after.items()}}
     return {"how": f"split_batches (one request per batch at batch 1): per run and request domain, step rows by "
                    f"arm_name (the first arm's steps included under its own name); for the draft-only arm {arm}, "
-                   "its steps after the request's first, grouped by the arm_name of the step before", "draft_arm": arm,
+                   "its steps after the request's first, grouped by the arm_name of the step before; mean_reward_by_domain: the "
+                   "reward the pipeline fed (step rows' reward) on each request's first step and on the rest, by arm",
+            "draft_arm": arm,
             "runs": out}
 
 

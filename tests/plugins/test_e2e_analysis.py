@@ -192,3 +192,14 @@ def test_selector_choices_count_arms_per_domain_and_split_draft_steps_by_the_ste
         "none": {"steps": 1, "draft_ms_median": 6.0, "emitted_mean": 3.0},
         "draft0.5b-g3": {"steps": 1, "draft_ms_median": 4.2, "emitted_mean": 1.0}}
     assert "target_only" not in got["runs"] and "fixed:draft0.5b-g3" in got["runs"]
+    assert "mean_reward_by_domain" in thompson
+
+
+def test_selector_choices_split_rewards_between_a_requests_first_step_and_the_rest() -> None:
+    run = {"requests": [_request(0, "code", 4, 12.0)],
+           "steps": [{**_step("draft0.5b-g3", 3, 0, 6.0, 4.0), "reward": 0.2},
+                     {**_step("none", 0, 0, 2.0), "reward": 0.6}, {**_step("draft0.5b-g3", 3, 1, 6.0, 4.0), "reward": 0.9}]}
+    got = ea.selector_choices({"runs": {"bandit:X": run, "fixed:draft0.5b-g3": RUNS["fixed:draft0.5b-g3"]}})
+    code = got["runs"]["bandit:X"]["mean_reward_by_domain"]["code"]
+    assert code == {"first_step": {"draft0.5b-g3": {"steps": 1, "mean": 0.2}},
+                    "later_steps": {"none": {"steps": 1, "mean": 0.6}, "draft0.5b-g3": {"steps": 1, "mean": 0.9}}}
