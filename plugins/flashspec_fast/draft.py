@@ -25,7 +25,7 @@ from flashspec_core.sampling import filter_logits, probs_from_logits, race
 from flashspec_fast.graphs import GraphCache
 from flashspec_fast.model import Transformer
 from flashspec_fast.options import FastOptions, build_model
-from flashspec_fast.target import HostInputs, bucket, check_room, ragged_forward, ragged_inputs
+from flashspec_fast.target import HostInputs, bucket, catch_up_width, check_room, ragged_forward, ragged_inputs
 
 _TINY = torch.finfo(torch.float32).tiny
 FUSED_CATCH_UP = 16  # widest first forward of the draft loop (tokens per row)
@@ -105,6 +105,48 @@ class FastDraft:
             write = pos
         tokens = torch.stack(drafted, dim=1)  # [B, gamma]
         return tokens, torch.stack(probs, dim=1) if probs else tokens
+
+    def prewarm(self, batch: int, gamma: int, sampling: SamplingParams, off_gpu: bool = False) -> int:
+        """Capture now every graph a step at this ``batch``, ``gamma`` and ``sampling`` can
+        ask for, so none is captured while serving (each capture costs 0.05-0.6 s on the
+        H200: the bench's tour warm-up left 16 inside timed runs at 57cf50c, every one a
+        draft step after the draft sat out, catching up at a width or span it had not met).
+
+        The drafting loop at each span and first-forward width (2 .. FUSED_CATCH_UP), and
+        the separate catch-up forward at each span and wider width. It runs the graphs on
+        dummy tokens, writing the draft's cache from slot 0: call it between requests,
+        never inside one (the next request's catch-up rewrites every slot it reads).
+        Returns the number of keys it asked for. Without CUDA graphs there is nothing to
+        capture, so it returns 0 at once unless ``off_gpu`` (the tests' check of the keys)."""
+        if batch < 1 or gamma < 1:
+            raise ValueError(f"prewarm: batch {batch} and gamma {gamma} must be >= 1")
+        if not (self.graphs.enabled or off_gpu):
+            return 0
+        model, top = self.model, self.model.scratch
+        if model.allocate(batch):
+            self.graphs.clear()
+        spans = sorted({model.span_for(n) for n in range(1, top + 1)})
+        before = len(self.graphs.keys)
+        gen = torch.Generator().manual_seed(0)
+        for span in spans:
+            length = min(span, top - 1) - gamma  # the rows' length that makes this step's span `span`
+            if length < 2 or model.span_for(length + gamma) != span:
+                continue
+            tokens = torch.zeros((batch, length + gamma + 1), dtype=torch.long)
+            for width in (w for w in (2, 4, 8, 16) if w <= min(FUSED_CATCH_UP, length)):
+                self.seen = [length - width] * batch  # first token the cache lacks: `width` behind
+                self.propose(tokens, [length] * batch, gamma, sampling, gen)
+            stop = min(span, top - 1)  # the catch-up forward over stops up to here has span_for(stop) == span
+            if model.span_for(stop) != span:
+                continue
+            # it feeds at least FUSED_CATCH_UP - 1 tokens (a first forward wider than FUSED_CATCH_UP
+            # less the last two), at most `stop`: the largest need of each width
+            widest = {catch_up_width(n, top): n for n in range(FUSED_CATCH_UP - 1, stop + 1)}
+            for need in widest.values():
+                ragged_forward(model, tokens.new_zeros((batch, stop + 1)), [stop - need] * batch, [stop] * batch,
+                               self._stage, self.graphs)
+        self.seen = []
+        return len(self.graphs.keys) - before
 
     def rollback(self, num_accepted: Sequence[int]) -> None:
         """The loop fed the row's last token and ``gamma - 1`` drafts: keep the accepted ones."""

@@ -30,6 +30,7 @@ class GraphCache:
         self._graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], Any]] = {}
         self._pool: Any = None
         self.captures = 0  # graphs captured so far, kept across clear(): a capture inside a timed run costs 0.1-0.5 s
+        self.keys: set[Hashable] = set()  # every key asked for, captured or (off the GPU) run directly
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -38,6 +39,7 @@ class GraphCache:
         self._graphs.clear()
 
     def __call__(self, key: Hashable, fn: Callable[..., Any], *args: torch.Tensor) -> Any:
+        self.keys.add(key)
         if not self.enabled:
             return fn(*args)
         entry = self._graphs.get(key)

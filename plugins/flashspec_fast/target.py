@@ -91,7 +91,7 @@ def ragged_forward(
     need = max(max(e - s for s, e in zip(starts, stops, strict=True)), 0)
     if need == 0:
         return
-    width = bucket(need) if bucket(need) < model.scratch else need
+    width = catch_up_width(need, model.scratch)
     dev = stage(ragged_inputs(tokens, starts, stops, width, model.scratch))
     span = model.span_for(max(stops))
     run = lambda d: model.forward(d[0], d[1], d[2], last_only=True, span=span)  # noqa: E731
@@ -99,6 +99,14 @@ def ragged_forward(
         run(dev)
     else:
         graphs(("ragged", batch, width, span), run, dev)
+
+
+def catch_up_width(need: int, scratch: int) -> int:
+    """The forward width that feeds ``need`` tokens per row: a :func:`bucket`, or the scratch
+    slot's index (the widest forward, padding written to the scratch slot) where the bucket
+    would reach it, so that a catch-up near the end of the cache uses one graph, not one per
+    length."""
+    return min(bucket(need), scratch)
 
 
 def check_room(model: Transformer, longest: int, what: str) -> None:

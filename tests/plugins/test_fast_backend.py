@@ -311,3 +311,31 @@ def test_decode_kernel_refusals_are_clear(models: dict[str, Path], monkeypatch: 
     cfg["target"]["attention"] = "triton"
     with pytest.raises((ConfigError, ValueError), match=match):
         build_pipeline(cfg)
+
+
+def test_draft_prewarm_asks_for_every_graph_key_a_step_can_need(models: dict[str, Path]) -> None:
+    """After prewarm, no (span, width) of the drafting loop or of the separate catch-up that any
+    length and catch-up distance can reach is new: on the GPU none is captured while serving."""
+    from flashspec_core import SamplingParams
+    from flashspec_core.contracts import DraftContext
+    from flashspec_fast import draft as fd
+    from flashspec_fast.options import FastOptions
+
+    opts = FastOptions(model=str(models["close"]), dtype="float32", max_len=300, chat_template=False)
+    d = fd.make_draft(opts, DraftContext(target=None, vocab=16, device=torch.device("cpu")))
+    sampling, gamma = SamplingParams(temperature=0.0), 3
+    assert d.prewarm(1, gamma, sampling) == 0 == len(d.graphs.keys)  # no CUDA graphs here: nothing to capture
+    assert d.prewarm(1, gamma, sampling, off_gpu=True) == len(d.graphs.keys) > 0
+    warmed = set(d.graphs.keys)
+    gen = torch.Generator().manual_seed(0)
+    top = d.model.scratch
+    for length in (2, 3, 17, 40, 64, 126, 127, 128, 129, 200, 255, 256, top - gamma - 1):
+        tokens = torch.randint(0, 16, (1, length + gamma + 1), generator=gen)
+        for behind in sorted({0, 1, 2, 5, 9, 16, 17, 33, 70, length - 2, length}):
+            d.reset()
+            d.seen = [max(length - behind, 0)]
+            d.propose(tokens, [length], gamma, sampling, gen)
+    assert d.graphs.keys <= warmed, sorted(map(str, d.graphs.keys - warmed))
+    assert d.seen == [] or d.seen  # usable afterwards
+    with pytest.raises(ValueError, match="must be >= 1"):
+        d.prewarm(1, 0, sampling, off_gpu=True)
