@@ -320,7 +320,7 @@ def prewarm_drafts(pipeline: Any, groups: list[list[int]], args: argparse.Namesp
     t0, keys = time.perf_counter(), 0
     for arm in pipeline.arms:
         if hasattr(arm.provider, "prewarm") and arm.gamma > 0:
-            for size in sorted({len(g) for g in groups}):
+            for size in sorted({len(g) for g in groups}, reverse=True):  # the largest allocates the cache once
                 keys += arm.provider.prewarm(size, arm.gamma, sampling)
     if keys:
         _say(f"draft graphs prewarmed: {keys} in {time.perf_counter() - t0:.1f} s")

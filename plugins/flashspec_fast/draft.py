@@ -127,7 +127,7 @@ class FastDraft:
             self.graphs.clear()
         spans = sorted({model.span_for(n) for n in range(1, top + 1)})
         before = len(self.graphs.keys)
-        gen = torch.Generator().manual_seed(0)
+        gen = torch.Generator(device=model.device).manual_seed(0)  # the noise is drawn on the device
         for span in spans:
             length = min(span, top - 1) - gamma  # the rows' length that makes this step's span `span`
             if length < 2 or model.span_for(length + gamma) != span:

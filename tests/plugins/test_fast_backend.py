@@ -339,3 +339,4 @@ def test_draft_prewarm_asks_for_every_graph_key_a_step_can_need(models: dict[str
     assert d.seen == [] or d.seen  # usable afterwards
     with pytest.raises(ValueError, match="must be >= 1"):
         d.prewarm(1, 0, sampling, off_gpu=True)
+    assert d.prewarm(2, 2, SamplingParams(temperature=0.7), off_gpu=True) > 0  # sampled: noise drawn on the device
