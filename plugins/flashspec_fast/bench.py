@@ -253,7 +253,7 @@ def by_domain(run: dict[str, Any]) -> dict[str, float]:
 
 
 def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[int]], args: argparse.Namespace,
-                   domains: list[str], record: Callable[[str, dict[str, Any]], None]) -> None:
+                   domains: list[str], record: Callable[[str, dict[str, Any]], None]) -> dict[str, Any]:
     from flashspec_core.pipeline import Arm, NoDraft
 
     arms, selector = list(pipeline.arms), pipeline.selector
@@ -266,7 +266,7 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
             plan += [(f"fixed:{a.name}", every, Always(i, len(every))) for i, a in enumerate(every) if a.gamma > 0]
         plan.append((f"bandit:{type(selector).__name__}", arms, selector))
         plan += [(f"bandit:{name}", arms, make_selector(name, len(pipeline.choices))) for name in args.selectors]
-    prewarm_drafts(pipeline, groups, args)
+    prewarm = prewarm_drafts(pipeline, groups, args)
     reward, limit, first = pipeline.reward, pipeline.speculate_max_batch, pipeline.first
     timed: list[tuple[str, list[Any], Any, int | None, int | None, list[dict[str, Any]]]] = []
     for name, use_arms, sel in plan:  # every system warms up before any is timed
@@ -308,22 +308,28 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
                           "steps": [s for x in runs for s in x["steps"]]})
     pipeline.arms, pipeline.selector, pipeline.reward = arms, selector, reward
     pipeline.speculate_max_batch, pipeline.first = limit, first
+    return prewarm
 
 
-def prewarm_drafts(pipeline: Any, groups: list[list[int]], args: argparse.Namespace) -> None:
+def prewarm_drafts(pipeline: Any, groups: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
     """Every graph each draft arm can ask for at the run's batch sizes, captured before any
-    system runs (``FastDraft.prewarm``): the warm-up tour alone left 16 captures inside timed
-    batches at 57cf50c, each a draft step of 48-581 ms after the draft sat out."""
+    system runs (``FastDraft.prewarm``; ``--no-prewarm`` leaves them to the warm-up): the
+    warm-up tour alone left 16 captures inside timed batches at 57cf50c, each a draft step of
+    48-581 ms after the draft sat out."""
     from flashspec_core import SamplingParams
 
+    if args.no_prewarm:
+        return {"ran": False}
     sampling = SamplingParams(temperature=args.temperature)  # as run_pipeline's generate()
     t0, keys = time.perf_counter(), 0
     for arm in pipeline.arms:
         if hasattr(arm.provider, "prewarm") and arm.gamma > 0:
             for size in sorted({len(g) for g in groups}, reverse=True):  # the largest allocates the cache once
                 keys += arm.provider.prewarm(size, arm.gamma, sampling)
+    seconds = time.perf_counter() - t0
     if keys:
-        _say(f"draft graphs prewarmed: {keys} in {time.perf_counter() - t0:.1f} s")
+        _say(f"draft graphs prewarmed: {keys} in {seconds:.1f} s")
+    return {"ran": True, "keys": keys, "seconds": seconds}
 
 
 def warm_groups(groups: list[list[int]], warmup: int) -> list[list[int]]:
@@ -586,6 +592,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--no-prewarm", action="store_true",
+                   help="do not capture the drafts' graphs before the warm-up (FastDraft.prewarm)")
     p.add_argument("--warmup", type=int, default=-1,
                    help="batches run untimed before timing, per system (-1: all of them, so no capture or compile "
                         "of a new shape lands in a timed run; a bandit warms up on a tour of its arms, not its own "
@@ -688,7 +696,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     domains = [w["domain"] for w in workload]
     groups = batches(len(prompts), args.batch_size)
     result["bandwidth_bytes_per_s"] = bw = copy_bandwidth(pipeline.target.device)
-    flashspec_runs(pipeline, prompts, groups, args, domains, record)
+    result["draft_prewarm"] = flashspec_runs(pipeline, prompts, groups, args, domains, record)
     result["floor"] = floors(pipeline, args.batch_size, bw)
     if args.temperature == 0 and "target_only" in result["runs"]:
         plain = result["runs"]["target_only"]

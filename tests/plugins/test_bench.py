@@ -11,7 +11,7 @@ import torch
 from _tiny import perturbed_lm, tiny_lm
 
 from flashspec_core.cli import main as cli_main
-from flashspec_fast.bench import batches, first_divergence, graph_captures, main, summarize_run
+from flashspec_fast.bench import batches, first_divergence, graph_captures, main, prewarm_drafts, summarize_run
 from flashspec_fast.graphs import GraphCache
 
 
@@ -76,6 +76,7 @@ def test_bench_writes_json_and_plots(setup: dict[str, Path]) -> None:
     assert any(k.startswith("bandit:") for k in s)
     assert all(v.get("tokens_per_s", 0) > 0 for v in s.values()), s
     assert data["exactness"]["greedy_identical"] is True
+    assert data["draft_prewarm"]["ran"] is True  # off the GPU nothing is captured
     # Greedy: every FlashSpec system and HF's own greedy baselines emit the same tokens.
     want = {r["prompt"]: r["tokens"] for r in data["runs"]["target_only"]["requests"]}
     for name in ("fixed:draft-g3", "fixed:lookup", "hf_eager", "hf_assisted", "hf_lookup"):
@@ -274,3 +275,27 @@ def test_systems_take_turns_batch_by_batch(setup: dict[str, Path], monkeypatch: 
     assert timed == [("A", 0), ("B", 0), ("B", 1), ("A", 1),  # repeat 0: A first, then B first
                      ("B", 0), ("A", 0), ("A", 1), ("B", 1)]  # repeat 1: the other way round
     assert recorded["target_only"] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+def test_prewarm_drafts_asks_every_draft_arm_largest_batch_first_unless_told_not_to() -> None:
+    from types import SimpleNamespace
+
+    calls: list[tuple[str, int, int]] = []
+
+    class Provider:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def prewarm(self, batch: int, gamma: int, sampling: object) -> int:
+            calls.append((self.name, batch, gamma))
+            return 2
+
+    arms = [SimpleNamespace(provider=Provider("d"), gamma=3), SimpleNamespace(provider=object(), gamma=4),
+            SimpleNamespace(provider=Provider("none"), gamma=0)]
+    pipe = SimpleNamespace(arms=arms)
+    args = SimpleNamespace(no_prewarm=False, temperature=0.0)
+    got = prewarm_drafts(pipe, [[0, 1, 2, 3], [4, 5], [6, 7, 8, 9]], args)
+    assert calls == [("d", 4, 3), ("d", 2, 3)] and got["ran"] and got["keys"] == 4
+    calls.clear()
+    assert prewarm_drafts(pipe, [[0]], SimpleNamespace(no_prewarm=True, temperature=0.0)) == {"ran": False}
+    assert calls == []
