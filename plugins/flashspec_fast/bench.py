@@ -321,10 +321,11 @@ def prewarm_drafts(pipeline: Any, groups: list[list[int]], args: argparse.Namesp
     if args.no_prewarm:
         return {"ran": False}
     sampling = SamplingParams(temperature=args.temperature)  # as run_pipeline's generate()
+    sizes = sorted({len(g) for g in groups}, reverse=True)  # the largest allocates the cache once
     t0, keys = time.perf_counter(), 0
     for arm in pipeline.arms:
         if hasattr(arm.provider, "prewarm") and arm.gamma > 0:
-            for size in sorted({len(g) for g in groups}, reverse=True):  # the largest allocates the cache once
+            for size in sizes:
                 keys += arm.provider.prewarm(size, arm.gamma, sampling)
     seconds = time.perf_counter() - t0
     if keys:

@@ -64,8 +64,7 @@ class FastDraft:
     ) -> Draft:
         batch = len(lengths)
         if len(self.seen) != batch:
-            if self.model.allocate(batch):
-                self.graphs.clear()
+            self._fit(batch)
             self.seen = [0] * batch
         check_room(self.model, max(lengths) + gamma, "draft")
         behind = [max(n - 2, 0) for n in lengths]
@@ -123,30 +122,31 @@ class FastDraft:
         if not (self.graphs.enabled or off_gpu):
             return 0
         model, top = self.model, self.model.scratch
-        if model.allocate(batch):
-            self.graphs.clear()
+        self._fit(batch)
         spans = sorted({model.span_for(n) for n in range(1, top + 1)})
         before = len(self.graphs.keys)
         gen = torch.Generator(device=model.device).manual_seed(0)  # the noise is drawn on the device
         for span in spans:
-            length = min(span, top - 1) - gamma  # the rows' length that makes this step's span `span`
-            if length < 2 or model.span_for(length + gamma) != span:
+            end = min(span, top - 1)  # the furthest a step (rows + gamma) or a catch-up reaches under `span`
+            length = end - gamma  # the rows' length that makes this step's span `span`
+            if length < 2 or model.span_for(end) != span:
                 continue
-            tokens = torch.zeros((batch, length + gamma + 1), dtype=torch.long)
+            tokens = torch.zeros((batch, end + 1), dtype=torch.long)
             for width in (w for w in (2, 4, 8, 16) if w <= min(FUSED_CATCH_UP, length)):
                 self.seen = [length - width] * batch  # first token the cache lacks: `width` behind
                 self.propose(tokens, [length] * batch, gamma, sampling, gen)
-            stop = min(span, top - 1)  # the catch-up forward over stops up to here has span_for(stop) == span
-            if model.span_for(stop) != span:
-                continue
-            # it feeds at least FUSED_CATCH_UP - 1 tokens (a first forward wider than FUSED_CATCH_UP
-            # less the last two), at most `stop`: the largest need of each width
-            widest = {catch_up_width(n, top): n for n in range(FUSED_CATCH_UP - 1, stop + 1)}
+            # the catch-up forward feeds at least FUSED_CATCH_UP - 1 tokens (a first forward wider than
+            # FUSED_CATCH_UP less the last two), at most `end`: the largest need of each width
+            widest = {catch_up_width(n, top): n for n in range(FUSED_CATCH_UP - 1, end + 1)}
             for need in widest.values():
-                ragged_forward(model, tokens.new_zeros((batch, stop + 1)), [stop - need] * batch, [stop] * batch,
-                               self._stage, self.graphs)
+                ragged_forward(model, tokens, [end - need] * batch, [end] * batch, self._stage, self.graphs)
         self.seen = []
         return len(self.graphs.keys) - before
+
+    def _fit(self, batch: int) -> None:
+        """A cache for ``batch`` rows; graphs captured over a reallocated one are dropped."""
+        if self.model.allocate(batch):
+            self.graphs.clear()
 
     def rollback(self, num_accepted: Sequence[int]) -> None:
         """The loop fed the row's last token and ``gamma - 1`` drafts: keep the accepted ones."""

@@ -39,11 +39,12 @@ class GraphCache:
         self._graphs.clear()
 
     def __call__(self, key: Hashable, fn: Callable[..., Any], *args: torch.Tensor) -> Any:
-        self.keys.add(key)
         if not self.enabled:
+            self.keys.add(key)
             return fn(*args)
         entry = self._graphs.get(key)
-        if entry is None:
+        if entry is None:  # a key asked for is captured or already held: record it here, off the replay path
+            self.keys.add(key)
             entry = self._graphs[key] = self._capture(fn, args)
             self.captures += 1
         graph, inputs, out = entry
