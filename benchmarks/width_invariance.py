@@ -35,6 +35,7 @@ import platform
 import subprocess
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -132,29 +133,23 @@ def pieces_table(model: Transformer, widths: list[int], seed: int) -> dict[str, 
             return residual(x[-1:], inp[-1:], weight), residual(x, inp, weight)[-1:]
         pieces[name] = res
 
-    def attention(k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        slots, last = min(model.max_len, 512), min(model.max_len, 512) - 20
+    def attention(k: int, own_spans: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row of a ``k``-query window against each query alone, all under the window's
+        span; ``own_spans``: as the forward calls it, each query alone under its own
+        ``span_for(p + 1)``, and the window straddles a power of two, so the spans (and the
+        kernel's split counts) differ between the two."""
+        slots = min(model.max_len, 512)
+        last = slots // 2 + 2 if own_spans else slots - 20  # spans slots / 2 and slots meet at slots / 2
         kc, vc = rnd(1, slots, a.kv_heads, hd), rnd(1, slots, a.kv_heads, hd)
         q = rnd(1, k, a.heads, hd)
         span, pos = model.span_for(last + 1), torch.arange(last - k + 1, last + 1, device=dev)[None]
-        alone = torch.cat([decode_attention(q[:, i : i + 1], kc, vc, pos[:, i : i + 1], span) for i in range(k)], 1)
+        alone = torch.cat([decode_attention(q[:, i : i + 1], kc, vc, pos[:, i : i + 1],
+                                            model.span_for(int(pos[0, i]) + 1) if own_spans else span)
+                           for i in range(k)], 1)
         return alone[0], decode_attention(q, kc, vc, pos, span)[0]  # every row: [k, H, hd]
 
-    def attention_own_spans(k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """As the forward calls it: each query alone under its own ``span_for(p + 1)``, the
-        window under the widest one's; the window straddles a power of two, so the spans
-        (and the kernel's split counts) differ between the two."""
-        edge = min(model.max_len, 512) // 2  # spans edge and 2 * edge meet here
-        slots, last = min(model.max_len, 512), edge + 2
-        kc, vc = rnd(1, slots, a.kv_heads, hd), rnd(1, slots, a.kv_heads, hd)
-        q = rnd(1, k, a.heads, hd)
-        pos = torch.arange(last - k + 1, last + 1, device=dev)[None]
-        alone = torch.cat([decode_attention(q[:, i : i + 1], kc, vc, pos[:, i : i + 1],
-                                            model.span_for(int(pos[0, i]) + 1)) for i in range(k)], 1)
-        return alone[0], decode_attention(q, kc, vc, pos, model.span_for(last + 1))[0]
-
     pieces[f"decode_attention (group {group}, head dim {hd})"] = attention
-    pieces["decode_attention, each at its own span (across a power of two)"] = attention_own_spans
+    pieces["decode_attention, each at its own span (across a power of two)"] = partial(attention, own_spans=True)
     out: dict[str, Any] = {}
     for name, piece in pieces.items():
         per = {}
