@@ -183,10 +183,18 @@ def decode_kernel(attention: str, head_dim: int, dtype: torch.dtype, device: tor
     return True
 
 
+RECOMPILE_LIMIT = 64  # compiled variants allowed per fused op (dynamo's default is 8)
+
+
 class Ops:
     """The non-GEMM pieces; ``fuse=True`` compiles each once (shape-generic)."""
 
     def __init__(self, fuse: bool) -> None:
+        if fuse:
+            # One variant per input layout (a width of 1, a batch equal to the width, a static
+            # graph buffer's strides...): the drafts' prewarm meets them all within one call, past
+            # dynamo's default of 8 per function, which fails a fullgraph compile outright.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         wrap: Callable[[Any], Any] = (lambda f: torch.compile(f, dynamic=True, fullgraph=True)) if fuse else (lambda f: f)
         self.rms_norm = wrap(rms_norm)
         self.rope_store = wrap(rope_store)
