@@ -399,7 +399,32 @@ def batch_b1(section: Json, name: str) -> Json:
                                f"the draft (draft or fallback arms) and on the draft-only arms, share of `none` steps; "
                                f"steps over {SLOW_STEP_MS:g} ms (slow_steps)",
                         "arm_mix": arm_mix(section), "slow_steps": slow_steps(section, bandit_names(section))},
-            "catch_up": {"how": CATCH_UP_HOW + "; pooled over the section's bandits", **catch_up(section, bandit_names(section))}}
+            "catch_up": {"how": CATCH_UP_HOW + "; pooled over the section's bandits", **catch_up(section, bandit_names(section))},
+            "arm_rates_by_domain": arm_rates_by_domain(section)}
+
+
+def arm_rates_by_domain(section: Json) -> Json:
+    """Batch 1: per system, request domain and arm_name, what the arm's steps cost and gave: a
+    domain where no arm's tokens per step ms beats a plain step's caps what any selector can earn there."""
+    out: Json = {"how": "split_batches (batch 1: one request per batch): per run, request domain and step arm_name, "
+                        "steps, mean step ms, mean draft ms (CUDA-event interval before the target forward: the "
+                        "lookup search, the selector's draw and the draft), mean tokens per step, and tokens per "
+                        "step ms (emitted tokens / summed step ms)", "runs": {}}
+    for n, run in section["runs"].items():
+        if not run.get("steps"):
+            continue
+        acc: dict[str, dict[str, list[Json]]] = {}
+        for b in split_batches(run):
+            for s in b.steps:
+                acc.setdefault(b.requests[0]["domain"], {}).setdefault(s["arm_name"], []).append(s)
+        out["runs"][n] = {
+            d: {a: {"steps": len(ss), "step_ms_mean": sum(s["step_ms"] for s in ss) / len(ss),
+                    "draft_ms_mean": sum(s["draft_ms"] for s in ss) / len(ss),
+                    "tokens_per_step": sum(s["emitted"] for s in ss) / len(ss),
+                    "tokens_per_step_ms": sum(s["emitted"] for s in ss) / sum(s["step_ms"] for s in ss)}
+                for a, ss in sorted(arms.items())}
+            for d, arms in sorted(acc.items())}
+    return out
 
 
 def batched(section: Json) -> Json:

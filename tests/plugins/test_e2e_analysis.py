@@ -203,3 +203,16 @@ def test_selector_choices_split_rewards_between_a_requests_first_step_and_the_re
     code = got["runs"]["bandit:X"]["mean_reward_by_domain"]["code"]
     assert code == {"first_step": {"draft0.5b-g3": {"steps": 1, "mean": 0.2}},
                     "later_steps": {"none": {"steps": 1, "mean": 0.6}, "draft0.5b-g3": {"steps": 1, "mean": 0.9}}}
+
+
+def test_arm_rates_by_domain_split_each_runs_steps_by_request_domain_and_arm(result: dict[str, Any]) -> None:
+    runs = result["b1_greedy"]["arm_rates_by_domain"]["runs"]
+    # Thompson: prompt 0 (code) a `none` step then a draft step; prompt 1 (prose) two draft steps
+    code, prose = runs["bandit:Thompson"]["code"], runs["bandit:Thompson"]["prose"]
+    assert code["none"] == {"steps": 1, "step_ms_mean": 2.0, "draft_ms_mean": 0.05, "tokens_per_step": 1.0,
+                            "tokens_per_step_ms": 0.5}
+    assert code["draft0.5b-g3"]["tokens_per_step_ms"] == pytest.approx(3 / 8)
+    assert list(prose) == ["draft0.5b-g3"]
+    assert prose["draft0.5b-g3"] == pytest.approx({"steps": 2, "step_ms_mean": 6.1, "draft_ms_mean": 4.1,
+                                                   "tokens_per_step": 1.0, "tokens_per_step_ms": 2 / 12.2})
+    assert set(runs) == set(RUNS)
