@@ -211,8 +211,8 @@ def test_arm_rates_by_domain_split_each_runs_steps_by_request_domain_and_arm(res
     code, prose = runs["bandit:Thompson"]["code"], runs["bandit:Thompson"]["prose"]
     assert code["none"] == {"steps": 1, "step_ms_mean": 2.0, "draft_ms_mean": 0.05, "tokens_per_step": 1.0,
                             "tokens_per_step_ms": 0.5}
-    assert code["draft0.5b-g3"]["tokens_per_step_ms"] == pytest.approx(3 / 8)
+    assert code["draft0.5b-g3"]["tokens_per_step_ms"] == pytest.approx(3 / 8, abs=1e-6)
     assert list(prose) == ["draft0.5b-g3"]
     assert prose["draft0.5b-g3"] == pytest.approx({"steps": 2, "step_ms_mean": 6.1, "draft_ms_mean": 4.1,
-                                                   "tokens_per_step": 1.0, "tokens_per_step_ms": 2 / 12.2})
+                                                   "tokens_per_step": 1.0, "tokens_per_step_ms": 2 / 12.2}, abs=1e-6)
     assert set(runs) == set(RUNS)
