@@ -29,10 +29,13 @@ def test_run_writes_both_tables(tmp_path: Path) -> None:
     model = tiny_lm(tmp_path / "m", vocab=16, seed=0, scale=8.0)
     out = tmp_path / "out"
     assert wi.main(["--model", str(model), "--dtype", "fp32", "--device", "cpu", "--prefix", "20",
-                    "--positions", "6", "--widths", "2,4", "--max-len", "64", "--out", str(out)]) == 0
+                    "--positions", "6", "--widths", "2,4", "--max-len", "64", "--out", str(out),
+                    "--paths", "sdpa,decode_kernel"]) == 0
     data = json.loads((out / "width-invariance-cpu.json").read_text())
-    assert set(data["logits"]) == {"decode_kernel", "sdpa"}
+    assert list(data["logits"]) == ["sdpa", "decode_kernel"]  # in the order asked for
     for table in data["logits"].values():
+        # the same one-token pass twice from the same cache: on the CPU the bits repeat
+        assert table["one_token_pass_repeated"]["bit_equal_rows"] == table["one_token_pass_repeated"]["rows"] == 6
         for k in (2, 4):
             windows = 6 - k + 1
             assert table[str(k)]["last_row"]["rows"] == windows
@@ -52,6 +55,7 @@ def test_run_writes_both_tables(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "match"), [
     (["--widths", "1,4"], "each must be 2..16"),
     (["--prefix", "60"], "must stay below max_len 64"),
+    (["--paths", "sdpa"], "decode_kernel and sdpa once each"),
 ])
 def test_bad_input_is_a_clear_error(tmp_path: Path, args: list[str], match: str) -> None:
     model = tiny_lm(tmp_path / "m", vocab=16, seed=0, scale=8.0)
