@@ -187,7 +187,8 @@ RECOMPILE_LIMIT = 64  # compiled variants allowed per fused op (dynamo's default
 
 
 class Ops:
-    """The non-GEMM pieces; ``fuse=True`` compiles each once (shape-generic)."""
+    """The non-GEMM pieces; ``fuse=True`` compiles each with dynamic shapes (one variant per
+    input layout, up to ``RECOMPILE_LIMIT``)."""
 
     def __init__(self, fuse: bool) -> None:
         if fuse:

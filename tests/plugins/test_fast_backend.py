@@ -12,7 +12,7 @@ from _tiny import tiny_family
 
 from flashspec_core.build import build_pipeline
 from flashspec_core.config import ConfigError
-from flashspec_fast.model import ModelArgs, Transformer, load_weights, read_config
+from flashspec_fast.model import RECOMPILE_LIMIT, ModelArgs, Ops, Transformer, load_weights, read_config, rms_norm
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2], [3, 4], [7, 8, 9, 1, 2, 3, 4, 5, 6, 2, 11]]
 
@@ -119,6 +119,26 @@ def test_fused_ops_match_eager(models: dict[str, Path]) -> None:
     torch.testing.assert_close(fused.k_cache[:, :, live], eager.k_cache[:, :, live], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fused.v_cache[:, :, live], eager.v_cache[:, :, live], rtol=1e-5, atol=1e-5)
     assert (fused.k_cache[:, :, live] != 0).sum() == (eager.k_cache[:, :, live] != 0).sum()  # same slots written
+
+
+def test_fused_ops_take_more_input_layouts_than_dynamos_default_limit() -> None:
+    """The drafts' prewarm met a ninth compiled variant of the fused RMSNorm on the H200 and
+    dynamo's default limit of 8 per function failed the fullgraph compile; these seventeen
+    layouts (2-D and 3-D, sizes of 1, strided views) need nine variants here too, so this
+    fails under the old limit."""
+    ops = Ops(fuse=True)
+    gen = torch.Generator().manual_seed(0)
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    layouts = [r(1, 8), r(3, 8), r(1, 1, 8), r(2, 1, 8), r(1, 3, 8), r(2, 3, 8), r(3, 3, 8), r(4, 10, 8)[:, :3],
+               r(2, 5, 8)[:, 1:4], r(8, 8)[2:5], r(1, 6, 8)[:, 2:3], r(2, 2, 8), r(4, 8)[::2], r(3, 2, 8),
+               r(2, 6, 8)[:, ::2], r(16, 8)[3:4], r(3, 1, 8)]
+    weight = torch.ones(8, dtype=torch.float64)
+    assert torch._dynamo.config.recompile_limit >= RECOMPILE_LIMIT
+    for x in layouts:  # float32 inside, as transformers' RMSNorm
+        torch.testing.assert_close(ops.rms_norm(x, weight, 1e-6), rms_norm(x, weight, 1e-6), rtol=1e-5, atol=1e-5)
 
 
 def test_greedy_across_span_buckets_equals_hf(models: dict[str, Path]) -> None:
