@@ -276,7 +276,7 @@ def test_request_thompson_opens_each_request_with_a_round_of_every_arm() -> None
     """Kind A pays on arm 1 only, and arm 0 (no speculation) pays 0.5 for every kind: without
     the opening round a request that starts on arm 0 learns nothing about its kind."""
     for rounds in (1, 2):
-        selector = RequestThompson(RequestThompsonConfig(seed=0, initial_round=rounds), 3)
+        selector = RequestThompson(RequestThompsonConfig(seed=0, initial_round=rounds, skip_first=0), 3)
         for _ in range(3):
             selector.begin_request(1)
             opening = []
@@ -301,7 +301,7 @@ def test_request_thompson_without_requests_is_one_long_request() -> None:
 
 
 def test_request_thompson_memory_is_bounded_and_totals_follow_it() -> None:
-    selector = RequestThompson(RequestThompsonConfig(memory=3, seed=0), 2)
+    selector = RequestThompson(RequestThompsonConfig(memory=3, seed=0, skip_first=0), 2)
     for i in range(6):
         selector.begin_request(1)
         selector.update(i % 2, 1.0)
@@ -310,6 +310,25 @@ def test_request_thompson_memory_is_bounded_and_totals_follow_it() -> None:
     assert selector.totals[0].tolist() == [1.0, 2.0]  # requests 3, 4, 5 played arms 1, 0, 1
     selector.begin_request(1)  # an empty request is not remembered
     assert len(selector.past) == 3
+
+
+def test_request_thompson_leaves_each_requests_first_rewards_out() -> None:
+    """The first decode step is the hardest to draft in every domain: with ``skip_first``
+    (default 1) its reward changes neither the request's statistics nor the likelihoods."""
+    selector = RequestThompson(RequestThompsonConfig(seed=0), 2)
+    for _ in range(2):
+        selector.begin_request(1)
+        selector.update(1, 0.0)  # left out
+        assert selector.now.sum() == 0 and not selector.loglik.any()
+        selector.update(1, 0.9)
+        assert selector.now[:, 1].tolist() == [1.0, 0.9, pytest.approx(0.81)]
+    selector.begin_request(1)
+    assert selector.totals[0].tolist() == [0.0, 2.0]  # one counted play per request
+    skip2 = RequestThompson(RequestThompsonConfig(seed=0, skip_first=2), 2)
+    skip2.begin_request(1)
+    for r in (0.0, 0.1, 0.7):
+        skip2.update(0, r)
+    assert skip2.now[0].tolist() == [1.0, 0.0] and skip2.now[1, 0] == pytest.approx(0.7)
 
 
 def test_request_thompson_seed_reproduces() -> None:
