@@ -53,7 +53,7 @@ def build_pipeline(
         on_step = lambda record: hook.flashspec_step_end(record=record)  # noqa: E731
     first = index[config.first] if config.first is not None else None
     pipeline = Pipeline(target, arms, verifier, selector, make_reward(config.reward), logger, on_step, config,
-                        config.speculate_max_batch, first)
+                        config.speculate_max_batch, first, config.draw_ahead)
     hook.flashspec_pipeline_built(pipeline=pipeline)
     return pipeline
 

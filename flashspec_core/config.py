@@ -2,7 +2,7 @@
 
 ``use = "name"`` picks a registered component; the table's other keys (besides the
 pipeline's own: ``gamma``, ``name``, ``fallback`` and ``select`` for arms; ``reward``,
-``speculate_max_batch`` and ``first`` for the selector) go to
+``speculate_max_batch``, ``first`` and ``draw_ahead`` for the selector) go to
 that component's config class, so an unknown key or a bad value fails at load time.
 
 .. code-block:: toml
@@ -89,6 +89,7 @@ class PipelineConfig:
     generation: GenerationDefaults
     speculate_max_batch: int | None = None  # [selector] key: more live rows than this decode without drafting
     first: str | None = None  # [selector] key: an arm tried before the selector; it chooses only when that proposes nothing
+    draw_ahead: bool = True  # [selector] key: draw the next step's choice while the device runs this one
 
 
 def load_config(path: str | os.PathLike[str], registry: Registry) -> PipelineConfig:
@@ -154,10 +155,13 @@ def parse_config(
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ConfigError(source, "selector", "speculate_max_batch",
                           f"must be an integer >= 1 (live rows up to which steps speculate), got {limit!r}")
+    draw_ahead = sel_table.pop("draw_ahead", True)
+    if not isinstance(draw_ahead, bool):
+        raise ConfigError(source, "selector", "draw_ahead", f"must be true or false, got {draw_ahead!r}")
     selector = _choice(registry, "selector", sel_table, source, "selector", "fixed", base_dir)
     gen_table = _table(data, "generation", source)
     generation = _build(GenerationDefaults, gen_table, source, "generation", "generation settings")
-    return PipelineConfig(source, target, arms, verifier, selector, reward, generation, limit, first)
+    return PipelineConfig(source, target, arms, verifier, selector, reward, generation, limit, first, draw_ahead)
 
 
 def _table(data: dict[str, Any], name: str, source: str) -> dict[str, Any]:

@@ -203,10 +203,14 @@ class DraftProvider(Protocol):
 class ArmSelector(Protocol):
     """Picks the draft arm for the next step from past rewards only.
 
-    ``select()`` is called before each step and returns an arm index in
-    ``[0, num_arms)``; ``update(arm, reward)`` is called after that step with its
-    reward in ``[0, 1]``. A selector may also define the optional hook of
-    :class:`RequestAware`; selectors without it keep working unchanged.
+    ``select()`` returns an arm index in ``[0, num_arms)``; ``update(arm, reward)`` is
+    called after each step that played a selected arm, with its reward in ``[0, 1]``.
+    With ``[selector] draw_ahead`` (the default) the pipeline calls ``select()`` for the
+    next step while the device still runs this one, so before this step's ``update()``
+    (feedback one step late), and drops a drawn choice that goes unplayed (the first arm
+    proposed, or the request ended): ``select()`` should have no effect beyond its random
+    draws. A selector may also define the optional hook of :class:`RequestAware`;
+    selectors without it keep working unchanged.
     """
 
     num_arms: int

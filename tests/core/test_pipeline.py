@@ -243,11 +243,13 @@ def test_bad_select_is_a_clear_error(models: dict[str, Path], change: str, match
         build_pipeline(config)
 
 
-def test_batch_limit_decodes_plainly_above_it_and_resumes_below(models: dict[str, Path]) -> None:
+@pytest.mark.parametrize("draw_ahead", [True, False])
+def test_batch_limit_decodes_plainly_above_it_and_resumes_below(models: dict[str, Path], draw_ahead: bool) -> None:
     """speculate_max_batch: with more live rows than the limit a step drafts nothing and the
     selector is neither asked nor updated; once rows finish, speculation resumes. Greedy
-    output is the target's either way."""
-    config = pipeline_dict(models["target"], [models["close"]], "ucb1")
+    output is the target's either way. Drawing ahead, each speculating step also draws the
+    next step's choice, so the last one's draw goes unused."""
+    config = pipeline_dict(models["target"], [models["close"]], "ucb1", draw_ahead=draw_ahead)
     config["selector"]["speculate_max_batch"] = 1
     pipe = build_pipeline(config)
     calls = {"select": 0, "update": 0}
@@ -272,7 +274,7 @@ def test_batch_limit_decodes_plainly_above_it_and_resumes_below(models: dict[str
     assert limited and all(r.batch_size == 2 and r.gamma == 0 and r.arm == -1 for r in limited)
     spec = [r for r in steps if r.arm_name != "batch_limit"]
     assert spec and all(r.batch_size == 1 for r in spec)
-    assert calls == {"select": len(spec), "update": len(spec)}
+    assert calls == {"select": len(spec) + draw_ahead, "update": len(spec)}
     assert out.summary["arms"]["batch_limit"]["steps"] == len(limited)
 
 
@@ -296,8 +298,11 @@ def _gated(models: dict[str, Path], selector: str = "ucb1") -> dict:
 def test_first_arm_proposes_before_the_selector(models: dict[str, Path]) -> None:
     """[selector] first: where the match-only lookup proposes, its step runs and the selector
     is neither asked nor updated; where it finds nothing, the selector picks (d0 or plain)
-    and learns from that step alone. Greedy output is the target's."""
-    pipe = build_pipeline(_gated(models))
+    and learns from that step alone. Greedy output is the target's. (Without drawing ahead,
+    so that every select() is a played choice.)"""
+    config = _gated(models)
+    config["selector"]["draw_ahead"] = False
+    pipe = build_pipeline(config)
     assert pipe.first == 0 and pipe.choices == [1, 2] and pipe.selector.num_arms == 2
     asked: list[int] = []
     updates: list[int] = []
@@ -323,6 +328,56 @@ def test_first_arm_proposes_before_the_selector(models: dict[str, Path]) -> None
     assert gate and all(r.gamma > 0 and r.arm == 0 for r in gate)  # matched: a proposal of 1..gamma tokens
     assert {r.arm_name for r in chosen} == {"d0", "plain"}  # UCB1 tries both
     assert asked == updates == [{"d0": 0, "plain": 1}[r.arm_name] for r in chosen]
+
+
+class _Recorder:
+    """A UCB1 whose calls are logged in order, told of each request."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner, self.log = inner, []
+
+    def begin_request(self, rows: int) -> None:
+        self.log.append(("begin", None))
+
+    def select(self) -> int:
+        self.log.append(("select", self.inner.select()))
+        return self.log[-1][1]
+
+    def update(self, arm: int, reward: float) -> None:
+        self.log.append(("update", arm))
+        self.inner.update(arm, reward)
+
+
+def test_draw_ahead_draws_the_next_choice_before_this_steps_reward(models: dict[str, Path]) -> None:
+    """By default the next step's choice is drawn while the device runs this step: so the
+    selector hears select() for step t + 1 before update() for step t, every played choice
+    is the latest draw and is updated once, a draw made where the first arm then proposes
+    is dropped, and a new request never plays a draw from the one before."""
+    pipe = build_pipeline(_gated(models))
+    assert pipe.draw_ahead
+    rec = _Recorder(pipe.selector)
+    pipe.selector = rec
+    runs = [pipe.generate([prompt], max_new_tokens=24).steps for prompt in ([1, 2, 3, 4, 5, 1, 2], [9, 8, 7, 6])]
+    steps = [r for run in runs for r in run]
+    chosen = [r for r in steps if r.arm_name != "lookup-match"]
+    updates = [arm for kind, arm in rec.log if kind == "update"]
+    assert updates == [{"d0": 0, "plain": 1}[r.arm_name] for r in chosen]
+    assert len(chosen) < len(steps)  # the lookup proposed somewhere: draws made before those steps were dropped
+    # every step draws the next choice once, and a request whose first step the selector picks
+    # draws that one fresh (nothing was drawn ahead for it: begin_request dropped the last)
+    fresh = sum(r[0].arm_name != "lookup-match" for r in runs)
+    assert sum(kind == "select" for kind, _ in rec.log) == len(steps) + fresh
+    for i, (kind, arm) in enumerate(rec.log):
+        if kind == "update":  # the played draw is the one before the draw this step made ahead
+            draws = [a for k, a in rec.log[:i] if k == "select"]
+            assert arm == draws[-2]
+    assert [kind for kind, _ in rec.log].count("begin") == 2
+
+
+def test_draw_ahead_must_be_true_or_false(models: dict[str, Path]) -> None:
+    config = pipeline_dict(models["target"], [models["close"]], "ucb1", draw_ahead="yes")
+    with pytest.raises(ConfigError, match=r"\[selector\] key 'draw_ahead': must be true or false"):
+        build_pipeline(config)
 
 
 @pytest.mark.parametrize(
