@@ -730,6 +730,8 @@ def analyse(raw: Json, model: Json | None) -> Json:
         "host_fraction": lambda: host_fraction(sections),
         "b1_greedy": lambda: batch_b1(sections[b1], b1) if b1 else None,
         "b1_adaptive": lambda: batch_b1(sections["b1_adaptive"], "b1_adaptive") if "b1_adaptive" in sections else None,
+        "b1_adaptive_gammas": lambda: (batch_b1(sections["b1_adaptive_gammas"], "b1_adaptive_gammas")
+                                       if "b1_adaptive_gammas" in sections else None),
         "b1_gated": lambda: batch_b1(sections["b1_gated"], "b1_gated") if "b1_gated" in sections else None,
         "b1_gated_every": lambda: (batch_b1(sections["b1_gated_every"], "b1_gated_every")
                                    if "b1_gated_every" in sections else None),

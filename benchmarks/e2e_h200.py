@@ -48,7 +48,9 @@ def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: 
     ``gated``: match-only lookup as ``[selector] first``, and the selector choosing, only where
     it finds nothing, between the first draft and no draft: the same two fixed policies as
     ``adaptive``, but the selector learns from the steps where its choice made a difference;
-    with ``every``, the selector chooses among every draft gamma, padded lookup and no draft.
+    with ``every``, the selector chooses among every draft gamma, padded lookup and no draft;
+    ``adaptive`` with ``every``: match-only lookup falling back to nothing or to the draft at
+    each gamma (issue 5's arm set with lookup first in every arm).
     All stop speculating above ``limit`` live rows; ``attention`` is every fast model's
     (``sdpa`` turns both Triton kernels off)."""
     g, d = lookup_gamma, draft_gammas[0]
@@ -66,6 +68,9 @@ def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: 
         chosen = [*map(draft, draft_gammas), padded] if every else [draft(d)]
         arms = [f'{match}name = "lookup-match-g{g}"\nselect = false\n', *chosen, none]
         first = f'first = "lookup-match-g{g}"\n'
+    elif adaptive and every:  # lookup first in every arm, then no draft or the draft at each gamma
+        arms = [lookup_first[0], *(f'{match}fallback = "draft0.5b-g{x}"\nname = "lookup-match-g{g}-or-draft0.5b-g{x}"\n'
+                                   for x in draft_gammas), *(f"{draft(x)}select = false\n" for x in draft_gammas)]
     elif adaptive:
         arms = [*lookup_first, f"{draft(d)}select = false\n"]
     else:
@@ -159,6 +164,8 @@ def full(args: argparse.Namespace) -> int:
                                config("gated", [3, 6], 8, 1024, gated=True))
     # b1_greedy's arms, with match-only lookup first
     config_of["b1_gated_every"] = config("gated_every", [3, 5], 6, 768, gated=True, every=True)
+    # b1_adaptive's design over the draft at two gammas: lookup, else no draft, the draft at gamma 3 or at 5
+    config_of["b1_adaptive_gammas"] = config("adaptive_gammas", [3, 5], 8, 1024, adaptive=True, every=True)
     work = args.out  # each section's bench.json lands in --out/<section>/ as soon as it is written
     sections: dict[str, Any] = {}
     limit = ["--prompts", str(args.prompts)] if args.prompts else []
@@ -168,6 +175,7 @@ def full(args: argparse.Namespace) -> int:
     plan = {
         "b1_greedy": [*common, "--hf-prompts", str(args.hf_prompts), "--exactness", "2", *sel, *fuse],
         "b1_adaptive": [*common, "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse],
+        "b1_adaptive_gammas": [*common, "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse],
         "b1_gated": [*common, "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse],
         # issue 5's arm set (the draft at two gammas, padded lookup, none) behind match-only lookup
         "b1_gated_every": [*common, "--systems", "flashspec,target_only", "--repeats", "4", *sel, *fuse],
@@ -255,12 +263,12 @@ def floor_table(bench: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 # sections whose own summary goes into summary[<section>] (b1_greedy's is the summary itself)
-SUMMARIZED = ("b1_adaptive", "b1_gated", "b1_gated_every", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy",
+SUMMARIZED = ("b1_adaptive", "b1_adaptive_gammas", "b1_gated", "b1_gated_every", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy",
               "b8_limited", "b32_limited", "b1_t07",
               "b1_nf4")
 # the bandits each section runs besides its config's (Thompson): the docs compare every one
 MORE_SELECTORS = ("ucb1", "sliding_window_ucb", "request_thompson", "glr_thompson", "discounted_thompson")
-SECTIONS = ("b1_greedy", "b1_adaptive", "b1_gated", "b1_gated_every", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy",
+SECTIONS = ("b1_greedy", "b1_adaptive", "b1_adaptive_gammas", "b1_gated", "b1_gated_every", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy",
             "b32_greedy", "b8_limited", "b32_limited", "b1_t07", "b1_nf4", "synthetic", "workload_interleaved", "workload_blocked", "workload_adaptive",
             "workload_adaptive_blocked", "workload_gated", "workload_gated_blocked", "b1_greedy_warm")
 # b1_greedy_warm: b1_greedy's FlashSpec systems again (`--bench-extra "--systems flashspec,target_only

@@ -74,6 +74,8 @@ def _e2e(data: dict[str, Any]) -> list[str]:
     lines += ["", f"Best FlashSpec system ({s['best_flashspec']}) over each HF baseline, on the prompts HF ran: {over}."]
     for key, what in (
         ("b1_adaptive", "Bandits choosing between match-only prompt lookup and the same falling back to the 0.5B draft"),
+        ("b1_adaptive_gammas", "Bandits choosing between match-only prompt lookup and the same falling back to the "
+                               "0.5B draft at gamma 3 or at gamma 5"),
         ("b1_gated", "Match-only prompt lookup as `[selector] first`, the bandits choosing between the 0.5B draft and "
                      "no draft only where it finds nothing"),
         ("b1_gated_every", "Match-only prompt lookup as `[selector] first`, the bandits choosing between every draft "

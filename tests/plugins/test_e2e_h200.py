@@ -34,7 +34,12 @@ def test_every_fast_model_takes_the_attention_switch(tmp_path: Any) -> None:
     import tomllib
 
     paths = {"target": str(tmp_path / "t"), "draft": str(tmp_path / "d")}
-    for kw in ({}, {"gated": True, "every": True}, {"adaptive": True}):
+    for kw in ({}, {"gated": True, "every": True}, {"adaptive": True}, {"adaptive": True, "every": True}):
         cfg = tomllib.loads(e2e.pipeline_toml(paths, [3, 5], 6, "triton", 768, True, attention="sdpa", **kw))
         fast = [cfg["target"], *(a for a in cfg["arm"] if a.get("use") == "fast")]
         assert len(fast) >= 2 and {t["attention"] for t in fast} == {"sdpa"}
+    # adaptive over the gammas: lookup first in every selectable arm, no draft or the draft at 3 or 5
+    cfg = tomllib.loads(e2e.pipeline_toml(paths, [3, 5], 8, "triton", 1024, True, adaptive=True, every=True))
+    chosen = [a for a in cfg["arm"] if a.get("select", True)]
+    assert [a.get("fallback") for a in chosen] == [None, "draft0.5b-g3", "draft0.5b-g5"]
+    assert all(a["use"] == "prompt_lookup" and a["fill"] is False for a in chosen)
