@@ -511,14 +511,17 @@ def width_at(arm: Arm, trace: Mapping[str, Any], t: int) -> int:
 
 
 def replay(selector: Any, reward: str, traces: Mapping[str, Mapping[str, Any]], order: Sequence[str],
-           costs: Sequence[Mapping[int, float]], arms: Sequence[Arm] = ARMS, first: int | None = None
-           ) -> list[Step]:
+           costs: Sequence[Mapping[int, float]], arms: Sequence[Arm] = ARMS, first: int | None = None,
+           draw_ahead: bool = False) -> list[Step]:
     """Serve every prompt in ``order`` with one selector that keeps its state throughout.
 
     ``first`` (an index into ``arms``, a ``match`` arm), as the engine's ``[selector] first``:
     where that arm proposes (``match_width[t] > 0``) its step runs without the selector,
     recorded with arm ``-1``, and does not feed the selector's reward scale; elsewhere the
-    selector picks and learns."""
+    selector picks and learns. ``draw_ahead``, as the engine's ``[selector] draw_ahead``:
+    every step draws the next step's choice before its own reward is fed (one step late);
+    the draw is dropped where ``first`` proposes or the prompt ends. The tables replay
+    without it (each reward before the next draw); ``sensitivity_draw_ahead`` compares."""
     from flashspec_core.contracts import RequestAware
     from flashspec_core.rewards import make_reward
 
@@ -527,6 +530,7 @@ def replay(selector: Any, reward: str, traces: Mapping[str, Mapping[str, Any]], 
     for pid in order:
         if isinstance(selector, RequestAware):  # as the pipeline does at each generate()
             selector.begin_request(1)
+        ahead = None  # a draw from the prompt before is not played
         tr = traces[pid]
         n, t = len(tr["tokens"]), 0
         while t < n:
@@ -535,11 +539,13 @@ def replay(selector: Any, reward: str, traces: Mapping[str, Mapping[str, Any]], 
                 emitted = min(acc + 1, n - t)
                 steps.append(Step(pid, tr["domain"], -1, w, acc, emitted, costs[first][w]))
                 t += emitted
+                ahead = selector.select() if draw_ahead else None
                 continue
-            k = selector.select()
+            k = selector.select() if ahead is None else ahead
             w, acc = width_at(arms[k], tr, t), accepted_at(arms[k], tr, t)
             emitted = min(acc + 1, n - t)  # the last step may stop at max_new_tokens / EOS
             seconds = costs[k][own_width(arms[k], tr, t)]  # a fallback step is keyed 0
+            ahead = selector.select() if draw_ahead else None  # drawn while the device runs this step
             selector.update(k, score(w, [acc], emitted, seconds))  # the width, as the pipeline does
             steps.append(Step(pid, tr["domain"], k, w, acc, emitted, seconds))
             t += emitted
@@ -803,6 +809,29 @@ def order_sensitivity(traces: Mapping[str, Mapping[str, Any]], costs: Mapping[st
     return out
 
 
+def draw_ahead_sensitivity(traces: Mapping[str, Mapping[str, Any]], costs: Mapping[str, Any], seeds: int
+                           ) -> dict[str, Any]:
+    """Each selector (default config, throughput reward) in the lookup-first design, replayed
+    as the tables do (each reward before the next draw) and as the engine's default
+    ``draw_ahead`` does (the next choice drawn before this step's reward): the model's cost of
+    feedback one step late. Step costs are the same in both: the draw's host time, which
+    ``draw_ahead`` takes off the step, is not in the model."""
+    per = step_costs(costs, ADAPTIVE)
+    out: dict[str, Any] = {}
+    for order in ("interleaved", "blocked"):
+        ids = order_prompts(traces, order)
+        for name, (make, randomised) in selector_makers(k=len(ADAPTIVE)).items():
+            row = {}
+            for ahead in (False, True):
+                runs = [tally_domains(replay(make(seed), "throughput", traces, ids, per, ADAPTIVE, 0, ahead), ADAPTIVE)
+                        for seed in range(seeds if randomised else 1)]
+                row["draw_ahead" if ahead else "in_turn"] = {
+                    "tps": float(np.mean([r["overall"]["tps"] for r in runs])),
+                    "per_domain": {d: float(np.mean([r[d]["tps"] for r in runs])) for d in DOMAINS}}
+            out[f"{name}+throughput@{order}"] = row
+    return out
+
+
 def tps_table(policies: Mapping[str, Any]) -> dict[str, Any]:
     """Each policy's tokens/s, overall and per domain (the summary's ``policies`` tables)."""
     return {k: {"tps": v["tps"], "per_domain": {d: v["per_domain"][d]["tps"] for d in DOMAINS}}
@@ -879,6 +908,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         "arm_acceptance": arm_stats(traces),
         "sensitivity_cheap_match_step": match_sensitivity(traces, costs, per_arm, args.seeds),
         "sensitivity_arm_order": order_sensitivity(traces, costs, args.seeds),
+        "sensitivity_draw_ahead": draw_ahead_sensitivity(traces, costs, args.seeds),
         "policies": policies,
         "adaptive_policies": adaptive,
         "gated_policies": gated,

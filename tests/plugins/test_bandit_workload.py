@@ -182,6 +182,39 @@ def test_first_arm_steps_run_without_the_selector():
                [(s.width, s.accepted, s.emitted, s.seconds) for s in plain]
 
 
+def test_draw_ahead_replays_the_engines_call_order():
+    """draw_ahead: every step draws the next choice before its own reward is fed; a selector
+    step plays the draw the step before made, a draw before a first-arm step or at a prompt's
+    end is dropped, so there are as many draws as steps plus each prompt's fresh first draw."""
+    arms = bw.ADAPTIVE
+    costs = bw.step_costs(COSTS, arms)
+    ids = bw.order_prompts(TRACES, "blocked")
+
+    class Logged:
+        def __init__(self) -> None:
+            self.log: list[tuple[str, int]] = []
+
+        def select(self) -> int:
+            self.log.append(("select", sum(k == "select" for k, _ in self.log) % 2))
+            return self.log[-1][1]
+
+        def update(self, arm: int, reward: float) -> None:
+            self.log.append(("update", arm))
+
+    sel = Logged()
+    steps = bw.replay(sel, "throughput", TRACES, ids, costs, arms, first=0, draw_ahead=True)
+    fresh = 0
+    for pid in ids:
+        first_step = next(s for s in steps if s.prompt == pid)
+        fresh += first_step.arm != -1
+    assert sum(k == "select" for k, _ in sel.log) == len(steps) + fresh
+    for i, (kind, arm) in enumerate(sel.log):
+        if kind == "update":  # the played draw is the one before this step's own draw ahead
+            assert arm == [a for k, a in sel.log[:i] if k == "select"][-2]
+    got = bw.draw_ahead_sensitivity(TRACES, COSTS, seeds=2)
+    assert set(got["ucb1+throughput@blocked"]) == {"in_turn", "draw_ahead"}
+
+
 def test_arm_order_sensitivity_runs_both_orders_with_and_without_a_round():
     got = bw.order_sensitivity(TRACES, COSTS, seeds=2)
     assert set(got) == {f"{o}/initial_round={r}/{w}" for o in ("model_order", "engine_order") for r in (0, 1)
