@@ -117,17 +117,21 @@ class PromptLookupDraft:
     ) -> Draft:
         if len(self._rows) != len(lengths):
             self._rows = [NgramIndex(self.config) for _ in lengths]
+        ids = tokens.cpu().numpy()  # a view of the CPU ids: slicing it costs far less host time than the tensor's
         rows = []
         for b, n in enumerate(lengths):
             index = self._rows[b]
             if n < len(index.seq):  # not the sequence this row had: start over
                 index = self._rows[b] = NgramIndex(self.config)
             if n > len(index.seq):
-                index.extend(tokens[b, len(index.seq) : n].tolist())
+                index.extend(ids[b, len(index.seq) : n].tolist())
             rows.append(index.propose(gamma))
         width = max(len(r) for r in rows)  # rows alike: shorter matches repeat their last token
-        rows = [r + [r[-1] if r else int(tokens[b, lengths[b] - 1])] * (width - len(r)) for b, r in enumerate(rows)]
-        return Draft(tokens=torch.tensor(rows, dtype=torch.long).view(len(rows), width), probs=None)
+        if width == 0:  # no row matched: a plain step (this runs before every step a lookup gates)
+            return Draft(tokens=torch.empty((len(rows), 0), dtype=torch.long), probs=None)
+        rows = [r + [r[-1] if r else int(ids[b, lengths[b] - 1])] * (width - len(r)) if len(r) < width else r
+                for b, r in enumerate(rows)]
+        return Draft(tokens=torch.tensor(rows, dtype=torch.long), probs=None)
 
     def rollback(self, num_accepted: Sequence[int]) -> None:
         """Nothing to undo: rejected tokens never enter the sequences it indexes."""
