@@ -161,13 +161,15 @@ def test_greedy_speculative_equals_target_only_and_hf(models: dict[str, Path], d
     spec = build_pipeline(_config(models, "fast", dtype, selector))
     plain = _target_only(models, "fast", dtype)
     hf = _target_only(models, "hf", dtype)
+    played = set()
     for batch in ([PROMPTS[0]], PROMPTS):
         got = spec.generate(batch, max_new_tokens=24, temperature=0.0)
         want = plain.generate(batch, max_new_tokens=24, temperature=0.0).token_ids
         assert got.token_ids == want
         assert hf.generate(batch, max_new_tokens=24, temperature=0.0).token_ids == want
-    if selector == "ucb1":
-        assert {r.arm_name for r in got.steps} == {"close", "far", "lookup", "none"}
+        played |= {r.arm_name for r in got.steps}
+    if selector == "ucb1":  # its opening sweep (each arm twice when drawn ahead) spans both calls
+        assert played == {"close", "far", "lookup", "none"}
 
 
 def test_fast_spec_equals_hf_spec_sampled(models: dict[str, Path]) -> None:
