@@ -17,7 +17,8 @@ verify step as one of ``gamma + 1`` rows. In bf16 on the H200 the two disagree a
 2. **Pieces.** On random inputs of the model's shapes, each piece of a forward at ``M = 1``
    and as the last of ``M = k`` rows: the GEMMs (QKV, output, gate-up, down, LM head, with
    the residual add in place as the forward does it), the compiled RMSNorm and SiLU-mul
-   (the last row), and the decode-attention kernel (every row against its query alone),
+   (the last row; once more on ``[1, T, dim]`` inputs as the forward passes them, the lone
+   token a tensor of its own), and the decode-attention kernel (every row against its query alone),
    once under one span and once as the forward calls it, each query under its own span.
 3. **Depth.** Part 1 at the widest width over the first ``d`` layers only (1, 2, 4, ...,
    all): the first depth whose rows differ localises the layer where the bits part.
@@ -134,6 +135,18 @@ def pieces_table(model: Transformer, widths: list[int], seed: int) -> dict[str, 
 
     for name, (cols, fn) in cases.items():
         pieces[name] = last_row(cols, fn)
+
+    def as_forward(cols: int, fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
+        """As a forward calls the op: ``[1, T, cols]``, the lone token a tensor of its own (no
+        view at an offset), so a compiled op meets the layouts it meets in part 1."""
+        def piece(k: int) -> tuple[torch.Tensor, torch.Tensor]:
+            h = rnd(k, cols)
+            return fn(h[-1:].clone()[None])[0], fn(h[None])[0, -1:]
+        return piece
+
+    pieces["rms_norm [1, T, dim] (compiled if fuse)"] = as_forward(
+        a.dim, lambda h: model.ops.rms_norm(h, layer.attn_norm, a.norm_eps))
+    pieces["silu_mul [1, T, 2 ffn] (compiled if fuse)"] = as_forward(2 * a.ffn, lambda h: model.ops.silu_mul(h))
     for name, cols, weight in (("wo + residual (addmm_)", a.heads * hd, layer.wo),
                                ("down + residual (addmm_)", a.ffn, layer.w_down)):
         def res(k: int, cols: int = cols, weight: Any = weight) -> tuple[torch.Tensor, torch.Tensor]:

@@ -43,6 +43,9 @@ def test_run_writes_both_tables(tmp_path: Path) -> None:
     attention = next(v for n, v in data["pieces"].items() if n.startswith("decode_attention"))
     # the kernel's own promise, checked here in the interpreter: a query's bits do not depend on the width
     assert all(v["bit_equal_rows"] == v["rows"] == int(k) for k, v in attention.items())
+    for name in ("rms_norm [1, T, dim] (compiled if fuse)", "silu_mul [1, T, 2 ffn] (compiled if fuse)"):
+        assert set(data["pieces"][name]) == {"2", "4"}  # as the forward passes them; row-wise ops on the CPU
+        assert all(v["bit_equal_rows"] == v["rows"] == 1 for v in data["pieces"][name].values())
     spans = data["pieces"]["decode_attention, each at its own span (across a power of two)"]
     assert all(v["bit_equal_rows"] == v["rows"] == int(k) for k, v in spans.items())  # split counts differ there
     depth = data["depth"]
