@@ -787,6 +787,12 @@ def arm_stats(traces: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _mean_tps(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Modelled tokens/s over seeds' tallies: overall and per domain."""
+    return {"tps": float(np.mean([r["overall"]["tps"] for r in runs])),
+            "per_domain": {d: float(np.mean([r[d]["tps"] for r in runs])) for d in DOMAINS}}
+
+
 def order_sensitivity(traces: Mapping[str, Mapping[str, Any]], costs: Mapping[str, Any], seeds: int
                       ) -> dict[str, Any]:
     """request_thompson in the lookup-first design with the two arms in either order (the
@@ -803,9 +809,7 @@ def order_sensitivity(traces: Mapping[str, Mapping[str, Any]], costs: Mapping[st
                 runs = [tally_domains(replay(RequestThompson(RequestThompsonConfig(seed=seed, initial_round=rounds),
                                                              len(arms)), "throughput", traces, ids, per, arms, first),
                                       arms) for seed in range(seeds)]
-                out[f"{label}/initial_round={rounds}/{order}"] = {
-                    "arms": [a.name for a in arms], "tps": float(np.mean([r["overall"]["tps"] for r in runs])),
-                    "per_domain": {d: float(np.mean([r[d]["tps"] for r in runs])) for d in DOMAINS}}
+                out[f"{label}/initial_round={rounds}/{order}"] = {"arms": [a.name for a in arms], **_mean_tps(runs)}
     return out
 
 
@@ -825,9 +829,7 @@ def draw_ahead_sensitivity(traces: Mapping[str, Mapping[str, Any]], costs: Mappi
             for ahead in (False, True):
                 runs = [tally_domains(replay(make(seed), "throughput", traces, ids, per, ADAPTIVE, 0, ahead), ADAPTIVE)
                         for seed in range(seeds if randomised else 1)]
-                row["draw_ahead" if ahead else "in_turn"] = {
-                    "tps": float(np.mean([r["overall"]["tps"] for r in runs])),
-                    "per_domain": {d: float(np.mean([r[d]["tps"] for r in runs])) for d in DOMAINS}}
+                row["draw_ahead" if ahead else "in_turn"] = _mean_tps(runs)
             out[f"{name}+throughput@{order}"] = row
     return out
 
