@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# One H200 lease, stage by stage: how the committed e2e-h200 sections are measured.
+#
+# The GPU machine has no package index and takes at most 64 MiB of working tree per call, so the
+# run is cut into calls of the device tool, made back to back while the machine stays warm; state
+# lives under /tmp there between calls.
+#
+#   here:   bash benchmarks/h200_lease.sh prep GGUF_DIR   # .gpusnap (HEAD + wheels) and .devcarry chunks
+#   there:  bash .gpusnap/benchmarks/h200_lease.sh start   (carry .gpusnap)  install, GPU smoke
+#           bash /tmp/fs/benchmarks/h200_lease.sh chunk N  (carry .devcarry/cN, for every N)
+#                a model whose chunks have all arrived is joined, checked against its pinned
+#                sha256 and converted to bf16 in the background while the rest travel
+#           bash /tmp/fs/benchmarks/h200_lease.sh multi SECTION:BUDGET_S ...
+#                waits for the conversions, then `e2e_h200.py full` once per section, in order
+#
+# Every stage writes its log and results under $OUT (res-STAGE.tgz: the sections' bench.json
+# folders); `e2e_h200.py summarize` turns them into docs/benchmarks/e2e-h200.json.
+set -uo pipefail
+FS=/tmp/fs SITE=/tmp/site MODELS=/tmp/fsmodels RES=/tmp/fsout LOGS=/tmp/fslogs
+CHUNK_MIB=${CHUNK_MIB:-36}  # the checkout itself travels with every chunk: 64 MiB in all
+stage=${1:?usage: h200_lease.sh prep GGUF_DIR | start | chunk N | multi SECTION:BUDGET_S ...}
+shift
+
+prep() {  # here, at the root of a clean checkout
+    local gguf=${1:?prep GGUF_DIR}
+    [ -z "$(git status --porcelain --untracked-files=no)" ] || { echo "prep: commit first (the lease measures HEAD)"; exit 2; }
+    rm -rf .gpusnap .devcarry && mkdir -p .gpusnap/.whl .devcarry
+    git archive HEAD | tar -x -C .gpusnap
+    rm -rf .gpusnap/docs/benchmarks  # results, not code: they would crowd the 64 MiB
+    git rev-parse --short HEAD > .gpusnap/SHA
+    python3 -m pip wheel -q --no-deps --no-build-isolation -w .gpusnap/.whl .gpusnap || exit 2
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .gpusnap/.whl \
+        "gguf==$(python3 -c 'import gguf, importlib.metadata as m; print(m.version("gguf"))')" \
+        "structlog==$(python3 -c 'import importlib.metadata as m; print(m.version("structlog"))')" || exit 2
+    python3 - "$gguf" "$CHUNK_MIB" <<'EOF'
+import sys
+from pathlib import Path
+from flashspec_hf.weights import KNOWN_MODELS
+sys.path.insert(0, "benchmarks")
+from e2e_h200 import MODELS
+
+gguf, size = Path(sys.argv[1]), int(sys.argv[2]) << 20
+lines, n = [], 0
+for role in ("target", "draft"):  # the target first: its conversion is the longer one
+    model = KNOWN_MODELS[MODELS[role]]
+    parts = []
+    with (gguf / model.gguf_file).open("rb") as src:
+        while block := src.read(size):
+            d = Path(f".devcarry/c{n:03d}")
+            d.mkdir(parents=True)
+            (d / f"{model.gguf_file}.{len(parts):03d}").write_bytes(block)
+            parts.append(f"{model.gguf_file}.{len(parts):03d}")
+            n += 1
+    lines.append(" ".join([role, model.gguf_file, model.sha256, *parts]))
+Path(".gpusnap/manifest.txt").write_text("\n".join(lines) + "\n")
+print(f"{n} chunks: .devcarry/c000 .. c{n - 1:03d}")
+EOF
+    du -sh .gpusnap
+}
+
+install() {
+    export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
+}
+
+join_ready() {  # join, check and start converting each model whose parts are all here
+    local role file sha parts p
+    while read -r role file sha parts; do
+        [ -e "$MODELS/$file" ] && continue
+        for p in $parts; do [ -e "$MODELS/parts/$p" ] || continue 2; done
+        (cd "$MODELS/parts" && cat $parts) > "$MODELS/$file.tmp"
+        echo "$sha  $MODELS/$file.tmp" | sha256sum -c --quiet || { echo "$file: sha256 mismatch"; return 3; }
+        mv "$MODELS/$file.tmp" "$MODELS/$file" && (cd $MODELS/parts && rm -f $parts)
+        echo "joined $file; converting $role in the background"
+        setsid nohup python3 $FS/benchmarks/e2e_h200.py convert --gguf $MODELS --which "$role" \
+            > "$LOGS/convert-$role.log" 2>&1 < /dev/null &
+    done < $FS/manifest.txt
+}
+
+wait_converted() {  # both bf16 copies on disk, or the converters gone
+    local t0=$SECONDS
+    while pgrep -f "e2e_h200.py convert" > /dev/null; do
+        [ $((SECONDS - t0)) -gt "${1:-900}" ] && { echo "conversion still running after $1 s"; return 3; }
+        sleep 2
+    done
+    echo "conversions done after waiting $((SECONDS - t0)) s"; tail -n 2 $LOGS/convert-*.log
+}
+
+case $stage in
+prep) prep "$@" ;;
+start)
+    rm -rf $FS $RES $LOGS && cp -r .gpusnap $FS && mkdir -p $MODELS/parts $RES $LOGS || exit 2
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE $FS/.whl/*.whl \
+        || exit 2
+    install
+    cd $FS && echo "snapshot $(cat SHA)" && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+    python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)'
+    python3 benchmarks/e2e_h200.py smoke --out $RES/smoke > $LOGS/smoke.log 2>&1
+    echo "smoke rc=$?"; grep -v '^\s' $LOGS/smoke.log | tail -n 25
+    tar czf "$OUT/res-start.tgz" -C /tmp fsout/smoke fslogs
+    ;;
+chunk)
+    install
+    cp .devcarry/c"${1:?chunk N}"/* $MODELS/parts/ || exit 2
+    join_ready
+    ;;
+multi)
+    install
+    cd $FS && wait_converted 900 || exit 3
+    names=()
+    for sb in "$@"; do
+        sec=${sb%%:*} budget=${sb##*:}
+        names+=("fsout/$sec")
+        echo "== $sec ($budget s) $(date +%T)"
+        python3 benchmarks/e2e_h200.py full --gguf $MODELS --out $RES --sections "$sec" --budget "$budget" \
+            ${XARGS:-} > "$LOGS/$sec.log" 2>&1
+        echo "rc=$? $(date +%T)"; grep '^\[' "$LOGS/$sec.log" | tail -n 4
+        grep -h '"tokens_per_s"' "$RES/$sec/bench.json" > /dev/null 2>&1 || echo "$sec: no bench.json"
+    done
+    tar czf "$OUT/res-multi-$(date +%H%M%S).tgz" -C /tmp "${names[@]}" fslogs 2>/dev/null
+    ls -la "$OUT"
+    ;;
+*) echo "unknown stage $stage"; exit 2 ;;
+esac
