@@ -451,6 +451,7 @@ def build_summary(sections: dict[str, Any], commit: str, section_commits: dict[s
     warm_b1_ran = bool(sections["b1_greedy"]) and not cold(sections["b1_greedy"])
     summary["skipped_sections"] = [k for k, v in sections.items()
                                    if v is None and not (k == "b1_greedy_warm" and warm_b1_ran)]
+    summary["unfused_sections"] = [k for k, v in sections.items() if v is not None and not v["args"].get("fuse")]
     summary["measured_at_commit"] = commit
     summary["section_commits"] = {k: section_commits.get(k, commit) for k, v in sections.items() if v is not None}
     return summary
@@ -547,7 +548,7 @@ def tiny_bench(out: Path) -> None:
     )
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="mode", required=True)
     s = sub.add_parser("smoke")
@@ -562,7 +563,8 @@ def main() -> int:
     f.add_argument("--prompts", type=int, default=0, help="only the first N prompts of each section (0: all)")
     f.add_argument("--bench-extra", default="", help="more `flashspec bench` arguments for every section, after "
                    "the section's own (a later option wins), e.g. \"--systems flashspec,target_only\"")
-    f.add_argument("--fuse", action="store_true")
+    f.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
+                   help="the fast models' fused RMSNorm/SiLU ops (on by default: every committed section ran fused; --no-fuse measures the plain ops)")
     f.add_argument("--attention", choices=("auto", "sdpa", "triton"), default="auto",
                    help="the fast models' decoding attention and rotary kernels (sdpa: PyTorch only, a fallback)")
     f.add_argument("--verifier", default="auto", help="the config's verifier (auto: triton on CUDA)")
@@ -581,7 +583,11 @@ def main() -> int:
     m.add_argument("--commit", required=True, help="the commit the run measured (the GPU copy has no .git)")
     m.add_argument("--section-commit", action="append", default=[], metavar="SECTION=SHA",
                    help="a section measured at another commit than --commit (sections merged from several runs)")
-    args = p.parse_args()
+    return p
+
+
+def main() -> int:
+    args = build_parser().parse_args()
     return {"full": full, "smoke": smoke, "summarize": summarize_dir, "convert": convert_only}[args.mode](args)
 
 

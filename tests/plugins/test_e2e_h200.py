@@ -10,7 +10,7 @@ e2e = load_benchmark("e2e_h200")
 
 
 def _section(summary: dict[str, Any], tps: float) -> dict[str, Any]:
-    return {"summary": summary, "args": {"warmup": -1}, "config": "", "runs": {},
+    return {"summary": summary, "args": {"warmup": -1, "fuse": True}, "config": "", "runs": {},
             "summaries": {"target_only": {"tokens_per_s": tps, "outside_steps_ms_per_batch": 1.0}}}
 
 
@@ -22,10 +22,23 @@ def test_summary_from_the_sections_that_ran() -> None:
     assert s["b1_gated"] == gated["summary"]  # a SUMMARIZED section's own summary
     assert "b8_greedy" in s["skipped_sections"] and "b1_greedy" not in s["skipped_sections"]
     assert s["section_commits"] == {"b1_greedy": "abc1234", "b1_gated": "def5678"}
-    assert s["measured_at_commit"] == "abc1234" and s["cold_sections"] == []
+    assert s["measured_at_commit"] == "abc1234" and s["cold_sections"] == [] and s["unfused_sections"] == []
     # HF baselines and the float32 check that did not run are named, not silently absent
     assert "hf_lookup (skipped: run budget)" in s["not_measured"]
     assert "greedy_identical (float32 check skipped: run budget)" in s["not_measured"]
+
+
+def test_sections_run_fused_unless_told() -> None:
+    """The 683df99 lease ran `full` without --fuse and measured every system about a quarter
+    slower than the fused sections it would have been merged with: fused is the default now,
+    and a section that ran unfused is named in the summary."""
+    args = e2e.build_parser().parse_args(["full", "--gguf", "g", "--out", "o"])
+    assert args.fuse is True
+    assert e2e.build_parser().parse_args(["full", "--gguf", "g", "--out", "o", "--no-fuse"]).fuse is False
+    plain = _section({}, 80.0)
+    plain["args"]["fuse"] = False
+    s = e2e.build_summary({"b1_greedy": _section({}, 100.0), "b1_gated": plain}, "abc1234", {})
+    assert s["unfused_sections"] == ["b1_gated"]
 
 
 def test_every_fast_model_takes_the_attention_switch(tmp_path: Any) -> None:
