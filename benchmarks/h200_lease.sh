@@ -13,6 +13,10 @@
 #           bash /tmp/fs/benchmarks/h200_lease.sh multi SECTION:BUDGET_S ...
 #                waits for the conversions, then `e2e_h200.py full` once per section, in order
 #
+# Make the start call, every chunk call and the multi calls in ONE message of tool calls: the
+# machine is released about 30 s after a call ends, and a fresh one has no /tmp/fs (stop 17 lost
+# ~220 s of device time to a pause between start and the first chunk).
+#
 # Every stage writes its log and results under $OUT (res-STAGE.tgz: the sections' bench.json
 # folders); `e2e_h200.py summarize` turns them into docs/benchmarks/e2e-h200.json.
 set -uo pipefail
@@ -77,7 +81,7 @@ join_ready() {  # join, check and start converting each model whose parts are al
     done < $FS/manifest.txt
 }
 
-wait_converted() {  # both bf16 copies on disk, or the converters gone
+wait_converted() {  # until no converter runs (their logs, tailed at the end, say whether each succeeded)
     local t0=$SECONDS
     while pgrep -f "e2e_h200.py convert" > /dev/null; do
         [ $((SECONDS - t0)) -gt "${1:-900}" ] && { echo "conversion still running after $1 s"; return 3; }
