@@ -13,6 +13,8 @@ import torch
 
 triton = pytest.importorskip("triton")
 
+from _host_blas import dot_rows_position_invariant  # noqa: E402
+
 from flashspec_kernels import attention as att  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -82,6 +84,14 @@ def test_a_query_gets_the_same_bits_in_any_forward(dtype: torch.dtype, heads: in
     every token, get the bits the same token gets scored alone, under the step's span and a larger one,
     with the combine path (positions past the first split) and the direct one (span within
     it): what keeps greedy speculative tokens equal to target-only's in bf16."""
+    bits = DEV == "cuda" or dot_rows_position_invariant()  # see tests/_host_blas.py
+
+    def same(got: torch.Tensor, want: torch.Tensor, where: object) -> None:
+        if bits:
+            assert torch.equal(got, want), where
+        else:  # the host BLAS rounds by row position: float32 rounding is all that may differ
+            torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-7, msg=str(where))
+
     g = torch.Generator(device=DEV).manual_seed(11)
     slots = 512
     k = torch.randn((1, slots, kv, hd), generator=g, device=DEV).to(dtype)
@@ -94,11 +104,11 @@ def test_a_query_gets_the_same_bits_in_any_forward(dtype: torch.dtype, heads: in
             pos = torch.arange(last - width + 1, last + 1, device=DEV)[None]
             for span in spans:
                 out = att.decode_attention(q, k, v, pos, span)
-                assert torch.equal(out[:, -1:], alone), (last, width, span)
+                same(out[:, -1:], alone, (last, width, span))
             if width == 4:  # the earlier rows too (accepted tokens come from them): their tile reads past them
                 for i in range(width - 1):
                     one = att.decode_attention(q[:, i : i + 1], k, v, pos[:, i : i + 1], spans[0])
-                    assert torch.equal(out[:, i : i + 1], one), (last, i)
+                    same(out[:, i : i + 1], one, (last, i))
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _host_blas import dot_rows_position_invariant
 from _scripts import load_benchmark
 from _tiny import tiny_lm
 
@@ -42,12 +43,21 @@ def test_run_writes_both_tables(tmp_path: Path) -> None:
             assert table[str(k)]["every_row"]["rows"] == windows * k
     attention = next(v for n, v in data["pieces"].items() if n.startswith("decode_attention"))
     # the kernel's own promise, checked here in the interpreter: a query's bits do not depend on the width
-    assert all(v["bit_equal_rows"] == v["rows"] == int(k) for k, v in attention.items())
+    # (bit for bit where the host BLAS allows it, tests/_host_blas.py; else to float32 rounding)
+    assert all(v["rows"] == int(k) for k, v in attention.items())
+    if dot_rows_position_invariant():
+        assert all(v["bit_equal_rows"] == v["rows"] for v in attention.values())
+    else:
+        assert all(v["max_abs_diff"] < 1e-5 for v in attention.values())
     for name in ("rms_norm [1, T, dim] (compiled if fuse)", "silu_mul [1, T, 2 ffn] (compiled if fuse)"):
         assert set(data["pieces"][name]) == {"2", "4"}  # as the forward passes them; row-wise ops on the CPU
         assert all(v["bit_equal_rows"] == v["rows"] == 1 for v in data["pieces"][name].values())
     spans = data["pieces"]["decode_attention, each at its own span (across a power of two)"]
-    assert all(v["bit_equal_rows"] == v["rows"] == int(k) for k, v in spans.items())  # split counts differ there
+    assert all(v["rows"] == int(k) for k, v in spans.items())  # split counts differ there
+    if dot_rows_position_invariant():
+        assert all(v["bit_equal_rows"] == v["rows"] for v in spans.values())
+    else:
+        assert all(v["max_abs_diff"] < 1e-5 for v in spans.values())
     depth = data["depth"]
     assert depth["width"] == 4 and list(depth["by_layers"]) == ["1", "2"]  # the tiny model has two layers
     assert all(v["rows"] == (6 - 4 + 1) * 4 for v in depth["by_layers"].values())
