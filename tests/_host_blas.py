@@ -15,10 +15,13 @@ import functools
 
 import numpy as np
 
+from flashspec_kernels.attention import BLOCK_M, BLOCK_N
+
 
 @functools.cache
-def dot_rows_position_invariant(rows: int = 16, inner: int = 64, cols: int = 64) -> bool:
-    """True when numpy's float32 matmul gives a row the same bits at every row position."""
+def dot_rows_position_invariant(rows: int = BLOCK_M, inner: int = 64, cols: int = BLOCK_N) -> bool:
+    """True when numpy's float32 matmul gives a row the same bits at every row position, for
+    the kernel's tile (``BLOCK_M`` query rows against ``BLOCK_N`` slots; 64 = the draft's head dim)."""
     rng = np.random.default_rng(0)
     b = rng.standard_normal((inner, cols)).astype(np.float32)
     x = rng.standard_normal(inner).astype(np.float32)

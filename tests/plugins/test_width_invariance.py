@@ -26,6 +26,16 @@ def test_compare_counts_rows_and_finds_one_changed_element() -> None:
         wi.compare(alone, wide[:2])
 
 
+def assert_width_invariant(table: dict[str, dict[str, float]]) -> None:
+    """Each width's row count, and its rows equal to the one-token pass: bit for bit where the
+    host BLAS can show it (tests/_host_blas.py), else to float32 rounding."""
+    assert all(v["rows"] == int(k) for k, v in table.items())
+    if dot_rows_position_invariant():
+        assert all(v["bit_equal_rows"] == v["rows"] for v in table.values())
+    else:
+        assert all(v["max_abs_diff"] < 1e-5 for v in table.values())
+
+
 def test_run_writes_both_tables(tmp_path: Path) -> None:
     model = tiny_lm(tmp_path / "m", vocab=16, seed=0, scale=8.0)
     out = tmp_path / "out"
@@ -44,20 +54,12 @@ def test_run_writes_both_tables(tmp_path: Path) -> None:
     attention = next(v for n, v in data["pieces"].items() if n.startswith("decode_attention"))
     # the kernel's own promise, checked here in the interpreter: a query's bits do not depend on the width
     # (bit for bit where the host BLAS allows it, tests/_host_blas.py; else to float32 rounding)
-    assert all(v["rows"] == int(k) for k, v in attention.items())
-    if dot_rows_position_invariant():
-        assert all(v["bit_equal_rows"] == v["rows"] for v in attention.values())
-    else:
-        assert all(v["max_abs_diff"] < 1e-5 for v in attention.values())
+    assert_width_invariant(attention)
     for name in ("rms_norm [1, T, dim] (compiled if fuse)", "silu_mul [1, T, 2 ffn] (compiled if fuse)"):
         assert set(data["pieces"][name]) == {"2", "4"}  # as the forward passes them; row-wise ops on the CPU
         assert all(v["bit_equal_rows"] == v["rows"] == 1 for v in data["pieces"][name].values())
     spans = data["pieces"]["decode_attention, each at its own span (across a power of two)"]
-    assert all(v["rows"] == int(k) for k, v in spans.items())  # split counts differ there
-    if dot_rows_position_invariant():
-        assert all(v["bit_equal_rows"] == v["rows"] for v in spans.values())
-    else:
-        assert all(v["max_abs_diff"] < 1e-5 for v in spans.values())
+    assert_width_invariant(spans)  # split counts differ there
     depth = data["depth"]
     assert depth["width"] == 4 and list(depth["by_layers"]) == ["1", "2"]  # the tiny model has two layers
     assert all(v["rows"] == (6 - 4 + 1) * 4 for v in depth["by_layers"].values())
