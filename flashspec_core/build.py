@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from flashspec_core.config import ComponentChoice, PipelineConfig, load_config, parse_config
-from flashspec_core.contracts import DraftContext, StepRecord, Target, Verifier
+from flashspec_core.contracts import DraftContext, DraftProvider, StepRecord, Target, Verifier
 from flashspec_core.logs import run_logger
 from flashspec_core.pipeline import Arm, Pipeline
 from flashspec_core.registry import Registry, build_registry
@@ -39,9 +39,17 @@ def build_pipeline(
     context = DraftContext(target=target, vocab=target.vocab, device=target.device)
     arms = []
     index = {a.name: i for i, a in enumerate(config.arms)}
+    loaded: dict[Any, tuple[str, DraftProvider]] = {}  # one provider per distinct draft table
     for arm in config.arms:
-        say(f"loading arm {arm.name} ({_describe(arm.draft)}, gamma={arm.gamma})")
-        provider = registry.get("draft", arm.draft.use).factory(arm.draft.config, context)
+        key = _provider_key(arm.draft)
+        if key in loaded:
+            owner, provider = loaded[key]
+            say(f"arm {arm.name} (gamma={arm.gamma}) shares arm {owner}'s {_describe(arm.draft)}")
+        else:
+            say(f"loading arm {arm.name} ({_describe(arm.draft)}, gamma={arm.gamma})")
+            provider = registry.get("draft", arm.draft.use).factory(arm.draft.config, context)
+            if key is not None:
+                loaded[key] = (arm.name, provider)
         fallback = index[arm.fallback] if arm.fallback is not None else None
         arms.append(Arm(name=arm.name, provider=provider, gamma=arm.gamma, fallback=fallback, selectable=arm.select))
     verifier = _verifier(registry, config.verifier, target.device)
@@ -65,6 +73,20 @@ def _verifier(registry: Registry, choice: ComponentChoice, device: torch.device)
         spec = registry.get("verifier", name)
         return spec.factory(spec.default_config(), device)  # type: ignore[no-any-return]
     return registry.get("verifier", name).factory(choice.config, device)  # type: ignore[no-any-return]
+
+
+def _provider_key(choice: ComponentChoice) -> Any:
+    """Arms whose draft tables are equal (same ``use``, same options; ``gamma``, ``name``,
+    ``fallback`` and ``select`` belong to the arm) share one provider: one copy of the draft
+    model and one cache that every gamma keeps up to date, so switching between them costs
+    no catch-up. A provider gets ``gamma`` with each call and keeps state only about the
+    sequences. ``None`` (an options object that cannot be hashed): the arm gets its own."""
+    key = (choice.use, choice.config)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _describe(choice: ComponentChoice) -> str:

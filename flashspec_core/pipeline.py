@@ -234,7 +234,7 @@ class Pipeline:
         accepted = host[:, 0].tolist()
         self.target.rollback(accepted)
         drafter.provider.rollback(accepted)
-        if drafter is not arm:  # the arm proposed nothing: none of its tokens entered the sequences
+        if drafter.provider is not arm.provider:  # the arm proposed nothing: none of its tokens entered the sequences
             arm.provider.rollback([0] * len(accepted))
         emitted = [host[b, 1 : 2 + n].tolist() for b, n in enumerate(accepted)]
         acc = tuple(accepted[b] for b in rows)

@@ -362,3 +362,33 @@ def test_draft_prewarm_asks_for_every_graph_key_a_step_can_need(models: dict[str
     with pytest.raises(ValueError, match="must be >= 1"):
         d.prewarm(1, 0, sampling, off_gpu=True)
     assert d.prewarm(2, 2, SamplingParams(temperature=0.7), off_gpu=True) > 0  # sampled: noise drawn on the device
+
+
+@pytest.mark.parametrize("gamma", [1, 2])
+def test_small_gamma_fast_draft_equals_target_only(models: dict[str, Path], gamma: int) -> None:
+    """gamma 1 and 2 (no or one one-token forward after the draft loop's first forward,
+    the arms that pay where a draft costs half a target step): greedy tokens as target-only,
+    and sampled tokens as the hf back-end's with the same seed."""
+    arm = lambda b: [{"use": b, "model": str(models["close"]), "gamma": gamma, "dtype": "float64",  # noqa: E731
+                      "name": f"close-g{gamma}", "device": "cpu", **({"max_len": 128} if b == "fast" else {})}]
+    fast = build_pipeline(_config(models, "fast", "float64", arms=arm("fast")) | {"target": _cpu(models, "fast")})
+    got = fast.generate(PROMPTS, max_new_tokens=20, temperature=0.0)
+    assert {r.gamma for r in got.steps} == {gamma} and max(max(r.accepted) for r in got.steps) == gamma
+    assert got.token_ids == _target_only(models, "fast", "float64").generate(PROMPTS, max_new_tokens=20).token_ids
+    hf = build_pipeline(_config(models, "hf", "float64", arms=arm("hf")) | {"target": _cpu(models, "hf")})
+    sampled = [p.generate(PROMPTS, max_new_tokens=16, temperature=0.8, seed=5).token_ids for p in (fast, hf)]
+    assert sampled[0] == sampled[1]
+
+
+def test_arms_with_one_draft_table_share_its_provider(models: dict[str, Path]) -> None:
+    """The same draft at gamma 1, 2 and 3 is one model and one cache: a switch between the
+    gammas (ucb1 plays each) leaves nothing to catch up, and the tokens are target-only's."""
+    table = {"use": "fast", "model": str(models["close"]), "dtype": "float64", "max_len": 128}
+    arms = [*({**table, "gamma": g, "name": f"close-g{g}"} for g in (1, 2, 3)),
+            {**table, "model": str(models["far"]), "gamma": 2, "name": "far-g2"}, {"use": "none", "name": "none"}]
+    spec = build_pipeline(_config(models, "fast", "float64", "ucb1", arms=arms))
+    providers = [a.provider for a in spec.arms]
+    assert providers[0] is providers[1] is providers[2] and providers[3] is not providers[0]
+    got = spec.generate(PROMPTS, max_new_tokens=30, temperature=0.0)
+    assert {r.arm_name for r in got.steps} >= {"close-g1", "close-g2", "close-g3"}
+    assert got.token_ids == _target_only(models, "fast", "float64").generate(PROMPTS, max_new_tokens=30).token_ids
