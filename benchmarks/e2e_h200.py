@@ -39,7 +39,7 @@ def fast_table(model: str, max_len: int, fuse: bool, attention: str) -> str:
 
 def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: int, verifier: str, max_len: int,
                   fuse: bool, adaptive: bool = False, limit: int = SPECULATE_MAX_BATCH, gated: bool = False,
-                  every: bool = False, attention: str = "auto") -> str:
+                  every: bool = False, attention: str = "auto", padded: bool = True) -> str:
     """The bench config: the 0.5B draft at each gamma, padded and match-only prompt lookup,
     match-only lookup falling back to the first draft, no speculation, Thompson sampling
     with the throughput reward. ``adaptive``: only the two lookup-first arms to choose from
@@ -50,7 +50,9 @@ def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: 
     ``adaptive``, but the selector learns from the steps where its choice made a difference;
     with ``every``, the selector chooses among every draft gamma, padded lookup and no draft;
     ``adaptive`` with ``every``: match-only lookup falling back to nothing or to the draft at
-    each gamma (issue 5's arm set with lookup first in every arm).
+    each gamma (issue 5's arm set with lookup first in every arm); ``padded = False`` leaves
+    padded lookup out of ``gated`` with ``every`` (behind match-only lookup it pads where
+    nothing matched). Arms of one draft at several gammas share its model and cache.
     All stop speculating above ``limit`` live rows; ``attention`` is every fast model's
     (``sdpa`` turns both Triton kernels off)."""
     g, d = lookup_gamma, draft_gammas[0]
@@ -62,10 +64,10 @@ def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: 
     lookup_first = [f'{match}name = "lookup-match-g{g}"\n',  # and the same with the draft where lookup finds nothing:
                     f'{match}fallback = "draft0.5b-g{d}"\nname = "lookup-match-g{g}-or-draft0.5b-g{d}"\n']
     first = ""
-    padded = f'[[arm]]\nuse = "prompt_lookup"\ngamma = {g}\nname = "lookup-g{g}"\n'
+    padded_arm = f'[[arm]]\nuse = "prompt_lookup"\ngamma = {g}\nname = "lookup-g{g}"\n'
     none = '[[arm]]\nuse = "none"\nname = "none"\n'
     if gated:
-        chosen = [*map(draft, draft_gammas), padded] if every else [draft(d)]
+        chosen = [*map(draft, draft_gammas), *([padded_arm] if padded else [])] if every else [draft(d)]
         arms = [f'{match}name = "lookup-match-g{g}"\nselect = false\n', *chosen, none]
         first = f'first = "lookup-match-g{g}"\n'
     elif adaptive and every:  # lookup first in every arm, then no draft or the draft at each gamma
@@ -74,7 +76,7 @@ def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: 
     elif adaptive:
         arms = [*lookup_first, f"{draft(d)}select = false\n"]
     else:
-        arms = [*map(draft, draft_gammas), padded, *lookup_first, none]
+        arms = [*map(draft, draft_gammas), padded_arm, *lookup_first, none]
     return (f"[target]\n{fast_table(paths['target'], max_len, fuse, attention)}\n" + "\n".join(arms)
             + f'\n[verifier]\nuse = "{verifier}"\n\n[selector]\nuse = "thompson"\nreward = "throughput"\n'
             + f"speculate_max_batch = {limit}\n{first}")
@@ -166,6 +168,10 @@ def full(args: argparse.Namespace) -> int:
     config_of["b1_gated_every"] = config("gated_every", [3, 5], 6, 768, gated=True, every=True)
     # b1_adaptive's design over the draft at two gammas: lookup, else no draft, the draft at gamma 3 or at 5
     config_of["b1_adaptive_gammas"] = config("adaptive_gammas", [3, 5], 8, 1024, adaptive=True, every=True)
+    # issue 5's arm set behind match-only lookup with the short proposals that pay where one draft
+    # forward costs about half a target step (d80005c: 1.05 ms against 1.74 ms): gamma 1, 2 and 3
+    config_of |= dict.fromkeys(SMALL_GAMMA_SECTIONS, config("gated_small", list(SMALL_GAMMAS), 8, 1024, gated=True,
+                                                            every=True, padded=False))
     work = args.out  # each section's bench.json lands in --out/<section>/ as soon as it is written
     sections: dict[str, Any] = {}
     limit = ["--prompts", str(args.prompts)] if args.prompts else []
@@ -211,6 +217,11 @@ def full(args: argparse.Namespace) -> int:
                            "flashspec,target_only", "--repeats", "3", *sel, *fuse],
         "workload_gated_blocked": ["--max-new-tokens", "48", *limit, "--systems", "flashspec", "--no-fixed-arms",
                                    "--repeats", "3", *sel, *fuse],
+        "b1_gated_small": [*common, "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse],
+        "workload_gated_small": ["--max-new-tokens", "48", *limit, "--order", "interleaved", "--systems",
+                                 "flashspec,target_only", "--repeats", "3", *sel, *fuse],
+        "workload_gated_small_blocked": ["--max-new-tokens", "48", *limit, "--systems", "flashspec",
+                                         "--no-fixed-arms", "--repeats", "3", *sel, *fuse],
         "synthetic": ["--systems", "", "--synthetic-shapes", "qwen2.5-7b,qwen2.5-14b,qwen2.5-32b",
                       "--synthetic-acceptance", "0.6,0.8", "--synthetic-gammas", "4", *fuse],
     }
@@ -263,14 +274,17 @@ def floor_table(bench: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 # sections whose own summary goes into summary[<section>] (b1_greedy's is the summary itself)
-SUMMARIZED = ("b1_adaptive", "b1_adaptive_gammas", "b1_gated", "b1_gated_every", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy",
+SUMMARIZED = ("b1_adaptive", "b1_adaptive_gammas", "b1_gated", "b1_gated_every", "b1_gated_small", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy",
               "b8_limited", "b32_limited", "b1_t07",
               "b1_nf4")
 # the bandits each section runs besides its config's (Thompson): the docs compare every one
 MORE_SELECTORS = ("ucb1", "sliding_window_ucb", "request_thompson", "glr_thompson", "discounted_thompson")
 SECTIONS = ("b1_greedy", "b1_adaptive", "b1_adaptive_gammas", "b1_gated", "b1_gated_every", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy",
             "b32_greedy", "b8_limited", "b32_limited", "b1_t07", "b1_nf4", "synthetic", "workload_interleaved", "workload_blocked", "workload_adaptive",
-            "workload_adaptive_blocked", "workload_gated", "workload_gated_blocked", "b1_greedy_warm")
+            "workload_adaptive_blocked", "workload_gated", "workload_gated_blocked", "b1_gated_small",
+            "workload_gated_small", "workload_gated_small_blocked", "b1_greedy_warm")
+SMALL_GAMMAS = (1, 2, 3)  # the draft gammas of the *_gated_small sections
+SMALL_GAMMA_SECTIONS = ("b1_gated_small", "workload_gated_small", "workload_gated_small_blocked")
 # b1_greedy_warm: b1_greedy's FlashSpec systems again (`--bench-extra "--systems flashspec,target_only
 # --exactness 0"`) where the section itself ran with a one-batch warm-up.
 
@@ -441,6 +455,11 @@ def build_summary(sections: dict[str, Any], commit: str, section_commits: dict[s
         gated["label"] += ("; match-only lookup first ([selector] first), the selector choosing between the 0.5B "
                            "draft and no draft only where it finds nothing")
         summary["workload_gpu_gated"] = gated
+    small = workload_summary(sections["workload_gated_small"], sections["workload_gated_small_blocked"])
+    if small:
+        small["label"] += ("; match-only lookup first ([selector] first), the selector choosing among the 0.5B draft at "
+                           f"gamma {', '.join(map(str, SMALL_GAMMAS))} and no draft where it finds nothing")
+        summary["workload_gpu_gated_small"] = small
     if sections["b1_greedy_warm"]:
         summary["b1_greedy_warm"] = warm_b1(sections["b1_greedy_warm"], b1)
     summary["cold_sections"] = [k for k, v in sections.items() if v is not None and cold(v)]
