@@ -735,6 +735,8 @@ def analyse(raw: Json, model: Json | None) -> Json:
         "b1_gated": lambda: batch_b1(sections["b1_gated"], "b1_gated") if "b1_gated" in sections else None,
         "b1_gated_every": lambda: (batch_b1(sections["b1_gated_every"], "b1_gated_every")
                                    if "b1_gated_every" in sections else None),
+        "b1_gated_small": lambda: (batch_b1(sections["b1_gated_small"], "b1_gated_small")
+                                   if "b1_gated_small" in sections else None),
         "b2_greedy": lambda: batched(sections["b2_greedy"]) if "b2_greedy" in sections else None,
         "b4_greedy": lambda: batched(sections["b4_greedy"]) if "b4_greedy" in sections else None,
         "b8_greedy": lambda: batched(sections["b8_greedy"]) if "b8_greedy" in sections else None,
@@ -749,6 +751,10 @@ def analyse(raw: Json, model: Json | None) -> Json:
                                            if "workload_gated" in sections else None),
         "workload_gated_blocked_choices": lambda: (selector_choices(sections["workload_gated_blocked"])
                                                    if "workload_gated_blocked" in sections else None),
+        "workload_gated_small_choices": lambda: (selector_choices(sections["workload_gated_small"])
+                                                 if "workload_gated_small" in sections else None),
+        "workload_gated_small_blocked_choices": lambda: (selector_choices(sections["workload_gated_small_blocked"])
+                                                         if "workload_gated_small_blocked" in sections else None),
         "bf16_divergence": lambda: bf16(sections),
         "repeats": lambda: repeats(sections),
     }
