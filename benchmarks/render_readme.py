@@ -80,6 +80,8 @@ def _e2e(data: dict[str, Any]) -> list[str]:
                      "no draft only where it finds nothing"),
         ("b1_gated_every", "Match-only prompt lookup as `[selector] first`, the bandits choosing between every draft "
                            "gamma, padded lookup and no draft where it finds nothing"),
+        ("b1_gated_small", "Match-only prompt lookup as `[selector] first`, the bandits choosing between the 0.5B "
+                           "draft at gamma 1, 2 or 3 and no draft where it finds nothing"),
     ):
         by = (s.get(key) or {}).get("bandit_speedup_by_domain_all")
         if by:
@@ -148,18 +150,23 @@ def _workload(data: dict[str, Any], e2e: dict[str, Any] | None = None) -> list[s
                   f"best over both orders): {g['best_selector']} {g['best_selector_tps']:.1f} tokens/s, best fixed arm "
                   f"({g['best_fixed']}) {g['best_fixed_tps']:.1f}, per-domain oracle {g['oracle_tps']:.1f} "
                   f"({g['selector_vs_best_fixed']:.0%} of the best fixed arm, {g['selector_vs_oracle']:.0%} of the oracle)."]
-    g = measured.get("workload_gpu_gated")
-    if g:
+    for key, section, what in (
+        ("workload_gpu_gated", "workload_gated", "with match-only lookup as `[selector] first`"),
+        ("workload_gpu_gated_small", "workload_gated_small",
+         "with match-only lookup as `[selector] first` and the 0.5B draft at gamma 1, 2 or 3 or no draft behind it"),
+    ):
+        g = measured.get(key)
+        if not g:
+            continue
         best = {o: max((k for k in g["policies"] if k.endswith(f"@{o}")), key=lambda k: g["policies"][k]["tps"])
                 for o in ("interleaved", "blocked") if any(k.endswith(f"@{o}") for k in g["policies"])}
         per = "; ".join(f"{o}: {k.removesuffix('@' + o)} {g['policies'][k]['tps']:.1f} tokens/s "
                         f"({g['policies'][k]['tps'] / g['best_fixed_tps']:.4f}x the best fixed system, "
                         f"{g['policies'][k]['tps'] / g['oracle_tps']:.1%} of the oracle)" for o, k in best.items())
         bandits = sorted({k.split("@")[0] for k in g["policies"] if k.startswith("bandit:")})
-        lines += ["", f"Measured on the H200 with match-only lookup as `[selector] first` (`summary.workload_gpu_gated`"
-                  f"{_at(measured, 'workload_gated')}; best fixed system {g['best_fixed']} "
-                  f"{g['best_fixed_tps']:.1f}, per-domain oracle {g['oracle_tps']:.1f}), the best bandit per order: "
-                  f"{per}{_only(bandits)}."]
+        lines += ["", f"Measured on the H200 {what} (`summary.{key}`{_at(measured, section)}; best fixed system "
+                  f"{g['best_fixed']} {g['best_fixed_tps']:.1f}, per-domain oracle {g['oracle_tps']:.1f}), the best "
+                  f"bandit per order: {per}{_only(bandits)}."]
     return lines
 
 

@@ -180,7 +180,9 @@ class DraftProvider(Protocol):
     emitted tokens). Sequences only grow between calls, except that a proposal's
     rejected tokens never enter them, so a provider with a cache keeps what it
     has seen and catches up on the rest. Providers that are not picked for a
-    step are not called; they catch up on their next turn.
+    step are not called; they catch up on their next turn. Arms with equal draft
+    tables share one provider (``flashspec_core.build``), so ``gamma`` comes with each
+    call and the state a provider keeps is about the sequences only.
     """
 
     def reset(self) -> None:

@@ -57,9 +57,17 @@ def test_help_everywhere() -> None:
         assert out.returncode == 0 and "usage" in out.stdout
 
 
-def test_bundled_configs_exist() -> None:
-    assert bundled_config("default.toml").is_file()
-    assert bundled_config("smollm2.toml").is_file()
+def test_bundled_configs_load() -> None:
+    """Every shipped config parses against the bundled plugins (names, keys, arm references)."""
+    from flashspec_core.config import load_config
+    from flashspec_core.registry import build_registry
+
+    registry = build_registry()
+    for name in ("default.toml", "smollm2.toml", "gpu.toml"):
+        config = load_config(bundled_config(name), registry)
+        assert config.arms, name
+    gpu = load_config(bundled_config("gpu.toml"), registry)
+    assert gpu.first == "lookup" and [a.gamma for a in gpu.arms if a.draft.use == "fast"] == [1, 2, 3]
 
 
 @pytest.mark.real_model
