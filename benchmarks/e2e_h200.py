@@ -412,6 +412,27 @@ def summarize_dir(args: argparse.Namespace) -> int:
     return 0
 
 
+GOAL_EVERY_DOMAIN, GOAL_CODE = 1.0, 1.2  # issue 5: the bandit's tokens/s over own target-only, batch 1, greedy
+
+
+def bandit_goal(summary: dict[str, Any]) -> dict[str, Any]:
+    """Issue 5's bandit goal checked in every batch-1 greedy section that ran bandits: the
+    selectors whose tokens/s over own target-only is at least 1.0 on every domain and 1.2
+    on code (each section's ``bandit_speedup_by_domain_all``, pooled over its repeats)."""
+    out: dict[str, Any] = {"how": f"per section: selectors at >= {GOAL_EVERY_DOMAIN} on every domain and >= "
+                                  f"{GOAL_CODE} on code (bandit_speedup_by_domain_all, batch 1, greedy)",
+                           "sections": {}}
+    for key, sec in [("b1_greedy", summary), *((k, summary[k]) for k in SUMMARIZED if isinstance(summary.get(k), dict))]:
+        by = sec.get("bandit_speedup_by_domain_all")
+        if not by or sec.get("batch_size") != 1 or sec.get("temperature") != 0.0:
+            continue
+        meets = [n for n, d in by.items() if min(d.values()) >= GOAL_EVERY_DOMAIN and d.get("code", 0.0) >= GOAL_CODE]
+        out["sections"][key] = {"selectors": len(by), "meeting": meets,
+                                "min_per_domain": {d: min(v[d] for v in by.values()) for d in next(iter(by.values()))}}
+    out["met_by_every_selector_in"] = [k for k, v in out["sections"].items() if len(v["meeting"]) == v["selectors"] > 1]
+    return out
+
+
 def build_summary(sections: dict[str, Any], commit: str, section_commits: dict[str, str]) -> dict[str, Any]:
     """The ``summary`` object from the sections (those absent or None were not run):
     b1_greedy's headline fields, each SUMMARIZED section's own summary, the workloads, and
@@ -460,6 +481,7 @@ def build_summary(sections: dict[str, Any], commit: str, section_commits: dict[s
         small["label"] += ("; match-only lookup first ([selector] first), the selector choosing among the 0.5B draft at "
                            f"gamma {', '.join(map(str, SMALL_GAMMAS))} and no draft where it finds nothing")
         summary["workload_gpu_gated_small"] = small
+    summary["bandit_goal"] = bandit_goal(summary)
     if sections["b1_greedy_warm"]:
         summary["b1_greedy_warm"] = warm_b1(sections["b1_greedy_warm"], b1)
     summary["cold_sections"] = [k for k, v in sections.items() if v is not None and cold(v)]

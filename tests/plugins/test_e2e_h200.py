@@ -28,6 +28,25 @@ def test_summary_from_the_sections_that_ran() -> None:
     assert "greedy_identical (float32 check skipped: run budget)" in s["not_measured"]
 
 
+def test_bandit_goal_names_the_selectors_that_meet_it() -> None:
+    """Issue 5: >= 1.0x on every domain and >= 1.2x on code, per batch-1 greedy section."""
+    def sec(by: dict[str, dict[str, float]], temperature: float = 0.0) -> dict[str, Any]:
+        return _section({"batch_size": 1, "temperature": temperature, "bandit_speedup_by_domain_all": by}, 90.0)
+
+    both = {"bandit:ucb1": {"code": 1.3, "prose": 1.0}, "bandit:Thompson": {"code": 1.25, "prose": 1.01}}
+    one = {"bandit:ucb1": {"code": 1.19, "prose": 1.1}, "bandit:Thompson": {"code": 1.4, "prose": 1.02}}
+    low = {"bandit:ucb1": {"code": 1.5, "prose": 0.999}, "bandit:Thompson": {"code": 1.5, "prose": 1.2}}
+    s = e2e.build_summary({"b1_greedy": _section({}, 100.0), "b1_gated_small": sec(both), "b1_gated": sec(one),
+                           "b1_adaptive": sec(low), "b1_t07": sec(both, 0.7)}, "abc1234", {})
+    goal = s["bandit_goal"]
+    assert goal["sections"]["b1_gated_small"]["meeting"] == ["bandit:ucb1", "bandit:Thompson"]
+    assert goal["sections"]["b1_gated"]["meeting"] == ["bandit:Thompson"]  # ucb1's code 1.19 < 1.2
+    assert goal["sections"]["b1_adaptive"]["meeting"] == ["bandit:Thompson"]  # ucb1's prose 0.999 < 1.0
+    assert goal["sections"]["b1_adaptive"]["min_per_domain"] == {"code": 1.5, "prose": 0.999}
+    assert "b1_t07" not in goal["sections"]  # the goal is for greedy decoding
+    assert goal["met_by_every_selector_in"] == ["b1_gated_small"]
+
+
 def test_sections_run_fused_unless_told() -> None:
     """The 683df99 lease ran `full` without --fuse and measured every system about a quarter
     slower than the fused sections it would have been merged with: fused is the default now,
