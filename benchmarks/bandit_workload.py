@@ -94,6 +94,11 @@ ARMS = (
 # The lookup-first pair (the engine's `select = false` on the draft): the selector only decides
 # whether to draft where lookup finds nothing, so it never pays to explore a draft-only arm.
 ADAPTIVE = (_MATCH, with_fallback(_MATCH, _G3))
+# The GPU's *_gated_small sections (benchmarks/e2e_h200.py): match-only lookup first, and where it
+# finds nothing a plain step or the draft at gamma 1, 2 or 3 (short proposals pay where a draft
+# forward costs over half a target forward, as on the H200).
+_G1, _G2 = Arm("draft0.5b-g1", "draft", 1), Arm("draft0.5b-g2", "draft", 2)
+SMALL = (_MATCH, with_fallback(_MATCH, _G1), with_fallback(_MATCH, _G2), with_fallback(_MATCH, _G3))
 
 
 def say(msg: str) -> None:
@@ -729,7 +734,7 @@ def h200_costs(e2e: Mapping[str, Any], section: str = "b1_greedy") -> dict[str, 
         return widths[w] if w in widths else float(icept + slope * w)
 
     step = {}
-    parts = [p for a in ARMS for p in ((a.primary, a.fallback) if a.fallback is not None else (a,))]
+    parts = [p for a in (*ARMS, *SMALL) for p in ((a.primary, a.fallback) if a.fallback is not None else (a,))]
     for a in dict.fromkeys(parts):  # an arm with a fallback: step_costs derives it from its two arms
         if a.source == "draft":
             step[a.name] = target(a.gamma + 1) + a.gamma * draft_fwd + med(big, "verify_ms") + med(big, "host_ms")
@@ -856,6 +861,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     adaptive = simulate(traces, step_costs(costs, ADAPTIVE), args.seeds, ADAPTIVE)["policies"]
     # [selector] first: the same two policies, the selector asked only where lookup finds nothing
     gated = simulate(traces, step_costs(costs, ADAPTIVE), args.seeds, ADAPTIVE, first=0)["policies"]
+    # the same with the draft at gamma 1, 2 or 3 behind lookup (the selector: a plain step or one of the three)
+    small = simulate(traces, step_costs(costs, SMALL), args.seeds, SMALL, first=0)["policies"]
     all_oracle = policies["oracle:per-domain"]["tps"]
 
     def two_arm(pols: Mapping[str, Any]) -> dict[str, Any]:
@@ -886,6 +893,12 @@ def run_simulate(args: argparse.Namespace) -> int:
                               "step (arm lookup-match: the search that found nothing, then a plain step) and the "
                               "draft's (lookup-match>draft0.5b-g3); the fixed policies are those of `adaptive`",
                       "policies": tps_table(gated)},
+            "gated_small": {"arms": [a.name for a in SMALL], "first": SMALL[0].name,
+                            "by_order": {o: headline(small, o) for o in ("interleaved", "blocked")},
+                            "note": "as `gated`, with the selector choosing between a plain step and the draft at "
+                                    "gamma 1, 2 or 3 where lookup finds nothing (the GPU's *_gated_small sections); "
+                                    "its own fixed policies and oracle",
+                            "policies": tps_table(small)},
             "policies": tps_table(policies),
         }},
         "config": {
@@ -914,6 +927,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         "policies": policies,
         "adaptive_policies": adaptive,
         "gated_policies": gated,
+        "gated_small_policies": small,
         "blocked_arm_choices_seed0": sim["blocked_arm_choices_seed0"],
         "rule_inputs": sim["rule_inputs"],
         "domain_boundaries_blocked": _boundaries(traces),
