@@ -31,12 +31,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import verify_kernels as vk  # noqa: E402  (GPU only: its module sets up the CUDA device)
+import verify_kernels as vk  # noqa: E402
 
 DEV = vk.DEV
 FLUSH_BYTES = 256 << 20  # as triton.testing.do_bench
@@ -98,12 +99,59 @@ def measure(timer: Timer, fn: Callable[[], Any], reps: int) -> dict[str, float]:
             "write": timer(fn, "write", reps), "read": timer(fn, "read", reps)}
 
 
+def fit(rows: list[dict[str, Any]], key: str, dtype: str, copy_gbs: float) -> dict[str, Any]:
+    """Least squares ``time = t0 + bytes / stream`` over the rows' read-flush medians: the
+    fixed cost of one kernel and its streaming rate, and the fewest logits at which the
+    line reaches GOAL_FRACTION of the copy (None if its streaming rate never does)."""
+    rs = [r for r in rows if r["dtype"] == dtype]
+    x = np.array([r["bytes"] for r in rs], dtype=float)
+    y = np.array([r[key]["read"] for r in rs], dtype=float) * 1e-3  # s
+    slope, t0 = np.polyfit(x, y, 1)
+    stream = 1.0 / slope  # bytes/s
+    want = GOAL_FRACTION * copy_gbs * 1e9
+    need = want * t0 / (1.0 - want / stream) if stream > want else None
+    size = rs[0]["bytes"] // rs[0]["logits"]
+    return {"rows": len(rs), "t0_us": t0 * 1e6, "stream_gbs": stream / 1e9,
+            "logits_for_goal": None if need is None else need / size}
+
+
+def summarize(rows: list[dict[str, Any]], copy_gbs: dict[str, float]) -> dict[str, Any]:
+    def band(key: str, how: str, dtype: str) -> dict[str, Any]:
+        xs = [r[key][how] for r in rows if r["dtype"] == dtype]
+        return {"shapes": len(xs), "at_goal": sum(x >= GOAL_FRACTION for x in xs), "min": min(xs), "max": max(xs)}
+
+    dtypes = ("bfloat16", "float32")
+    summary: dict[str, Any] = {
+        "copy_bandwidth_gbs": copy_gbs,
+        "goal": f"logits pass >= {GOAL_FRACTION:.0%} of the 1 GiB copy's bandwidth (same flush) for every shape "
+                f"with >= {GOAL_LOGITS} logits",
+        "pass": {how: {d: band("pass_fraction", how, d) for d in dtypes} for how in ("do_bench", "write", "read")},
+        "floor": {how: {d: band("floor_fraction", how, d) for d in dtypes} for how in ("do_bench", "write", "read")},
+        "fit_read_flush": {"how": "least squares time = t0 + bytes / stream over the goal-band rows of each dtype "
+                                  "(read flush); logits_for_goal: where that line reaches the goal fraction of the "
+                                  "read-flush 1 GiB copy",
+                           **{k: {d: fit(rows, f"{k}_ms", d, copy_gbs["read"]) for d in dtypes}
+                              for k in ("pass", "floor")}},
+    }
+    summary["met_with_read_flush"] = all(summary["pass"]["read"][d]["at_goal"] == summary["pass"]["read"][d]["shapes"]
+                                         for d in dtypes)
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--commit", default=None)
     parser.add_argument("--reps", type=int, default=60)
+    parser.add_argument("--from", dest="src", type=Path, default=None,
+                        help="recompute the summary of this verify-flush-h200.json from its raw rows (no GPU)")
     args = parser.parse_args(argv)
+    if args.src is not None:
+        data = json.loads(args.src.read_text())
+        data["summary"] = summarize(data["rows"], data["summary"]["copy_bandwidth_gbs"])
+        (args.out / "verify-flush-h200.json").write_text(json.dumps(data, indent=1))
+        print(json.dumps(data["summary"]["fit_read_flush"], indent=1))
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     timer = Timer()
     props = torch.cuda.get_device_properties(DEV)
@@ -134,21 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         del logits, dst
         torch.cuda.empty_cache()
 
-    def band(key: str, how: str, dtype: str) -> dict[str, Any]:
-        xs = [r[key][how] for r in rows if r["dtype"] == dtype]
-        return {"shapes": len(xs), "at_goal": sum(x >= GOAL_FRACTION for x in xs), "min": min(xs), "max": max(xs)}
-
-    summary = {
-        "copy_bandwidth_gbs": copy_gbs,
-        "goal": f"logits pass >= {GOAL_FRACTION:.0%} of the 1 GiB copy's bandwidth (same flush) for every shape "
-                f"with >= {GOAL_LOGITS} logits",
-        "pass": {how: {d: band("pass_fraction", how, d) for d in ("bfloat16", "float32")}
-                 for how in ("do_bench", "write", "read")},
-        "floor": {how: {d: band("floor_fraction", how, d) for d in ("bfloat16", "float32")}
-                  for how in ("do_bench", "write", "read")},
-    }
-    summary["met_with_read_flush"] = all(summary["pass"]["read"][d]["at_goal"] == summary["pass"]["read"][d]["shapes"]
-                                         for d in ("bfloat16", "float32"))
+    summary = summarize(rows, copy_gbs)
     result = {"device": props.name, "sm_count": props.multi_processor_count,
               "l2_bytes": getattr(props, "L2_cache_size", None), "torch": torch.__version__,
               "triton": triton.__version__, "cuda": torch.version.cuda, "commit": args.commit,
