@@ -51,6 +51,7 @@ from flashspec_selectors.sim import (
     selector_factories,
     simulate,
     summarise,
+    thompson_bound_leading,
     ucb1_bound,
 )
 
@@ -188,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             "costed": COSTED | {"arm_names": COSTED_ARMS, "cost_unit": "one target forward pass"},
         },
         "summary": {
-            "paper_table": _per_selector(scenarios["stationary"]) | {"ucb1_bound": round(bound, 4)},
+            "paper_table": _per_selector(scenarios["stationary"])
+            | {"ucb1_bound": round(bound, 4), "thompson_bound_leading": round(thompson_bound_leading(MEANS, horizon), 4)},
             "nonstationary": _per_selector(scenarios["switch_at_half"]),
             "nonstationary_four_phase": _per_selector(scenarios["four_phase"]),
             "drifting": _per_selector(scenarios["drifting"]),

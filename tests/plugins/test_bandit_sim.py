@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from flashspec_selectors.sim import (
     selector_factories,
     simulate,
     summarise,
+    thompson_bound_leading,
     ucb1_bound,
 )
 
@@ -131,6 +133,16 @@ def test_costed_rewards_pick_different_arms() -> None:
     assert fractions["reward"] < 0.2 < 0.8 < fractions["throughput"]
 
 
+def test_thompson_bound_leading_term() -> None:
+    """sum Delta ln T / kl(mu, mu*): by hand for two arms, 0 for equal arms, finite at mean 0."""
+    kl = 0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1)
+    assert thompson_bound_leading([0.5, 0.9], 1000) == pytest.approx(0.4 * math.log(1000) / kl)
+    assert thompson_bound_leading([0.4, 0.4], 1000) == 0.0
+    assert thompson_bound_leading([0.0, 0.5], 100) == pytest.approx(0.5 * math.log(100) / math.log(2))
+    summary = summarise(simulate(PiecewiseBernoulli([[0.3, 0.7]]), selector_factories(["thompson"], {}, 2), 300, [0]))
+    assert summary["thompson_bound_leading"] == pytest.approx(thompson_bound_leading([0.3, 0.7], 300), abs=1e-3)
+
+
 def test_summary_reports_throughput_for_costed_env() -> None:
     env = SpecDecodeArms([0.6, 0.8], [4, 4], [1.2, 2.2], "throughput")
     summary = summarise(simulate(env, selector_factories(["ucb1"], {}, 2), 200, [0, 1]))
@@ -146,8 +158,13 @@ def test_committed_results_have_the_promised_shape() -> None:
     data = json.loads((ROOT / "docs" / "benchmarks" / "bandit-sim.json").read_text())
     summary = data["summary"]
     selectors = {"ucb1", "thompson", "sliding_window_ucb", "discounted_thompson"}
-    assert set(summary["paper_table"]) == selectors | {"ucb1_bound"}
+    assert set(summary["paper_table"]) == selectors | {"ucb1_bound", "thompson_bound_leading"}
     assert summary["paper_table"]["ucb1_bound"] == pytest.approx(ucb1_bound([0.3, 0.7, 0.5], 10_000), abs=1e-3)
+    lead = summary["paper_table"]["thompson_bound_leading"]
+    assert lead == pytest.approx(thompson_bound_leading([0.3, 0.7, 0.5], 10_000), abs=1e-3)
+    # the stationary goal: each regret, its whole 95% interval, inside its selector's bound
+    assert summary["paper_table"]["ucb1"]["ci95"][1] < summary["paper_table"]["ucb1_bound"]
+    assert summary["paper_table"]["thompson"]["ci95"][1] < lead
     assert set(summary["nonstationary"]) == selectors
     for name in selectors:
         for table in ("paper_table", "nonstationary"):
