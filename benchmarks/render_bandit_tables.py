@@ -43,7 +43,11 @@ def render(data: dict[str, Any]) -> str:
     ]
     table = {k: s[k] | s.get("added_selectors", {}).get(k, {}) for k in TABLES}
     lines += [f"| `{name}` | {_cell(table['paper_table'][name])} |" for name in SELECTORS]
-    lines += [f"| UCB1 bound (Auer et al. 2002) | {s['paper_table']['ucb1_bound']:.1f} |", ""]
+    lines += [f"| UCB1 bound (Auer et al. 2002) | {s['paper_table']['ucb1_bound']:.1f} |"]
+    if "thompson_bound_leading" in s["paper_table"]:
+        lines += [f"| Thompson bound's leading term (Kaufmann et al. 2012; Agrawal & Goyal 2013) | "
+                  f"{s['paper_table']['thompson_bound_leading']:.1f} |"]
+    lines += [""]
     lines += [
         "**(b) Non-stationary: dynamic regret**",
         "",

@@ -120,6 +120,9 @@ def _bandits(data: dict[str, Any]) -> list[str]:
         lo, hi = t[name]["ci95"]
         lines.append(f"| {name} | {t[name]['mean']:.1f} | [{lo:.1f}, {hi:.1f}] |")
     lines += ["", f"UCB1 upper bound (Auer et al. 2002), computed: {t['ucb1_bound']:.1f}."]
+    if "thompson_bound_leading" in t:
+        lines[-1] += (f" Leading term of Thompson sampling's bound (Kaufmann et al. 2012; Agrawal & Goyal 2013), "
+                      f"computed: {t['thompson_bound_leading']:.1f}.")
     return lines
 
 
