@@ -39,7 +39,8 @@ def fast_table(model: str, max_len: int, fuse: bool, attention: str) -> str:
 
 def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: int, verifier: str, max_len: int,
                   fuse: bool, adaptive: bool = False, limit: int = SPECULATE_MAX_BATCH, gated: bool = False,
-                  every: bool = False, attention: str = "auto", padded: bool = True) -> str:
+                  every: bool = False, attention: str = "auto", padded: bool = True,
+                  reward: str = "throughput") -> str:
     """The bench config: the 0.5B draft at each gamma, padded and match-only prompt lookup,
     match-only lookup falling back to the first draft, no speculation, Thompson sampling
     with the throughput reward. ``adaptive``: only the two lookup-first arms to choose from
@@ -53,6 +54,8 @@ def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: 
     each gamma (issue 5's arm set with lookup first in every arm); ``padded = False`` leaves
     padded lookup out of ``gated`` with ``every`` (behind match-only lookup it pads where
     nothing matched). Arms of one draft at several gammas share its model and cache.
+    ``reward``: the selector's reward (``throughput``, or ``acceptance``, the fraction of
+    each proposal the target accepted).
     All stop speculating above ``limit`` live rows; ``attention`` is every fast model's
     (``sdpa`` turns both Triton kernels off)."""
     g, d = lookup_gamma, draft_gammas[0]
@@ -78,7 +81,7 @@ def pipeline_toml(paths: dict[str, str], draft_gammas: list[int], lookup_gamma: 
     else:
         arms = [*map(draft, draft_gammas), padded_arm, *lookup_first, none]
     return (f"[target]\n{fast_table(paths['target'], max_len, fuse, attention)}\n" + "\n".join(arms)
-            + f'\n[verifier]\nuse = "{verifier}"\n\n[selector]\nuse = "thompson"\nreward = "throughput"\n'
+            + f'\n[verifier]\nuse = "{verifier}"\n\n[selector]\nuse = "thompson"\nreward = "{reward}"\n'
             + f"speculate_max_batch = {limit}\n{first}")
 
 
@@ -172,6 +175,9 @@ def full(args: argparse.Namespace) -> int:
     # forward costs about half a target step (d80005c: 1.05 ms against 1.74 ms): gamma 1, 2 and 3
     config_of |= dict.fromkeys(SMALL_GAMMA_SECTIONS, config("gated_small", list(SMALL_GAMMAS), 8, 1024, gated=True,
                                                             every=True, padded=False))
+    # the same fed the acceptance fraction, which the replay ranks above throughput on this design
+    config_of["workload_gated_small_acc"] = config("gated_small_acc", list(SMALL_GAMMAS), 8, 1024, gated=True,
+                                                   every=True, padded=False, reward="acceptance")
     work = args.out  # each section's bench.json lands in --out/<section>/ as soon as it is written
     sections: dict[str, Any] = {}
     limit = ["--prompts", str(args.prompts)] if args.prompts else []
@@ -222,6 +228,8 @@ def full(args: argparse.Namespace) -> int:
                                  "flashspec,target_only", "--repeats", "3", *sel, *fuse],
         "workload_gated_small_blocked": ["--max-new-tokens", "48", *limit, "--systems", "flashspec",
                                          "--no-fixed-arms", "--repeats", "3", *sel, *fuse],
+        "workload_gated_small_acc": ["--max-new-tokens", "48", *limit, "--order", "interleaved", "--systems",
+                                     "flashspec,target_only", "--repeats", "3", *sel, *fuse],
         "synthetic": ["--systems", "", "--synthetic-shapes", "qwen2.5-7b,qwen2.5-14b,qwen2.5-32b",
                       "--synthetic-acceptance", "0.6,0.8", "--synthetic-gammas", "4", *fuse],
     }
@@ -282,7 +290,7 @@ MORE_SELECTORS = ("ucb1", "sliding_window_ucb", "request_thompson", "glr_thompso
 SECTIONS = ("b1_greedy", "b1_adaptive", "b1_adaptive_gammas", "b1_gated", "b1_gated_every", "b2_greedy", "b4_greedy", "b2_limited", "b4_limited", "b8_greedy",
             "b32_greedy", "b8_limited", "b32_limited", "b1_t07", "b1_nf4", "synthetic", "workload_interleaved", "workload_blocked", "workload_adaptive",
             "workload_adaptive_blocked", "workload_gated", "workload_gated_blocked", "b1_gated_small",
-            "workload_gated_small", "workload_gated_small_blocked", "b1_greedy_warm")
+            "workload_gated_small", "workload_gated_small_blocked", "workload_gated_small_acc", "b1_greedy_warm")
 SMALL_GAMMAS = (1, 2, 3)  # the draft gammas of the *_gated_small sections
 SMALL_GAMMA_SECTIONS = ("b1_gated_small", "workload_gated_small", "workload_gated_small_blocked")
 # b1_greedy_warm: b1_greedy's FlashSpec systems again (`--bench-extra "--systems flashspec,target_only
@@ -481,6 +489,10 @@ def build_summary(sections: dict[str, Any], commit: str, section_commits: dict[s
         small["label"] += ("; match-only lookup first ([selector] first), the selector choosing among the 0.5B draft at "
                            f"gamma {', '.join(map(str, SMALL_GAMMAS))} and no draft where it finds nothing")
         summary["workload_gpu_gated_small"] = small
+    acc = workload_summary(sections["workload_gated_small_acc"], None)
+    if acc:
+        acc["label"] += "; as workload_gpu_gated_small, interleaved, the selectors fed the acceptance reward"
+        summary["workload_gpu_gated_small_acc"] = acc
     summary["bandit_goal"] = bandit_goal(summary)
     if sections["b1_greedy_warm"]:
         summary["b1_greedy_warm"] = warm_b1(sections["b1_greedy_warm"], b1)

@@ -75,3 +75,18 @@ def test_every_fast_model_takes_the_attention_switch(tmp_path: Any) -> None:
     chosen = [a for a in cfg["arm"] if a.get("select", True)]
     assert [a.get("fallback") for a in chosen] == [None, "draft0.5b-g3", "draft0.5b-g5"]
     assert all(a["use"] == "prompt_lookup" and a["fill"] is False for a in chosen)
+
+
+def test_short_draft_configs(tmp_path: Any) -> None:
+    """The *_gated_small design: match-only lookup first, then none or the draft at gamma 1, 2
+    or 3 with no padded lookup; the acceptance variant differs only in its reward."""
+    import tomllib
+
+    paths = {"target": str(tmp_path / "t"), "draft": str(tmp_path / "d")}
+    kw = {"gated": True, "every": True, "padded": False}
+    cfg = tomllib.loads(e2e.pipeline_toml(paths, [1, 2, 3], 8, "auto", 1024, True, **kw))
+    acc = tomllib.loads(e2e.pipeline_toml(paths, [1, 2, 3], 8, "auto", 1024, True, reward="acceptance", **kw))
+    assert [a["name"] for a in cfg["arm"]] == ["lookup-match-g8", "draft0.5b-g1", "draft0.5b-g2", "draft0.5b-g3", "none"]
+    assert cfg["selector"]["first"] == "lookup-match-g8" and cfg["arm"][0]["select"] is False
+    assert cfg["selector"]["reward"] == "throughput" and acc["selector"]["reward"] == "acceptance"
+    assert {k: v for k, v in acc.items() if k != "selector"} == {k: v for k, v in cfg.items() if k != "selector"}
