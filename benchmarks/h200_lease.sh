@@ -21,7 +21,7 @@
 # folders); `e2e_h200.py summarize` turns them into docs/benchmarks/e2e-h200.json.
 set -uo pipefail
 FS=/tmp/fs SITE=/tmp/site MODELS=/tmp/fsmodels RES=/tmp/fsout LOGS=/tmp/fslogs
-CHUNK_MIB=${CHUNK_MIB:-36}  # the checkout itself travels with every chunk: 64 MiB in all
+CHUNK_MIB=${CHUNK_MIB:-}  # default: what the 64 MiB per call leaves beside the checkout, at most 36 (prep)
 stage=${1:?usage: h200_lease.sh prep GGUF_DIR | start | chunk N | multi SECTION:BUDGET_S ...}
 shift
 
@@ -32,6 +32,12 @@ prep() {  # here, at the root of a clean checkout
     git archive HEAD | tar -x -C .gpusnap
     rm -rf .gpusnap/docs/benchmarks  # results, not code: they would crowd the 64 MiB
     git rev-parse --short HEAD > .gpusnap/SHA
+    if [ -z "$CHUNK_MIB" ]; then  # the tracked tree travels with every chunk (33.7 MB at f51f230: 36 MiB chunks failed)
+        local tree_mib=$(( ($(git ls-files -z | xargs -0 du -cb | tail -n 1 | cut -f1) >> 20) + 1 ))
+        CHUNK_MIB=$(( 62 - tree_mib < 36 ? 62 - tree_mib : 36 ))
+        [ "$CHUNK_MIB" -ge 8 ] || { echo "prep: the tracked tree ($tree_mib MiB) leaves no room for model chunks"; exit 2; }
+        echo "prep: tree $tree_mib MiB, chunks of $CHUNK_MIB MiB"
+    fi
     python3 -m pip wheel -q --no-deps --no-build-isolation -w .gpusnap/.whl .gpusnap || exit 2
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .gpusnap/.whl \
