@@ -43,6 +43,7 @@ import numpy as np
 from flashspec_core import ArmSelector, ComponentSpec
 from flashspec_core.rewards import ThroughputReward
 from flashspec_selectors.plugin import selector_specs
+from flashspec_selectors.selectors import _kl_bernoulli
 
 SelectorFactory = Callable[[int], ArmSelector]  # seed -> fresh selector
 DEFAULT_SELECTORS = ("ucb1", "thompson", "sliding_window_ucb", "discounted_thompson")
@@ -218,11 +219,8 @@ def thompson_bound_leading(means: Sequence[float], horizon: int) -> float:
     asymptotic lower-bound rate at ``T``: the bounds match it, Thompson sampling is
     asymptotically optimal."""
     best = max(means)
-
-    def kl(p: float, q: float) -> float:  # q in (0, 1); a term with p = 0 or 1 is 0
-        return (p * math.log(p / q) if p > 0 else 0.0) + ((1 - p) * math.log((1 - p) / (1 - q)) if p < 1 else 0.0)
-
-    return sum((best - m) * math.log(horizon) / kl(m, best) for m in means if best - m > 0)
+    worse = np.array([m for m in means if best - m > 0], dtype=np.float64)  # [k] suboptimal means
+    return float(np.sum((best - worse) * math.log(horizon) / _kl_bernoulli(worse, np.full_like(worse, best))))
 
 
 def play(selector: ArmSelector, env: Env, outcomes: Outcomes) -> np.ndarray:
