@@ -184,11 +184,18 @@ def full(args: argparse.Namespace) -> int:
     common = ["--max-new-tokens", str(args.max_new_tokens), *limit]
     fuse = ["--fuse"] if args.fuse else []
     sel = ["--selectors", args.selectors] if args.selectors else []
+    # the three-repeat designs: batch 1 on mixed.jsonl; issue 6's workload interleaved with its fixed
+    # policies and target-only, and blocked with the bandits alone
+    b1_three = [*common, "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse]
+    interleaved_three = ["--max-new-tokens", "48", *limit, "--order", "interleaved", "--systems",
+                         "flashspec,target_only", "--repeats", "3", *sel, *fuse]
+    blocked_three = ["--max-new-tokens", "48", *limit, "--systems", "flashspec", "--no-fixed-arms", "--repeats", "3",
+                     *sel, *fuse]
     plan = {
         "b1_greedy": [*common, "--hf-prompts", str(args.hf_prompts), "--exactness", "2", *sel, *fuse],
-        "b1_adaptive": [*common, "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse],
-        "b1_adaptive_gammas": [*common, "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse],
-        "b1_gated": [*common, "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse],
+        "b1_adaptive": b1_three,
+        "b1_adaptive_gammas": b1_three,
+        "b1_gated": b1_three,
         # issue 5's arm set (the draft at two gammas, padded lookup, none) behind match-only lookup
         "b1_gated_every": [*common, "--systems", "flashspec,target_only", "--repeats", "4", *sel, *fuse],
         # batch 2 and 4 place [selector] speculate_max_batch: where does a fixed arm stop paying?
@@ -215,21 +222,14 @@ def full(args: argparse.Namespace) -> int:
                                  *sel, *fuse],
         "workload_blocked": ["--max-new-tokens", "48", *limit, "--systems", "flashspec", "--no-fixed-arms", *sel, *fuse],
         # three repeats each: the spread between repeats against the gaps between policies
-        "workload_adaptive": ["--max-new-tokens", "48", *limit, "--order", "interleaved", "--systems",
-                              "flashspec,target_only", "--repeats", "3", *sel, *fuse],
-        "workload_adaptive_blocked": ["--max-new-tokens", "48", *limit, "--systems", "flashspec", "--no-fixed-arms",
-                                      "--repeats", "3", *sel, *fuse],
-        "workload_gated": ["--max-new-tokens", "48", *limit, "--order", "interleaved", "--systems",
-                           "flashspec,target_only", "--repeats", "3", *sel, *fuse],
-        "workload_gated_blocked": ["--max-new-tokens", "48", *limit, "--systems", "flashspec", "--no-fixed-arms",
-                                   "--repeats", "3", *sel, *fuse],
-        "b1_gated_small": [*common, "--systems", "flashspec,target_only", "--repeats", "3", *sel, *fuse],
-        "workload_gated_small": ["--max-new-tokens", "48", *limit, "--order", "interleaved", "--systems",
-                                 "flashspec,target_only", "--repeats", "3", *sel, *fuse],
-        "workload_gated_small_blocked": ["--max-new-tokens", "48", *limit, "--systems", "flashspec",
-                                         "--no-fixed-arms", "--repeats", "3", *sel, *fuse],
-        "workload_gated_small_acc": ["--max-new-tokens", "48", *limit, "--order", "interleaved", "--systems",
-                                     "flashspec,target_only", "--repeats", "3", *sel, *fuse],
+        "workload_adaptive": interleaved_three,
+        "workload_adaptive_blocked": blocked_three,
+        "workload_gated": interleaved_three,
+        "workload_gated_blocked": blocked_three,
+        "b1_gated_small": b1_three,
+        "workload_gated_small": interleaved_three,
+        "workload_gated_small_blocked": blocked_three,
+        "workload_gated_small_acc": interleaved_three,
         "synthetic": ["--systems", "", "--synthetic-shapes", "qwen2.5-7b,qwen2.5-14b,qwen2.5-32b",
                       "--synthetic-acceptance", "0.6,0.8", "--synthetic-gammas", "4", *fuse],
     }
