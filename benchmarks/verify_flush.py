@@ -73,14 +73,9 @@ class Timer:
 
 
 def shapes() -> list[tuple[int, int, int, torch.dtype]]:
-    out = []
-    for dtype in (torch.bfloat16, torch.float32):
-        for v in (32000, 128256, 151936):
-            for gamma in (4, 8):
-                for b in (1, 8, 32, 128, 512):
-                    if b * (gamma + 1) * v >= GOAL_LOGITS:
-                        out.append((b, gamma, v, dtype))
-    return out
+    g = vk.SHAPE_GRID
+    return [(b, gamma, v, dtype) for dtype in g["dtypes"] for v in g["V"] for gamma in g["gamma"] for b in g["B"]
+            if b * (gamma + 1) * v >= GOAL_LOGITS]
 
 
 def floor_fn(logits: torch.Tensor) -> dict[str, Callable[[], Any]]:

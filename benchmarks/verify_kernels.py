@@ -60,6 +60,11 @@ DEV = torch.device("cuda")
 T0 = time.time()
 
 
+# the shapes timed (issue 4's grid), in the order the loops of time_shapes walk them
+SHAPE_GRID = {"B": (1, 8, 32, 128, 512), "gamma": (4, 8), "V": (32000, 128256, 151936),
+              "dtypes": (torch.bfloat16, torch.float32)}
+
+
 def log(*a: object) -> None:
     print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
 
@@ -494,10 +499,7 @@ def main() -> None:
     torch.fx.experimental._config.use_duck_shape = False  # B == gamma must not specialise the compile
     props = torch.cuda.get_device_properties(DEV)
     cfg = {
-        "B": [1, 8, 32, 128, 512],
-        "gamma": [4, 8],
-        "V": [32000, 128256, 151936],
-        "dtypes": [torch.bfloat16, torch.float32],
+        **{k: list(v) for k, v in SHAPE_GRID.items()},
         "compile": True,
         "max_bytes": 40 << 30,
         "programs_wanted": ops._programs_wanted(DEV),
