@@ -1,0 +1,391 @@
+"""Forms of the verifier's logits pass, side by side on one CUDA GPU (H200).
+
+    python benchmarks/pass_variants.py --out DIR [--commit SHA] [--reps N]
+
+The full pass (``_lse_partial_kernel``) streams every target logit once with an online
+log-sum-exp. In fp32 it runs within a few per cent of the simplest read of the same bytes
+(``verify_flush.py``'s floor); in bf16, with twice the logits per byte, it ran 12-20%
+slower than that floor, so the bf16 pass spends time on arithmetic, not only on DRAM.
+This script times forms of the pass that do less arithmetic per logit:
+
+* ``prod``: the kernel the verifier runs (one max per row per block, which takes a
+  reduction across the program's warps and a barrier on every block);
+* ``fma``: ``exp2(x * s - m * s)`` (one fused multiply-add) instead of ``exp2((x - m) * s)``;
+* ``ftz``: ``fma`` with ``ex2.approx.ftz.f32`` (inline PTX): results below 2**-126 become 0
+  instead of a denormal, which no sum of at least one ``exp2(0) = 1`` can notice;
+* ``raw_max``: ``ftz`` with the block max taken on the loaded dtype (bf16) before the upcast;
+* ``tileC``: ``ftz`` with the block as ``[BLOCK_V / C, C]`` and a running max per tile row of
+  ``C`` logits, so the max needs no reduction across warps (C = 8: inside one thread);
+  one more ``exp2`` per tile row and block, and a fold over the tile rows at the end;
+* ``*_sK``: the same loop as ``tl.range(..., num_stages=K)`` (software-pipelined loads).
+
+Every form first runs a sweep of (logits per block, warps, programs per SM) on five shapes
+(``do_bench``); the config with the smallest sum of time / that shape's best time is then
+timed on every shape of issue 4's goal band (``B (gamma + 1) V >= 10M``) with ``do_bench``
+(write flush) and ``verify_flush.py``'s read-flush timer, beside the read floor. Each
+form's log-sum-exp is checked against ``torch.logsumexp`` in float64. Writes
+``DIR/pass-variants-h200.json`` (raw times, the PTX's ``ex2`` instructions, registers,
+``summary``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+from triton.testing import do_bench
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import verify_flush as vf  # noqa: E402
+import verify_kernels as vk  # noqa: E402
+
+DEV = vk.DEV
+ops = vk.ops
+SWEEP_CONFIGS = [(2048, 4), (4096, 4), (4096, 8), (8192, 8)]
+SWEEP_PER_SM = [8, 32]
+# name -> (FMA, FTZ, RAW_MAX, C (0: one max per block), STAGES (0: plain range))
+FORMS = {
+    "fma": (True, False, False, 0, 0),
+    "ftz": (True, True, False, 0, 0),
+    "raw_max": (True, True, True, 0, 0),
+    "tile8": (True, True, False, 8, 0),
+    "tile32": (True, True, False, 32, 0),
+    "tile128": (True, True, False, 128, 0),
+    "ftz_s2": (True, True, False, 0, 2),
+    "tile32_s3": (True, True, False, 32, 3),
+}
+
+
+@triton.jit
+def _ex2_ftz(x):
+    return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _ex2(x, FTZ: tl.constexpr):
+    if FTZ:
+        return _ex2_ftz(x)
+    else:
+        return tl.math.exp2(x)
+
+
+@triton.jit
+def _fold_block(base, offs, V, s, m, scale, FMA: tl.constexpr, FTZ: tl.constexpr, RAW_MAX: tl.constexpr):
+    raw = tl.load(base + offs, mask=offs < V, other=float("-inf"))
+    if RAW_MAX:
+        bm = tl.max(raw, axis=1).to(tl.float32)
+        x = raw.to(tl.float32)
+    else:
+        x = raw.to(tl.float32)
+        bm = tl.max(x, axis=1)
+    m_new = tl.maximum(m, bm)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    if FMA:
+        ms = m_safe * scale
+        e = _ex2(x * scale - ms[:, None], FTZ)
+        c = _ex2(m * scale - ms, FTZ)
+    else:
+        e = _ex2((x - m_safe[:, None]) * scale, FTZ)
+        c = _ex2((m - m_safe) * scale, FTZ)
+    return s * c[:, None] + e, m_new
+
+
+@triton.jit(do_not_specialize=["blocks_per_split"])
+def _pass_form(
+    logits_ptr,
+    part_ptr,
+    inv_t,
+    V,
+    blocks_per_split,
+    n_rows,
+    BLOCK_V: tl.constexpr,
+    R: tl.constexpr,
+    FMA: tl.constexpr,
+    FTZ: tl.constexpr,
+    RAW_MAX: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    # the block is an [R, BLOCK_V // R] tile of consecutive logits; one running max per tile row
+    C: tl.constexpr = BLOCK_V // R
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    nsplit = tl.num_programs(1)
+    base = logits_ptr + row * V
+    lo = split * blocks_per_split * BLOCK_V
+    offs0 = tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
+    scale = inv_t * 1.4426950408889634
+    s = tl.zeros((R, C), tl.float32)
+    m = tl.full((R,), float("-inf"), tl.float32)
+    if STAGES > 0:
+        for blk in tl.range(blocks_per_split, num_stages=STAGES):
+            s, m = _fold_block(base, lo + blk * BLOCK_V + offs0, V, s, m, scale, FMA, FTZ, RAW_MAX)
+    else:
+        for blk in range(blocks_per_split):
+            s, m = _fold_block(base, lo + blk * BLOCK_V + offs0, V, s, m, scale, FMA, FTZ, RAW_MAX)
+    m_row = tl.max(m, axis=0)
+    m_row_safe = tl.where(m_row == float("-inf"), 0.0, m_row)
+    w = tl.math.exp2((m - m_row_safe) * scale)
+    s_row = tl.sum(tl.sum(s, axis=1) * w, axis=0)
+    out = row * nsplit + split
+    tl.store(part_ptr + out, m_row * inv_t)
+    tl.store(part_ptr + n_rows * nsplit + out, s_row)
+
+
+def form_fn(name: str, logits: torch.Tensor, block: int, warps: int, per_sm: int):
+    """A launcher of one form at one config, and the partials it fills."""
+    b, g1, v = logits.shape
+    rows = b * g1
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    nsplit, per = ops._split(rows, v, block, per_sm * sms)
+    part = torch.empty((2, rows, nsplit), dtype=torch.float32, device=DEV)
+    if name == "prod":
+
+        def run():
+            return ops._lse_partial_kernel[(rows, nsplit)](logits, part, 1.0, v, per, BLOCK_V=block, num_warps=warps)
+    else:
+        fma, ftz, raw_max, c, stages = FORMS[name]
+        r = 1 if c == 0 else block // c
+
+        def run():
+            return _pass_form[(rows, nsplit)](
+                logits,
+                part,
+                1.0,
+                v,
+                per,
+                rows,
+                BLOCK_V=block,
+                R=r,
+                FMA=fma,
+                FTZ=ftz,
+                RAW_MAX=raw_max,
+                STAGES=stages,
+                num_warps=warps,
+            )
+
+    return run, part
+
+
+def lse_error(logits: torch.Tensor, part: torch.Tensor) -> float:
+    m, s = part[0].double(), part[1].double()
+    top = m.max(dim=1, keepdim=True).values
+    lse = top.squeeze(1) + torch.log((s * torch.exp(m - top)).sum(dim=1))
+    want = torch.logsumexp(logits.reshape(-1, logits.shape[-1]).double(), dim=-1)
+    return float((lse - want).abs().max())
+
+
+def kernel_facts(compiled: Any) -> dict[str, Any]:
+    ptx = compiled.asm.get("ptx", "")
+    return {
+        "n_regs": getattr(compiled, "n_regs", None),
+        "n_spills": getattr(compiled, "n_spills", None),
+        "ex2_ftz": ptx.count("ex2.approx.ftz.f32"),
+        "ex2_plain": ptx.count("ex2.approx.f32"),
+        "bar_sync": ptx.count("bar.sync"),
+        "cp_async": ptx.count("cp.async"),
+    }
+
+
+def inputs(b: int, gamma: int, v: int, dtype: torch.dtype) -> torch.Tensor:
+    return (torch.randn((b, gamma + 1, v), device=DEV, dtype=torch.float32) * 4).to(dtype)
+
+
+def sweep(names: list[str]) -> tuple[list[dict], dict]:
+    out, chosen = [], {}
+    for dtype in (torch.bfloat16, torch.float32):
+        for b, gamma, v in vk.SWEEP_SHAPES:
+            logits = inputs(b, gamma, v, dtype)
+            for name in names:
+                for block, warps in SWEEP_CONFIGS:
+                    for per_sm in SWEEP_PER_SM:
+                        row = dict(
+                            form=name,
+                            dtype=str(dtype).removeprefix("torch."),
+                            B=b,
+                            gamma=gamma,
+                            V=v,
+                            BLOCK_V=block,
+                            num_warps=warps,
+                            programs_per_sm=per_sm,
+                        )
+                        try:
+                            run, part = form_fn(name, logits, block, warps, per_sm)
+                            compiled = run()
+                            torch.cuda.synchronize()
+                            row["lse_abs_err"] = lse_error(logits, part)
+                            row.update(kernel_facts(compiled))
+                            row["ms"] = do_bench(run, warmup=10, rep=40, return_mode="median")
+                        except Exception as exc:  # a form that does not compile at one config
+                            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                        out.append(row)
+            vk.log(f"sweep {dtype} {b}x{gamma}x{v} done")
+            del logits
+    for dtype in ("bfloat16", "float32"):
+        rows = [r for r in out if r["dtype"] == dtype and "ms" in r]
+        best: dict[tuple, float] = {}
+        for r in rows:
+            key = (r["B"], r["gamma"], r["V"])
+            best[key] = min(best.get(key, float("inf")), r["ms"])
+        for name in names:
+            score: dict[tuple, float] = {}
+            count: dict[tuple, int] = {}
+            for r in rows:
+                if r["form"] == name:
+                    key = (r["BLOCK_V"], r["num_warps"], r["programs_per_sm"])
+                    score[key] = score.get(key, 0.0) + r["ms"] / best[(r["B"], r["gamma"], r["V"])]
+                    count[key] = count.get(key, 0) + 1
+            full = {k: s for k, s in score.items() if count[k] == len(vk.SWEEP_SHAPES)}
+            if full:
+                k = min(full, key=full.get)
+                chosen[f"{name}/{dtype}"] = {
+                    "BLOCK_V": k[0],
+                    "num_warps": k[1],
+                    "programs_per_sm": k[2],
+                    "score": full[k] / len(vk.SWEEP_SHAPES),
+                }
+    return out, chosen
+
+
+def band(names: list[str], chosen: dict, timer: vf.Timer, reps: int, copy_gbs: dict) -> list[dict]:
+    rows = []
+    for b, gamma, v, dtype in vf.shapes():
+        logits = inputs(b, gamma, v, dtype)
+        dname = str(dtype).removeprefix("torch.")
+        nbytes = logits.numel() * logits.element_size()
+        row: dict[str, Any] = {
+            "B": b,
+            "gamma": gamma,
+            "V": v,
+            "dtype": dname,
+            "logits": logits.numel(),
+            "bytes": nbytes,
+            "forms": {},
+        }
+        floors = {k: vf.measure(timer, fn, reps) for k, fn in vf.floor_fn(logits).items()}
+        row["floor_ms"] = {h: min(f[h] for f in floors.values()) for h in ("do_bench", "write", "read")}
+        for name in names:
+            cfg = chosen.get(f"{name}/{dname}")
+            if cfg is None:
+                continue
+            run, part = form_fn(name, logits, cfg["BLOCK_V"], cfg["num_warps"], cfg["programs_per_sm"])
+            run()
+            ms = vf.measure(timer, run, reps)
+            row["forms"][name] = {
+                "ms": ms,
+                "lse_abs_err": lse_error(logits, part),
+                "fraction": {h: nbytes / (t * 1e6) / copy_gbs[h] for h, t in ms.items()},
+            }
+        row["floor_fraction"] = {h: nbytes / (t * 1e6) / copy_gbs[h] for h, t in row["floor_ms"].items()}
+        rows.append(row)
+        vk.log(
+            f"B={b} gamma={gamma} V={v} {dname}: read-flush fraction "
+            + ", ".join(f"{n} {f['fraction']['read']:.1%}" for n, f in row["forms"].items())
+            + f", floor {row['floor_fraction']['read']:.1%}"
+        )
+        del logits
+        torch.cuda.empty_cache()
+    return rows
+
+
+def summarize(rows: list[dict], names: list[str], copy_gbs: dict) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for dtype in ("bfloat16", "float32"):
+        rs = [r for r in rows if r["dtype"] == dtype]
+        per: dict[str, Any] = {}
+        for name in names:
+            have = [r for r in rs if name in r["forms"]]
+            if not have:
+                continue
+            fr = {h: [r["forms"][name]["fraction"][h] for r in have] for h in ("do_bench", "read")}
+            x = np.array([r["bytes"] for r in have], dtype=float)
+            y = np.array([r["forms"][name]["ms"]["read"] for r in have]) * 1e-3
+            slope, t0 = np.polyfit(x, y, 1)
+            per[name] = {
+                "shapes": len(have),
+                "at_goal": {h: sum(f >= vf.GOAL_FRACTION for f in v) for h, v in fr.items()},
+                "median_fraction": {h: float(np.median(v)) for h, v in fr.items()},
+                "time_vs_prod_read": float(
+                    np.median(
+                        [
+                            r["forms"][name]["ms"]["read"] / r["forms"]["prod"]["ms"]["read"]
+                            for r in have
+                            if "prod" in r["forms"]
+                        ]
+                    )
+                ),
+                "fit_read": {"t0_us": t0 * 1e6, "stream_gbs": 1.0 / slope / 1e9},
+                "max_lse_abs_err": max(r["forms"][name]["lse_abs_err"] for r in have),
+            }
+        fl = {h: [r["floor_fraction"][h] for r in rs] for h in ("do_bench", "read")}
+        per["floor"] = {
+            "shapes": len(rs),
+            "at_goal": {h: sum(f >= vf.GOAL_FRACTION for f in v) for h, v in fl.items()},
+            "median_fraction": {h: float(np.median(v)) for h, v in fl.items()},
+        }
+        out[dtype] = per
+    return {"copy_bandwidth_gbs": copy_gbs, "by_dtype": out}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--commit", default=None)
+    parser.add_argument("--reps", type=int, default=60)
+    parser.add_argument("--forms", default=",".join(["prod", *FORMS]))
+    args = parser.parse_args(argv)
+    names = args.forms.split(",")
+    args.out.mkdir(parents=True, exist_ok=True)
+    t = time.time()
+    sweep_rows, chosen = sweep(names)
+    vk.log("chosen:", json.dumps(chosen))
+    (args.out / "pass-variants-sweep.json").write_text(json.dumps({"sweep": sweep_rows, "chosen": chosen}))
+    timer = vf.Timer()
+    n = 1 << 30
+    x = torch.empty(n, dtype=torch.uint8, device=DEV).random_()
+    y = torch.empty_like(x)
+    big = vf.measure(timer, lambda d=y, s=x: d.copy_(s), args.reps)
+    copy_gbs = {k: 2 * n / ms / 1e6 for k, ms in big.items()}
+    del x, y
+    rows = band(names, chosen, timer, args.reps, copy_gbs)
+    props = torch.cuda.get_device_properties(DEV)
+    result = {
+        "device": props.name,
+        "sm_count": props.multi_processor_count,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "commit": args.commit,
+        "config": {
+            "reps": args.reps,
+            "forms": {
+                k: dict(zip(("fma", "ftz", "raw_max", "tile_c", "stages"), f, strict=True)) for k, f in FORMS.items()
+            },
+            "sweep_shapes": vk.SWEEP_SHAPES,
+            "sweep_configs": SWEEP_CONFIGS,
+            "sweep_per_sm": SWEEP_PER_SM,
+            "prod_pass_config": ops.PASS_CONFIG,
+        },
+        "seconds": time.time() - t,
+        "sweep": sweep_rows,
+        "chosen": chosen,
+        "copy_1gib_ms": big,
+        "rows": rows,
+        "summary": summarize(rows, names, copy_gbs),
+    }
+    path = args.out / "pass-variants-h200.json"
+    path.write_text(json.dumps(result, indent=1))
+    vk.log(f"wrote {path}")
+    print(json.dumps(result["summary"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
