@@ -6,18 +6,21 @@ The full pass (``_lse_partial_kernel``) streams every target logit once with an 
 log-sum-exp. In fp32 it runs within a few per cent of the simplest read of the same bytes
 (``verify_flush.py``'s floor); in bf16, with twice the logits per byte, it ran 12-20%
 slower than that floor, so the bf16 pass spends time on arithmetic, not only on DRAM.
-This script times forms of the pass that do less arithmetic per logit:
+This script times forms of the pass (flags in ``FORMS``):
 
-* ``prod``: the kernel the verifier runs (one max per row per block, which takes a
-  reduction across the program's warps and a barrier on every block);
+* ``prod``: the kernel the verifier runs: one max per row per block, which takes a
+  reduction across the program's warps and a barrier on every block. Triton already
+  emits ``ex2.approx.ftz.f32`` for its ``exp2`` (the PTX counts are in the rows), so a
+  flush-to-zero exp2 is nothing to gain;
 * ``fma``: ``exp2(x * s - m * s)`` (one fused multiply-add) instead of ``exp2((x - m) * s)``;
-* ``ftz``: ``fma`` with ``ex2.approx.ftz.f32`` (inline PTX): results below 2**-126 become 0
-  instead of a denormal, which no sum of at least one ``exp2(0) = 1`` can notice;
-* ``raw_max``: ``ftz`` with the block max taken on the loaded dtype (bf16) before the upcast;
-* ``tileC``: ``ftz`` with the block as ``[BLOCK_V / C, C]`` and a running max per tile row of
-  ``C`` logits, so the max needs no reduction across warps (C = 8: inside one thread);
-  one more ``exp2`` per tile row and block, and a fold over the tile rows at the end;
-* ``*_sK``: the same loop as ``tl.range(..., num_stages=K)`` (software-pipelined loads).
+* ``raw_max``: ``fma`` with the block max taken on the loaded dtype (bf16) before the upcast;
+* ``tileC``: the block as ``[BLOCK_V / C, C]`` with a running max per tile row of ``C``
+  logits, so the max needs no reduction across warps (C = 8: inside one thread); one more
+  ``exp2`` per tile row and block, and a fold over the tile rows at the end;
+* ``_rs``: each tile row's sum reduced every block (``[BLOCK_V / C]`` running sums instead
+  of ``BLOCK_V``: fewer registers, so more programs per SM);
+* ``_sK`` / ``s2``: the loop as ``tl.range(..., num_stages=K)`` (software-pipelined loads);
+* ``pf``: the next block loaded into registers before this one is folded.
 
 Every form first runs a sweep of (logits per block, warps, programs per SM) on five shapes
 (``do_bench``); the config with the smallest sum of time / that shape's best time is then
@@ -51,35 +54,28 @@ DEV = vk.DEV
 ops = vk.ops
 SWEEP_CONFIGS = [(2048, 4), (4096, 4), (4096, 8), (8192, 8)]
 SWEEP_PER_SM = [8, 32]
-# name -> (FMA, FTZ, RAW_MAX, C (0: one max per block), STAGES (0: plain range))
+# name -> flags: fma (exp2(x * s - m * s)), raw_max (block max on the loaded dtype), tile (C: a
+# running max per C logits; 0: one per block), rs (sum each tile row per block: [R] sums
+# instead of [R, C]), stages (tl.range num_stages; 0: plain range), pf (load the next block
+# before folding this one)
+FLAG_NAMES = ("fma", "raw_max", "tile", "rs", "stages", "pf")
 FORMS = {
-    "fma": (True, False, False, 0, 0),
-    "ftz": (True, True, False, 0, 0),
-    "raw_max": (True, True, True, 0, 0),
-    "tile8": (True, True, False, 8, 0),
-    "tile32": (True, True, False, 32, 0),
-    "tile128": (True, True, False, 128, 0),
-    "ftz_s2": (True, True, False, 0, 2),
-    "tile32_s3": (True, True, False, 32, 3),
+    "fma": (1, 0, 0, 0, 0, 0),
+    "raw_max": (1, 1, 0, 0, 0, 0),
+    "s2": (0, 0, 0, 0, 2, 0),
+    "pf": (0, 0, 0, 0, 0, 1),
+    "tile8": (1, 0, 8, 0, 0, 0),
+    "tile32": (1, 0, 32, 0, 0, 0),
+    "tile32_s3": (1, 0, 32, 0, 3, 0),
+    "tile8_rs": (1, 0, 8, 1, 0, 0),
+    "tile8_rs_pf": (1, 0, 8, 1, 0, 1),
+    "tile16_rs_s3": (1, 0, 16, 1, 3, 0),
+    "tile32_rs_s3": (1, 0, 32, 1, 3, 0),
 }
 
 
 @triton.jit
-def _ex2_ftz(x):
-    return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
-
-
-@triton.jit
-def _ex2(x, FTZ: tl.constexpr):
-    if FTZ:
-        return _ex2_ftz(x)
-    else:
-        return tl.math.exp2(x)
-
-
-@triton.jit
-def _fold_block(base, offs, V, s, m, scale, FMA: tl.constexpr, FTZ: tl.constexpr, RAW_MAX: tl.constexpr):
-    raw = tl.load(base + offs, mask=offs < V, other=float("-inf"))
+def _fold_block(raw, s, m, scale, FMA: tl.constexpr, RAW_MAX: tl.constexpr, RS: tl.constexpr):
     if RAW_MAX:
         bm = tl.max(raw, axis=1).to(tl.float32)
         x = raw.to(tl.float32)
@@ -88,14 +84,16 @@ def _fold_block(base, offs, V, s, m, scale, FMA: tl.constexpr, FTZ: tl.constexpr
         bm = tl.max(x, axis=1)
     m_new = tl.maximum(m, bm)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    # exactly 1 when the max did not move (an fma here would compound its rounding every block)
+    c = tl.math.exp2((m - m_safe) * scale)
     if FMA:
-        ms = m_safe * scale
-        e = _ex2(x * scale - ms[:, None], FTZ)
-        c = _ex2(m * scale - ms, FTZ)
+        e = tl.math.exp2(x * scale - (m_safe * scale)[:, None])
     else:
-        e = _ex2((x - m_safe[:, None]) * scale, FTZ)
-        c = _ex2((m - m_safe) * scale, FTZ)
-    return s * c[:, None] + e, m_new
+        e = tl.math.exp2((x - m_safe[:, None]) * scale)
+    if RS:
+        return s * c + tl.sum(e, axis=1), m_new
+    else:
+        return s * c[:, None] + e, m_new
 
 
 @triton.jit(do_not_specialize=["blocks_per_split"])
@@ -109,9 +107,10 @@ def _pass_form(
     BLOCK_V: tl.constexpr,
     R: tl.constexpr,
     FMA: tl.constexpr,
-    FTZ: tl.constexpr,
     RAW_MAX: tl.constexpr,
+    RS: tl.constexpr,
     STAGES: tl.constexpr,
+    PF: tl.constexpr,
 ):
     # the block is an [R, BLOCK_V // R] tile of consecutive logits; one running max per tile row
     C: tl.constexpr = BLOCK_V // R
@@ -122,18 +121,35 @@ def _pass_form(
     lo = split * blocks_per_split * BLOCK_V
     offs0 = tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
     scale = inv_t * 1.4426950408889634
-    s = tl.zeros((R, C), tl.float32)
+    if RS:
+        s = tl.zeros((R,), tl.float32)
+    else:
+        s = tl.zeros((R, C), tl.float32)
     m = tl.full((R,), float("-inf"), tl.float32)
-    if STAGES > 0:
+    if PF:
+        nxt = tl.load(base + lo + offs0, mask=lo + offs0 < V, other=float("-inf"))
+        for blk in range(blocks_per_split):
+            cur = nxt
+            offs = lo + (blk + 1) * BLOCK_V + offs0
+            nxt = tl.load(base + offs, mask=(offs < V) & (blk + 1 < blocks_per_split), other=float("-inf"))
+            s, m = _fold_block(cur, s, m, scale, FMA, RAW_MAX, RS)
+    elif STAGES > 0:
         for blk in tl.range(blocks_per_split, num_stages=STAGES):
-            s, m = _fold_block(base, lo + blk * BLOCK_V + offs0, V, s, m, scale, FMA, FTZ, RAW_MAX)
+            offs = lo + blk * BLOCK_V + offs0
+            raw = tl.load(base + offs, mask=offs < V, other=float("-inf"))
+            s, m = _fold_block(raw, s, m, scale, FMA, RAW_MAX, RS)
     else:
         for blk in range(blocks_per_split):
-            s, m = _fold_block(base, lo + blk * BLOCK_V + offs0, V, s, m, scale, FMA, FTZ, RAW_MAX)
+            offs = lo + blk * BLOCK_V + offs0
+            raw = tl.load(base + offs, mask=offs < V, other=float("-inf"))
+            s, m = _fold_block(raw, s, m, scale, FMA, RAW_MAX, RS)
     m_row = tl.max(m, axis=0)
     m_row_safe = tl.where(m_row == float("-inf"), 0.0, m_row)
     w = tl.math.exp2((m - m_row_safe) * scale)
-    s_row = tl.sum(tl.sum(s, axis=1) * w, axis=0)
+    if RS:
+        s_row = tl.sum(s * w, axis=0)
+    else:
+        s_row = tl.sum(tl.sum(s, axis=1) * w, axis=0)
     out = row * nsplit + split
     tl.store(part_ptr + out, m_row * inv_t)
     tl.store(part_ptr + n_rows * nsplit + out, s_row)
@@ -151,7 +167,7 @@ def form_fn(name: str, logits: torch.Tensor, block: int, warps: int, per_sm: int
         def run():
             return ops._lse_partial_kernel[(rows, nsplit)](logits, part, 1.0, v, per, BLOCK_V=block, num_warps=warps)
     else:
-        fma, ftz, raw_max, c, stages = FORMS[name]
+        fma, raw_max, c, rs, stages, pf = FORMS[name]
         r = 1 if c == 0 else block // c
 
         def run():
@@ -165,9 +181,10 @@ def form_fn(name: str, logits: torch.Tensor, block: int, warps: int, per_sm: int
                 BLOCK_V=block,
                 R=r,
                 FMA=fma,
-                FTZ=ftz,
                 RAW_MAX=raw_max,
+                RS=rs,
                 STAGES=stages,
+                PF=pf,
                 num_warps=warps,
             )
 
@@ -365,9 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": args.commit,
         "config": {
             "reps": args.reps,
-            "forms": {
-                k: dict(zip(("fma", "ftz", "raw_max", "tile_c", "stages"), f, strict=True)) for k, f in FORMS.items()
-            },
+            "forms": {k: dict(zip(FLAG_NAMES, f, strict=True)) for k, f in FORMS.items()},
             "sweep_shapes": vk.SWEEP_SHAPES,
             "sweep_configs": SWEEP_CONFIGS,
             "sweep_per_sm": SWEEP_PER_SM,
