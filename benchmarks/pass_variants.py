@@ -8,10 +8,13 @@ log-sum-exp. In fp32 it runs within a few per cent of the simplest read of the s
 slower than that floor, so the bf16 pass spends time on arithmetic, not only on DRAM.
 This script times forms of the pass (flags in ``FORMS``):
 
-* ``prod``: the kernel the verifier runs: one max per row per block, which takes a
-  reduction across the program's warps and a barrier on every block. Triton already
+* ``prod``: the verifier's kernel in its per-block form (``TILE = 0``; its only form up
+  to 3af83a3, where this script picked ``tile8_rs`` for 2-byte logits): one max per row
+  per block, which takes a reduction across the program's warps and a barrier per block. Triton already
   emits ``ex2.approx.ftz.f32`` for its ``exp2`` (the PTX counts are in the rows), so a
   flush-to-zero exp2 is nothing to gain;
+* ``prod_tile``: the verifier's kernel as it runs now (``PASS_TILE``: the tile form below,
+  without fma, for 2-byte logits; the per-block form for fp32);
 * ``fma``: ``exp2(x * s - m * s)`` (one fused multiply-add) instead of ``exp2((x - m) * s)``;
 * ``raw_max``: ``fma`` with the block max taken on the loaded dtype (bf16) before the upcast;
 * ``tileC``: the block as ``[BLOCK_V / C, C]`` with a running max per tile row of ``C``
@@ -162,10 +165,13 @@ def form_fn(name: str, logits: torch.Tensor, block: int, warps: int, per_sm: int
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     nsplit, per = ops._split(rows, v, block, per_sm * sms)
     part = torch.empty((2, rows, nsplit), dtype=torch.float32, device=DEV)
-    if name == "prod":
+    if name in ("prod", "prod_tile"):
+        tile = 0 if name == "prod" else ops.PASS_TILE[logits.element_size()]
 
         def run():
-            return ops._lse_partial_kernel[(rows, nsplit)](logits, part, 1.0, v, per, BLOCK_V=block, num_warps=warps)
+            return ops._lse_partial_kernel[(rows, nsplit)](
+                logits, part, 1.0, v, per, BLOCK_V=block, TILE=tile, num_warps=warps
+            )
     else:
         fma, raw_max, c, rs, stages, pf = FORMS[name]
         r = 1 if c == 0 else block // c
@@ -356,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--commit", default=None)
     parser.add_argument("--reps", type=int, default=60)
-    parser.add_argument("--forms", default=",".join(["prod", *FORMS]))
+    parser.add_argument("--forms", default=",".join(["prod", "prod_tile", *FORMS]))
     args = parser.parse_args(argv)
     names = args.forms.split(",")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -295,6 +295,7 @@ def bench(fn, wall: bool = True) -> dict:
 
 def logits_pass_fn(logits: torch.Tensor, config: tuple[int, int] | None = None, per_sm: int | None = None):
     block, warps = config or ops.PASS_CONFIG[logits.element_size()]
+    tile = ops.PASS_TILE[logits.element_size()]
     b, g1, v = logits.shape
     rows = b * g1
     wanted = per_sm * torch.cuda.get_device_properties(DEV).multi_processor_count if per_sm else ops._programs_wanted(DEV)
@@ -302,7 +303,7 @@ def logits_pass_fn(logits: torch.Tensor, config: tuple[int, int] | None = None, 
     part = torch.empty((2, rows, nsplit), dtype=torch.float32, device=DEV)
 
     def run() -> None:
-        ops._lse_partial_kernel[(rows, nsplit)](logits, part, 1.0, v, per, BLOCK_V=block, num_warps=warps)
+        ops._lse_partial_kernel[(rows, nsplit)](logits, part, 1.0, v, per, BLOCK_V=block, TILE=tile, num_warps=warps)
 
     return run
 
@@ -520,6 +521,8 @@ def main() -> None:
     }
     result["config"]["defaults"] = {  # the code's settings before the sweep may replace them
         "PASS_CONFIG": {str(k): list(v) for k, v in ops.PASS_CONFIG.items()},
+        "PASS_TILE": {str(k): v for k, v in ops.PASS_TILE.items()},
+        "ARGMAX_CONFIG": {str(k): list(v) for k, v in ops.ARGMAX_CONFIG.items()},
         "RACE_BLOCK_V": ops.RACE_BLOCK_V, "RACE_WARPS": ops.RACE_WARPS,
         "PROGRAMS_PER_SM": getattr(ops, "PROGRAMS_PER_SM", None),
         "graph_max_bytes": TritonVerifierConfig().graph_max_bytes,
@@ -540,6 +543,7 @@ def main() -> None:
         result["race_sweep"] = sweep_race()
         save()
     result["config"]["PASS_CONFIG"] = {str(k): list(v) for k, v in ops.PASS_CONFIG.items()}
+    result["config"]["PASS_TILE"] = {str(k): v for k, v in ops.PASS_TILE.items()}
     result["config"]["RACE_BLOCK_V"] = ops.RACE_BLOCK_V
     result["config"]["RACE_WARPS"] = ops.RACE_WARPS
     result["config"]["programs_wanted"] = ops._programs_wanted(DEV)  # after the sweep's choice

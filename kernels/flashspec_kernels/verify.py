@@ -22,6 +22,10 @@ Kernels (random mode), ``R = B * (gamma + 1)`` rows of ``V`` logits:
 1. ``_lse_partial_kernel``, grid ``(R, S1)``: each program streams one slice of a row
    in ``BLOCK_V`` blocks with an online log-sum-exp of ``x * (1 / temperature)`` and
    writes the slice's ``(max, sum exp)``. This is the one full pass over the logits.
+   With ``TILE > 0`` (2-byte logits on a GPU: ``PASS_TILE``) a block is read as
+   ``[BLOCK_V / TILE, TILE]`` and the running max and sum are kept per tile row of
+   ``TILE`` logits, which one thread holds: no reduction across warps (and no barrier)
+   per block, and a few registers per thread instead of ``BLOCK_V / threads`` sums.
 2. ``_accept_race_kernel``, grid ``(B, S2)``: each program folds the slices into
    ``lse`` for the ``gamma + 1`` positions, gathers ``log p(x_i) = (x_i - max) - log sum``,
    runs the accept test and finds ``n`` (every program of a row recomputes the same
@@ -77,8 +81,17 @@ from flashspec_core.sampling import Noise, filter_logits, verify_greedy, verify_
 # Block sizes: the fastest in benchmarks/verify_kernels.py's sweeps on an H200
 # (docs/benchmarks/verify-kernels-h200.json at dcd459a, "pass_sweep" and "race_sweep"; the
 # run's table was timed with these): the pass's best (block, warps, programs per SM) per dtype.
-# full pass (and greedy argmax): bytes per logit -> (logits per block, warps per program)
-PASS_CONFIG = {2: (4096, 4), 4: (2048, 4)}
+# full pass: bytes per logit -> (logits per block, warps per program); 2-byte logits take
+# the tile form's best config in benchmarks/pass_variants.py's sweep (3af83a3)
+PASS_CONFIG = {2: (4096, 8), 4: (2048, 4)}
+# greedy argmax pass: the per-block pass's config from the dcd459a sweep
+ARGMAX_CONFIG = {2: (4096, 4), 4: (2048, 4)}
+# full pass: bytes per logit -> logits per tile row (0: one running max per block). One
+# thread loads 16 bytes = 8 bf16 logits, so 8 keeps each tile row's max and sum in-thread.
+# bf16 at 8: 0.907x the per-block form's time, median over issue 4's goal band (read
+# flush), and 4.38 against 3.92 TB/s fitted; fp32 was 1.07x slower with it, so stays at 0
+# (docs/benchmarks/pass-variants-h200.json at 3af83a3: "tile8_rs" against "prod").
+PASS_TILE = {2: 8, 4: 0}
 RACE_BLOCK_V = 8192  # logits per block in the race (four quarters, one philox call per quad)
 RACE_WARPS = 8
 # Programs the launcher aims for per SM (the pass sweep's pick in both dtypes at dcd459a; the
@@ -100,6 +113,27 @@ _ACCEPT_STRIDE = tl.constexpr(32)  # accept offsets per row (>= MAX_GAMMA)
 # --------------------------------------------------------------------------- kernels
 
 
+@triton.jit
+def _lse_tiles(base, lo, V, blocks_per_split, scale, BLOCK_V: tl.constexpr, TILE: tl.constexpr):
+    """One row's slice as [BLOCK_V // TILE, TILE] tiles: a running max and sum per tile row
+    (in-thread when TILE logits are one thread's load), folded once at the end. Returns
+    the slice's max of the raw logits and its sum of exp2((x - max) * scale)."""
+    offs0 = tl.arange(0, BLOCK_V // TILE)[:, None] * TILE + tl.arange(0, TILE)[None, :]
+    s = tl.zeros((BLOCK_V // TILE,), tl.float32)
+    m = tl.full((BLOCK_V // TILE,), float("-inf"), tl.float32)
+    for blk in range(blocks_per_split):
+        offs = lo + blk * BLOCK_V + offs0
+        x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        # the factor is exactly 1 while the max stays, so no rounding compounds over blocks
+        s = s * tl.math.exp2((m - m_safe) * scale) + tl.sum(tl.math.exp2((x - m_safe[:, None]) * scale), axis=1)
+        m = m_new
+    top = tl.max(m, axis=0)
+    top_safe = tl.where(top == float("-inf"), 0.0, top)
+    return top, tl.sum(s * tl.math.exp2((m - top_safe) * scale), axis=0)
+
+
 @triton.jit(do_not_specialize=["blocks_per_split", "n_rows"])
 def _lse_partial_kernel(
     logits_ptr,  # [R, V] float32 / bfloat16 / float16 logits, R = B * (gamma + 1)
@@ -110,6 +144,7 @@ def _lse_partial_kernel(
     BLOCK_V: tl.constexpr,
     ROWS: tl.constexpr = 1,  # rows per program (module doc, "Rows per program")
     n_rows=1 << 62,  # R; the default means one row per program of the grid
+    TILE: tl.constexpr = 0,  # > 0 only with ROWS = 1 (module doc, kernel 1)
 ):
     rows = tl.minimum(n_rows, tl.num_programs(0) * ROWS)
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # [ROWS]
@@ -117,25 +152,31 @@ def _lse_partial_kernel(
     row = tl.minimum(row, rows - 1)  # rows past R redo row R - 1; their stores are masked
     split = tl.program_id(1)
     nsplit = tl.num_programs(1)
-    base = logits_ptr + row[:, None] * V  # [ROWS, 1]
     lo = split * blocks_per_split * BLOCK_V
-    offs0 = tl.arange(0, BLOCK_V)
-    # online log-sum-exp: the running max is one scalar per row (one max-reduction per
-    # block), the sum stays per lane (reduced once at the end); one exp2 per logit. Maxima
-    # are kept in raw-logit units: max(x) * inv_t == max(x * inv_t) exactly, as inv_t > 0.
     scale = inv_t * 1.4426950408889634  # log2(e) / temperature
-    # (A per-lane max instead, merged once at the end, was measured 17-23% slower on the H200
-    # at ed12466 and removed: verify-kernels-h200-analysis.json, best_score_by_lane_max.)
-    s = tl.zeros((ROWS, BLOCK_V), tl.float32)
-    m = tl.full((ROWS,), float("-inf"), tl.float32)
-    for blk in range(blocks_per_split):
-        offs = lo + blk * BLOCK_V + offs0
-        x = tl.load(base + offs[None, :], mask=(offs < V)[None, :], other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: adds nothing
-        s = s * tl.math.exp2((m - m_safe) * scale)[:, None] + tl.math.exp2((x - m_safe[:, None]) * scale)
-        m = m_new
-    s_row = tl.sum(s, axis=1)
+    if TILE > 0:
+        top, total = _lse_tiles(logits_ptr + tl.program_id(0).to(tl.int64) * V, lo, V, blocks_per_split, scale,
+                                BLOCK_V, TILE)  # fmt: skip
+        m = tl.zeros((ROWS,), tl.float32) + top
+        s_row = tl.zeros((ROWS,), tl.float32) + total
+    else:
+        base = logits_ptr + row[:, None] * V  # [ROWS, 1]
+        offs0 = tl.arange(0, BLOCK_V)
+        # online log-sum-exp: the running max is one scalar per row (one max-reduction per
+        # block), the sum stays per lane (reduced once at the end); one exp2 per logit. Maxima
+        # are kept in raw-logit units: max(x) * inv_t == max(x * inv_t) exactly, as inv_t > 0.
+        # (A per-lane max instead, merged once at the end, was measured 17-23% slower on the H200
+        # at ed12466 and removed: verify-kernels-h200-analysis.json, best_score_by_lane_max.)
+        s = tl.zeros((ROWS, BLOCK_V), tl.float32)
+        m = tl.full((ROWS,), float("-inf"), tl.float32)
+        for blk in range(blocks_per_split):
+            offs = lo + blk * BLOCK_V + offs0
+            x = tl.load(base + offs[None, :], mask=(offs < V)[None, :], other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: adds nothing
+            s = s * tl.math.exp2((m - m_safe) * scale)[:, None] + tl.math.exp2((x - m_safe[:, None]) * scale)
+            m = m_new
+        s_row = tl.sum(s, axis=1)
     m_row = m * inv_t
     out = row * nsplit + split
     tl.store(part_ptr + out, m_row, mask=live)
@@ -610,7 +651,7 @@ def _verify(
     rows = batch * (gamma + 1)
     if sampling.greedy:
         logits = filter_logits(target_logits, sampling) if sampling.top_p < 1.0 else target_logits.contiguous()
-        block, warps = PASS_CONFIG[logits.element_size()]
+        block, warps = ARGMAX_CONFIG[logits.element_size()]
         block = _blocks(dev, vocab, block)[0]
         nsplit1, per1 = _split(rows, vocab, block, wanted)
         g_pad, s_pad = _pads(dev, gamma, nsplit1)
@@ -652,9 +693,10 @@ def _verify(
     stats = stats.view(batch, 2 * (gamma + 1))
     race_i = race_i.view(torch.int32)
     rpp = _rows_per_program(dev, rows, block)
+    tile = PASS_TILE[logits.element_size()] if rpp == 1 else 0
     _lse_partial_kernel[(triton.cdiv(rows, rpp), nsplit1)](
-        logits, part, inv_t, vocab, per1, BLOCK_V=block, ROWS=rpp, n_rows=rows, num_warps=warps,
-    )
+        logits, part, inv_t, vocab, per1, BLOCK_V=block, ROWS=rpp, n_rows=rows, TILE=tile, num_warps=warps,
+    )  # fmt: skip
     rpp = _rows_per_program(dev, batch, max(race_block // 4, g_pad * s_pad))
     _accept_race_kernel[(triton.cdiv(batch, rpp), nsplit2)](
         logits, draft_tokens, q, uniform, expo, state, part, stats, nacc, race_f, race_i,

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in lo
 def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks of 256 logits: V=1271 spans 5 blocks, so slices and block edges are exercised."""
     monkeypatch.setattr(ops, "PASS_CONFIG", {2: (256, 4), 4: (256, 4)})
+    monkeypatch.setattr(ops, "ARGMAX_CONFIG", {2: (256, 4), 4: (256, 4)})
     monkeypatch.setattr(ops, "RACE_BLOCK_V", 256)
 
 
@@ -141,17 +142,29 @@ def test_non_contiguous_inputs(small_blocks) -> None:
     check_exact(logits_t, tokens_t, q, SamplingParams(), seed=14)
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_lse_and_log_p_within_twice_torch_fp32_error(temperature: float) -> None:
+@pytest.mark.parametrize(
+    ("temperature", "dtype", "gpu_launch"),
+    [(1.0, torch.float32, False), (0.7, torch.float32, False), (0.7, torch.bfloat16, True)],
+)
+def test_lse_and_log_p_within_twice_torch_fp32_error(
+    monkeypatch: pytest.MonkeyPatch, temperature: float, dtype: torch.dtype, gpu_launch: bool
+) -> None:
+    """The kernels' lse and log p against float64, within twice torch's float32 error on the
+    same inputs; the bf16 case runs the GPU's launch (PASS_TILE's tile form of the pass)."""
     b, gamma, v = 4, 4, 32000
     x = torch.randn((b, gamma + 1, v), generator=torch.Generator(device=DEV).manual_seed(15), device=DEV) * 5
+    if gpu_launch:
+        assert ops.PASS_TILE[dtype.itemsize] > 0
+        monkeypatch.setattr(ops, "_interpreting", lambda device: False)
+    x = x.to(dtype)
     tokens = torch.randint(0, v, (b, gamma), device=DEV)
     lse, log_p = ops.log_probs_at_draft(x, tokens, SamplingParams(temperature=temperature))
     ref = torch.log_softmax(x.double() / temperature, dim=-1)
     ref_lse = torch.logsumexp(x.double() / temperature, dim=-1)
     ref_lp = ref[:, :gamma].gather(-1, tokens[..., None]).squeeze(-1)
-    t32 = torch.log_softmax(x / temperature, dim=-1)
-    torch_lse_err = (torch.logsumexp(x / temperature, dim=-1).double() - ref_lse).abs().max()
+    x32 = x.float()
+    t32 = torch.log_softmax(x32 / temperature, dim=-1)
+    torch_lse_err = (torch.logsumexp(x32 / temperature, dim=-1).double() - ref_lse).abs().max()
     torch_lp_err = (t32[:, :gamma].gather(-1, tokens[..., None]).squeeze(-1).double() - ref_lp).abs().max()
     ulp = torch.finfo(torch.float32).eps * ref_lse.abs().max()  # the output's own rounding
     assert (lse.double() - ref_lse).abs().max() <= 2 * torch_lse_err + ulp
@@ -296,10 +309,11 @@ def test_rows_per_program(small_blocks, monkeypatch: pytest.MonkeyPatch, rows: i
     assert_same(got[1], ops.verify_ref(logits, tokens, q, SamplingParams(temperature=0.7), noise))
 
 
-def test_gpu_launch_shapes(small_blocks, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The launch a GPU gets (ROWS = 1, full G_PAD and S_PAD, PASS_CONFIG blocks), run
-    here: same tokens as the interpreter's tiled launch."""
-    logits, tokens, q = inputs(3, 7, 1271, torch.float32, seed=22, with_q=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bf16: the pass's TILE form
+def test_gpu_launch_shapes(small_blocks, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
+    """The launch a GPU gets (ROWS = 1, full G_PAD and S_PAD, PASS_CONFIG blocks, PASS_TILE),
+    run here: same tokens as the interpreter's tiled launch."""
+    logits, tokens, q = inputs(3, 7, 1271, dtype, seed=22, with_q=True)
     want = _all_modes(logits, tokens, q, seed=23)
     monkeypatch.setattr(ops, "_interpreting", lambda device: False)
     got = _all_modes(logits, tokens, q, seed=23)
