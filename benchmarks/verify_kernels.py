@@ -1,7 +1,9 @@
 """Check and time the Triton verifier against the reference on one CUDA GPU.
 
-    python benchmarks/verify_kernels.py --out DIR [--commit SHA] [--quick]
+    python benchmarks/verify_kernels.py --out DIR [--commit SHA] [--quick] [--apply-sweep]
 
+Shapes are timed at the code's defaults (what the engine runs); the pass and race sweeps
+are recorded beside them, and ``--apply-sweep`` times at the sweeps' choices instead.
 Writes ``DIR/verify-kernels-h200.json``: device, versions, config, the GPU checks
 (token equality with the reference in exact mode, no host sync under
 ``torch.cuda.set_sync_debug_mode("error")``, CUDA-graph replay), a device-to-device
@@ -354,7 +356,8 @@ SWEEP_PER_SM = [4, 8, 16, 32]  # programs the launcher aims for, per SM
 def sweep_pass() -> list[dict]:
     """The full pass at several (block, warps, programs per SM) on five shapes; per dtype, the
     config with the smallest sum over shapes of time / that shape's best time becomes
-    ops.PASS_CONFIG (and ops.PROGRAMS_PER_SM) for the rest of the run. (Rows carry
+    ops.PASS_CONFIG (and ops.PROGRAMS_PER_SM) for the rest of the run with ``--apply-sweep``;
+    without it main restores the code's defaults after the sweeps. (Rows carry
     ``lane_max: false``: the per-lane max form, swept at ed12466, was slower and is gone.)"""
     out = []
     for dtype in (torch.bfloat16, torch.float32):
@@ -391,7 +394,8 @@ def sweep_pass() -> list[dict]:
 
 def sweep_race() -> list[dict]:
     """The whole philox step (graph replay) at several race (block, warps); the
-    fastest (summed over two bf16 shapes) becomes ops.RACE_BLOCK_V / RACE_WARPS."""
+    fastest (summed over two bf16 shapes) becomes ops.RACE_BLOCK_V / RACE_WARPS (kept only
+    with ``--apply-sweep``)."""
     out = []
     ver = TritonVerifier(TritonVerifierConfig(noise="philox"), DEV)
     for b, gamma, v in [(8, 8, 151936), (128, 4, 151936)]:
@@ -495,6 +499,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--budget-s", type=float, default=400.0)
     ap.add_argument("--skip", default="", help="comma list of: sweep,checks,timing")
+    ap.add_argument("--apply-sweep", action="store_true",
+                    help="time the shapes at the sweeps' choices instead of the code's defaults")  # fmt: skip
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     torch.fx.experimental._config.use_duck_shape = False  # B == gamma must not specialise the compile
@@ -539,9 +545,16 @@ def main() -> None:
     log(f"copy bandwidth {copy_gbs:.0f} GB/s")
     save()
     if "sweep" not in skip:
+        saved = ({k: tuple(v) for k, v in ops.PASS_CONFIG.items()}, ops.PROGRAMS_PER_SM, ops.RACE_BLOCK_V,
+                 ops.RACE_WARPS)  # fmt: skip
         result["pass_sweep"] = sweep_pass()
         result["race_sweep"] = sweep_race()
+        if not args.apply_sweep:  # the sweeps' five and two shapes inform the defaults; time what ships
+            ops.PASS_CONFIG.update(saved[0])
+            ops.PROGRAMS_PER_SM, ops.RACE_BLOCK_V, ops.RACE_WARPS = saved[1:]
+            ops._programs_wanted.cache_clear()
         save()
+    result["config"]["timed_at"] = "sweep choices" if args.apply_sweep and "sweep" not in skip else "code defaults"
     result["config"]["PASS_CONFIG"] = {str(k): list(v) for k, v in ops.PASS_CONFIG.items()}
     result["config"]["PASS_TILE"] = {str(k): v for k, v in ops.PASS_TILE.items()}
     result["config"]["RACE_BLOCK_V"] = ops.RACE_BLOCK_V
