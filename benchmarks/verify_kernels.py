@@ -531,6 +531,7 @@ def main() -> None:
         "ARGMAX_CONFIG": {str(k): list(v) for k, v in ops.ARGMAX_CONFIG.items()},
         "RACE_BLOCK_V": ops.RACE_BLOCK_V, "RACE_WARPS": ops.RACE_WARPS,
         "PROGRAMS_PER_SM": getattr(ops, "PROGRAMS_PER_SM", None),
+        "RACE_PROGRAMS_PER_SM": getattr(ops, "RACE_PROGRAMS_PER_SM", None),
         "graph_max_bytes": TritonVerifierConfig().graph_max_bytes,
     }
     out = Path(args.out)
@@ -560,6 +561,7 @@ def main() -> None:
     result["config"]["RACE_BLOCK_V"] = ops.RACE_BLOCK_V
     result["config"]["RACE_WARPS"] = ops.RACE_WARPS
     result["config"]["programs_wanted"] = ops._programs_wanted(DEV)  # after the sweep's choice
+    result["config"]["race_programs_wanted"] = ops._race_programs_wanted(DEV)
     if "checks" not in skip:
         for name, fn in (
             ("no_sync", check_no_sync),

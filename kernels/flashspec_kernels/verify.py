@@ -97,6 +97,11 @@ RACE_WARPS = 8
 # Programs the launcher aims for per SM (the pass sweep's pick in both dtypes at dcd459a; the
 # previous default, 4, was 1-12% slower on its bf16 shapes: verify-kernels-h200-analysis.json).
 PROGRAMS_PER_SM = 32
+# The race's own target. Timed at the defaults (verify-kernels-h200.json at 1024280), a
+# bf16 step at B = 128-512 spent 17-29% more outside the pass with 32 programs per SM than
+# the ed12466 run, whose sweep had set 16 for every kernel (e.g. B = 512, gamma = 4,
+# V = 128256: 394 against 319 us), while B <= 32 was level.
+RACE_PROGRAMS_PER_SM = 16
 # Register cap of the race on CUDA (the interpreter ignores it). The one-row race compiled
 # to ~128 registers in philox mode; its [1, N]-tile form compiles to ~167 uncapped, one
 # program fewer per SM and up to 15% slower; exact mode gains 25-30% from the cap.
@@ -519,6 +524,14 @@ def _programs_wanted(device: torch.device) -> int:
     return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@functools.lru_cache(maxsize=16)
+def _race_programs_wanted(device: torch.device) -> int:
+    """The race's programs (RACE_PROGRAMS_PER_SM per SM; 1 on the CPU interpreter)."""
+    if device.type != "cuda":
+        return 1
+    return RACE_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _interpreting(device: torch.device) -> bool:
     """Whether the kernels run in Triton's interpreter (numpy on the host), not compiled."""
     return device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
@@ -685,7 +698,7 @@ def _verify(
     block, warps = PASS_CONFIG[logits.element_size()]
     block, race_block = _blocks(dev, vocab, block)
     nsplit1, per1 = _split(rows, vocab, block, wanted)
-    nsplit2, per2 = _split(batch, vocab, race_block, wanted)
+    nsplit2, per2 = _split(batch, vocab, race_block, programs or _race_programs_wanted(dev))
     g_pad, s_pad = _pads(dev, gamma, max(nsplit1, nsplit2))
     part, stats, race_f, race_i = _carve(
         dev, torch.float32, 2 * rows * nsplit1, 2 * rows, 3 * batch * nsplit2, 2 * batch * nsplit2

@@ -242,6 +242,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> list[Compiled]:
         rec.install(mp)
         mp.setattr(verify, "_interpreting", lambda device: False)
         mp.setattr(verify, "_programs_wanted", lambda device: verify.PROGRAMS_PER_SM * H200_SMS)
+        mp.setattr(verify, "_race_programs_wanted", lambda device: verify.RACE_PROGRAMS_PER_SM * H200_SMS)
         _verify_cases(rec)
         _attention_cases(rec)
         _rope_cases(rec)
