@@ -97,10 +97,11 @@ RACE_WARPS = 8
 # Programs the launcher aims for per SM (the pass sweep's pick in both dtypes at dcd459a; the
 # previous default, 4, was 1-12% slower on its bf16 shapes: verify-kernels-h200-analysis.json).
 PROGRAMS_PER_SM = 32
-# The race's own target. Timed at the defaults (verify-kernels-h200.json at 1024280), a
-# bf16 step at B = 128-512 spent 17-29% more outside the pass with 32 programs per SM than
-# the ed12466 run, whose sweep had set 16 for every kernel (e.g. B = 512, gamma = 4,
-# V = 128256: 394 against 319 us), while B <= 32 was level.
+# The race's own target. Timed at the defaults with 32 per SM for every kernel (1024280), a
+# bf16 step spent 12-31% more outside the pass than the ed12466 run, whose sweep had set 16
+# for every kernel, at B = 512 with V >= 128256 and B = 128 with V = 151936 (B = 512,
+# gamma = 4, V = 128256: 386 against 313 us), and about the same elsewhere; with 16 for the
+# race (verify-kernels-h200.json at 5758871) every bf16 shape from B = 128 is within 3%.
 RACE_PROGRAMS_PER_SM = 16
 # Register cap of the race on CUDA (the interpreter ignores it). The one-row race compiled
 # to ~128 registers in philox mode; its [1, N]-tile form compiles to ~167 uncapped, one
