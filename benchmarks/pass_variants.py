@@ -8,9 +8,10 @@ log-sum-exp. In fp32 it runs within a few per cent of the simplest read of the s
 slower than that floor, so the bf16 pass spends time on arithmetic, not only on DRAM.
 This script times forms of the pass (flags in ``FORMS``):
 
-* ``prod``: the verifier's kernel in its per-block form (``TILE = 0``; its only form up
-  to 3af83a3, where this script picked ``tile8_rs`` for 2-byte logits): one max per row
-  per block, which takes a reduction across the program's warps and a barrier per block. Triton already
+* ``prod``: the verifier's kernel in its per-block form (``TILE = 0``; its only form until
+  0809441, which took the tile form for 2-byte logits from this script's run at 3af83a3):
+  one max per row per block, which takes a reduction across the program's warps and a
+  barrier per block. Triton already
   emits ``ex2.approx.ftz.f32`` for its ``exp2`` (the PTX counts are in the rows), so a
   flush-to-zero exp2 is nothing to gain;
 * ``prod_tile``: the verifier's kernel as it runs now (``PASS_TILE``: the tile form below,

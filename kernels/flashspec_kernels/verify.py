@@ -88,9 +88,9 @@ PASS_CONFIG = {2: (4096, 8), 4: (2048, 4)}
 ARGMAX_CONFIG = {2: (4096, 4), 4: (2048, 4)}
 # full pass: bytes per logit -> logits per tile row (0: one running max per block). One
 # thread loads 16 bytes = 8 bf16 logits, so 8 keeps each tile row's max and sum in-thread.
-# bf16 at 8: 0.907x the per-block form's time, median over issue 4's goal band (read
-# flush), and 4.38 against 3.92 TB/s fitted; fp32 was 1.07x slower with it, so stays at 0
-# (docs/benchmarks/pass-variants-h200.json at 3af83a3: "tile8_rs" against "prod").
+# In docs/benchmarks/pass-variants-h200.json (1024280), median over issue 4's bf16 goal
+# band after a read flush, this kernel at 8 ("prod_tile") took 0.938x the per-block form's
+# time ("prod"); in fp32 the tile form was 1.05x slower ("tile8_rs"), so fp32 stays at 0.
 PASS_TILE = {2: 8, 4: 0}
 RACE_BLOCK_V = 8192  # logits per block in the race (four quarters, one philox call per quad)
 RACE_WARPS = 8
