@@ -31,11 +31,6 @@ Kernels (random mode), ``R = B * (gamma + 1)`` rows of ``V`` logits:
    runs the accept test and finds ``n`` (every program of a row recomputes the same
    ``n``: it is a few dozen scalars), then races its slice of row ``n`` only: it
    re-reads the ``V`` logits of that row (and ``q_n`` and, in exact mode, ``E``).
-   In philox mode with deterministic drafts the residual is ``p_n`` without the drafted
-   token, so the race runs in log space as a Gumbel-max, ``argmax x / t - log E`` over
-   the other tokens: no ``exp``, no division and no second race for an all-zero residual
-   (which needs every other token at ``-inf``; its draw from ``p_n`` is then the drafted
-   token). Exact mode keeps the ratio race, whose float32 steps are the reference's.
 3. ``_finalize_kernel``, grid ``(B,)``: picks the winner over the slices and writes
    ``tokens`` and ``num_accepted``; in philox mode it also advances the counter.
 
@@ -238,19 +233,6 @@ def _race_quarter(
 
 
 @triton.jit
-def _gumbel_quarter(x, offs, r, tok_n, best, idx):
-    """Philox mode with deterministic drafts: the residual at a rejection is p without the
-    drafted token, so the race ``argmax p / E`` is ``argmax x - log E`` over the other
-    tokens (a Gumbel-max: ``-log E = -log(-log u)``), which needs no ``exp``, no division
-    and no second race for the all-zero residual."""
-    u = tl.uint_to_uniform_float(r)
-    # u = 0: E = inf, score -inf (never taken); E rounding to 0 scores +inf, as p / 0 does
-    g = tl.where(offs == tok_n, float("-inf"), x - tl.log(-tl.log(u)))
-    take = g > best  # strict: per lane ids rise, so ties keep the lowest
-    return tl.where(take, g, best), tl.where(take, offs, idx)
-
-
-@triton.jit
 def _lowest_argmax(best, idx):
     """Per row: (max, lowest id holding it) over a [ROWS, N] block of per-lane (score, id)."""
     top = tl.max(best, axis=1)
@@ -366,8 +348,7 @@ def _accept_race_kernel(
     q_row = q_ptr + ((b * gamma + tl.minimum(n, gamma - 1)) * V)[:, None]
     QB: tl.constexpr = BLOCK_V // 4
     qoffs = tl.arange(0, QB)[None, :]  # [1, QB]
-    GUMBEL: tl.constexpr = not EXACT and not HAS_Q
-    best_r = tl.full((ROWS, QB), float("-inf") if GUMBEL else -1.0, tl.float32)
+    best_r = tl.full((ROWS, QB), -1.0, tl.float32)
     best_p = tl.full((ROWS, QB), -1.0, tl.float32)
     res_max = tl.zeros((ROWS, QB), tl.float32)
     idx_r = tl.zeros((ROWS, QB), tl.int32)
@@ -382,59 +363,42 @@ def _accept_race_kernel(
         o1 = o0 + QB
         o2 = o1 + QB
         o3 = o2 + QB
-        if GUMBEL:
+        if EXACT:
+            e0 = tl.load(e_row + o0, mask=o0 < V, other=1.0)
+            e1 = tl.load(e_row + o1, mask=o1 < V, other=1.0)
+            e2 = tl.load(e_row + o2, mask=o2 < V, other=1.0)
+            e3 = tl.load(e_row + o3, mask=o3 < V, other=1.0)
+        else:
             # one philox call per 4 tokens; quad ids are unique per (row, counter)
             r0, r1, r2, r3 = tl.randint4x(seed, (counter << 32) | (quad_row + start // 4 + qoffs))
-            x = tl.load(logits_row + o0, mask=o0 < V, other=float("-inf")).to(tl.float32) * inv_t
-            best_r, idx_r = _gumbel_quarter(x, o0, r0, tok_n, best_r, idx_r)
-            x = tl.load(logits_row + o1, mask=o1 < V, other=float("-inf")).to(tl.float32) * inv_t
-            best_r, idx_r = _gumbel_quarter(x, o1, r1, tok_n, best_r, idx_r)
-            x = tl.load(logits_row + o2, mask=o2 < V, other=float("-inf")).to(tl.float32) * inv_t
-            best_r, idx_r = _gumbel_quarter(x, o2, r2, tok_n, best_r, idx_r)
-            x = tl.load(logits_row + o3, mask=o3 < V, other=float("-inf")).to(tl.float32) * inv_t
-            best_r, idx_r = _gumbel_quarter(x, o3, r3, tok_n, best_r, idx_r)
-        else:
-            if EXACT:
-                e0 = tl.load(e_row + o0, mask=o0 < V, other=1.0)
-                e1 = tl.load(e_row + o1, mask=o1 < V, other=1.0)
-                e2 = tl.load(e_row + o2, mask=o2 < V, other=1.0)
-                e3 = tl.load(e_row + o3, mask=o3 < V, other=1.0)
-            else:
-                r0, r1, r2, r3 = tl.randint4x(seed, (counter << 32) | (quad_row + start // 4 + qoffs))
-                # E = -log(u) may round to 0 for u near 1: its score is then inf (or NaN, never taken)
-                e0 = -tl.log(tl.uint_to_uniform_float(r0))
-                e1 = -tl.log(tl.uint_to_uniform_float(r1))
-                e2 = -tl.log(tl.uint_to_uniform_float(r2))
-                e3 = -tl.log(tl.uint_to_uniform_float(r3))
-            x, q = _load_quarter(logits_row, q_row, o0, o0 < V, inv_t, tok_n, q_end, HAS_Q)
-            best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
-                x, o0, e0, m_n, log_s_n, q, best_r, idx_r, best_p, idx_p, res_max, EXACT
-            )
-            x, q = _load_quarter(logits_row, q_row, o1, o1 < V, inv_t, tok_n, q_end, HAS_Q)
-            best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
-                x, o1, e1, m_n, log_s_n, q, best_r, idx_r, best_p, idx_p, res_max, EXACT
-            )
-            x, q = _load_quarter(logits_row, q_row, o2, o2 < V, inv_t, tok_n, q_end, HAS_Q)
-            best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
-                x, o2, e2, m_n, log_s_n, q, best_r, idx_r, best_p, idx_p, res_max, EXACT
-            )
-            x, q = _load_quarter(logits_row, q_row, o3, o3 < V, inv_t, tok_n, q_end, HAS_Q)
-            best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
-                x, o3, e3, m_n, log_s_n, q, best_r, idx_r, best_p, idx_p, res_max, EXACT
-            )
+            # E = -log(u) may round to 0 for u near 1: its score is then inf (or NaN, never taken)
+            e0 = -tl.log(tl.uint_to_uniform_float(r0))
+            e1 = -tl.log(tl.uint_to_uniform_float(r1))
+            e2 = -tl.log(tl.uint_to_uniform_float(r2))
+            e3 = -tl.log(tl.uint_to_uniform_float(r3))
+        x, q = _load_quarter(logits_row, q_row, o0, o0 < V, inv_t, tok_n, q_end, HAS_Q)
+        best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
+            x, o0, e0, m_n, log_s_n, q, best_r, idx_r, best_p, idx_p, res_max, EXACT
+        )
+        x, q = _load_quarter(logits_row, q_row, o1, o1 < V, inv_t, tok_n, q_end, HAS_Q)
+        best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
+            x, o1, e1, m_n, log_s_n, q, best_r, idx_r, best_p, idx_p, res_max, EXACT
+        )
+        x, q = _load_quarter(logits_row, q_row, o2, o2 < V, inv_t, tok_n, q_end, HAS_Q)
+        best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
+            x, o2, e2, m_n, log_s_n, q, best_r, idx_r, best_p, idx_p, res_max, EXACT
+        )
+        x, q = _load_quarter(logits_row, q_row, o3, o3 < V, inv_t, tok_n, q_end, HAS_Q)
+        best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
+            x, o3, e3, m_n, log_s_n, q, best_r, idx_r, best_p, idx_p, res_max, EXACT
+        )
     top_r, tok_r = _lowest_argmax(best_r, idx_r)
-    if GUMBEL:  # the residual is all zero only if every other token is -inf: p is one-hot at x_n
-        top_p = tl.zeros_like(top_r)
-        tok_p = tl.reshape(tok_n, (ROWS,)).to(tl.int32)
-        res_top = tl.where(top_r > float("-inf"), 1.0, 0.0)
-    else:
-        top_p, tok_p = _lowest_argmax(best_p, idx_p)
-        res_top = tl.max(res_max, axis=1)
+    top_p, tok_p = _lowest_argmax(best_p, idx_p)
     out = b * nsplit2 + split
     plane = B * nsplit2
     tl.store(race_f_ptr + out, top_r, mask=live)
     tl.store(race_f_ptr + plane + out, top_p, mask=live)
-    tl.store(race_f_ptr + 2 * plane + out, res_top, mask=live)
+    tl.store(race_f_ptr + 2 * plane + out, tl.max(res_max, axis=1), mask=live)
     tl.store(race_i_ptr + out, tok_r, mask=live)
     tl.store(race_i_ptr + plane + out, tok_p, mask=live)
 
@@ -470,10 +434,8 @@ def _finalize_kernel(
     sl = tl.arange(0, S_PAD)[None, :]
     sm = sl < nsplit2
     at = b[:, None] * nsplit2 + sl  # [ROWS, S_PAD]
-    # slice scores: p / E ratios (>= 0, or -1 for a slice of masked lanes) or, in philox mode
-    # with deterministic drafts, Gumbel scores of any sign: absent slices score -inf
-    score_r = tl.load(race_f_ptr + at, mask=sm, other=float("-inf"))
-    score_p = tl.load(race_f_ptr + plane + at, mask=sm, other=float("-inf"))
+    score_r = tl.load(race_f_ptr + at, mask=sm, other=-2.0)
+    score_p = tl.load(race_f_ptr + plane + at, mask=sm, other=-2.0)
     res_max = tl.max(tl.load(race_f_ptr + 2 * plane + at, mask=sm, other=0.0), axis=1)
     win_r = tl.argmax(score_r, axis=1, tie_break_left=True)[:, None]
     win_p = tl.argmax(score_p, axis=1, tie_break_left=True)[:, None]
