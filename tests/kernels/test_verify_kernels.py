@@ -197,6 +197,37 @@ def test_philox_first_token_follows_p_many_rows() -> None:
     assert chi_square(first_token_counts(600, probs, seed=2), probs) < 25.7  # p = 1e-4, 5 dof
 
 
+@pytest.mark.parametrize("with_q", [False, True])
+def test_philox_draw_spans_race_blocks(small_blocks, with_q: bool) -> None:
+    """Philox mode picks a race block by its mass, then races inside it. With V = 1271 in
+    blocks of 256 and p spread over every block, the first emitted token (accepted draft or
+    recovered token) and the bonus token after an accept both follow p (chi-square)."""
+    from scipy.stats import chi2
+
+    v, rows = 1271, 3000
+    support = torch.tensor([0, 100, 255, 256, 300, 511, 700, 767, 768, 1000, 1200, 1270], device=DEV)
+    weights = torch.tensor([3.0, 1.0, 2.0, 4.0, 6.0, 1.0, 2.0, 3.0, 5.0, 2.0, 1.0, 2.0], device=DEV)
+    probs = weights / weights.sum()
+    row = torch.full((v,), float("-inf"), device=DEV)
+    row[support] = torch.log(probs)
+    logits = row.expand(rows, 2, v).contiguous()
+    tokens = torch.full((rows, 1), 300, dtype=torch.int64, device=DEV)  # p(300) = 0.19: often rejected
+    q = None
+    if with_q:  # drafts from a q that differs from p, and the drafted token sampled from q
+        qw = torch.zeros(v, device=DEV)
+        qw[support] = torch.linspace(1.0, 3.0, len(support), device=DEV)
+        q = (qw / qw.sum()).expand(rows, 1, v).contiguous()
+        tokens = torch.multinomial(q[:, 0], 1, generator=torch.Generator(device=DEV).manual_seed(5))
+    state = ops.new_philox_state(torch.Generator(device=DEV).manual_seed(31), DEV)
+    out = ops.verify_triton(logits, tokens, q, SamplingParams(), state=state)
+    index = {int(t): i for i, t in enumerate(support)}
+    limit = chi2.isf(1e-4, len(support) - 1)
+    for name, toks in (("first", out.tokens[:, 0]), ("bonus", out.tokens[out.num_accepted == 1, 1])):
+        assert all(int(t) in index for t in toks), name  # never a token of p = 0
+        counts = torch.bincount(torch.tensor([index[int(t)] for t in toks]), minlength=len(support)).double()
+        assert chi_square(counts, probs.tolist()) < limit, name
+
+
 def test_philox_state_advances_and_replays(small_blocks) -> None:
     logits, tokens, _ = inputs(3, 4, 1271, torch.float32, seed=16)
     state = ops.new_philox_state(torch.Generator(device=DEV).manual_seed(3), DEV)
