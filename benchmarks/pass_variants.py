@@ -31,7 +31,7 @@ Every form first runs a sweep of (logits per block, warps, programs per SM) on f
 timed on every shape of issue 4's goal band (``B (gamma + 1) V >= 10M``) with ``do_bench``
 (write flush) and ``verify_flush.py``'s read-flush timer, beside the read floor. Each
 form's log-sum-exp is checked against ``torch.logsumexp`` in float64. Writes
-``DIR/pass-variants-h200.json`` (raw times, the PTX's ``ex2`` instructions, registers,
+``DIR/pass-variants-h200{--tag}.json`` (raw times, the PTX's ``ex2`` instructions, registers,
 ``summary``).
 """
 
@@ -364,8 +364,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commit", default=None)
     parser.add_argument("--reps", type=int, default=60)
     parser.add_argument("--forms", default=",".join(["prod", "prod_tile", *FORMS]))
+    parser.add_argument("--per-sm", default=",".join(map(str, SWEEP_PER_SM)),
+                        help="programs per SM the sweep tries (a large value: one block per program)")
+    parser.add_argument("--tag", default="", help="suffix of the output file's name")  # fmt: skip
     args = parser.parse_args(argv)
     names = args.forms.split(",")
+    SWEEP_PER_SM[:] = [int(x) for x in args.per_sm.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     t = time.time()
     sweep_rows, chosen = sweep(names)
@@ -402,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "summary": summarize(rows, names, copy_gbs),
     }
-    path = args.out / "pass-variants-h200.json"
+    path = args.out / f"pass-variants-h200{args.tag}.json"
     path.write_text(json.dumps(result, indent=1))
     vk.log(f"wrote {path}")
     print(json.dumps(result["summary"], indent=1))
