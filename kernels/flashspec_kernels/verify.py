@@ -82,15 +82,17 @@ from flashspec_core.sampling import Noise, filter_logits, verify_greedy, verify_
 # (docs/benchmarks/verify-kernels-h200.json at dcd459a, "pass_sweep" and "race_sweep"; the
 # run's table was timed with these): the pass's best (block, warps, programs per SM) per dtype.
 # full pass: bytes per logit -> (logits per block, warps per program); 2-byte logits take
-# the tile form's best config in benchmarks/pass_variants.py's sweep (3af83a3)
+# the tile form's pick in benchmarks/pass_variants.py's sweeps (3af83a3, 1024280; at
+# 08a5c7f the good settings all scored within noise: pass-variants-h200-persm.json)
 PASS_CONFIG = {2: (4096, 8), 4: (2048, 4)}
 # greedy argmax pass: the per-block pass's config from the dcd459a sweep
 ARGMAX_CONFIG = {2: (4096, 4), 4: (2048, 4)}
 # full pass: bytes per logit -> logits per tile row (0: one running max per block). One
 # thread loads 16 bytes = 8 bf16 logits, so 8 keeps each tile row's max and sum in-thread.
 # In docs/benchmarks/pass-variants-h200.json (1024280), median over issue 4's bf16 goal
-# band after a read flush, this kernel at 8 ("prod_tile") took 0.938x the per-block form's
-# time ("prod"); in fp32 the tile form was 1.05x slower ("tile8_rs"), so fp32 stays at 0.
+# band after a read flush, the tile form took 0.909x ("tile8_rs") and this kernel at 8
+# 0.938x ("prod_tile") the per-block form's time ("prod"), each at its own sweep pick; in
+# fp32 the tile form was 1.05x slower ("tile8_rs"), so fp32 stays at 0.
 PASS_TILE = {2: 8, 4: 0}
 RACE_BLOCK_V = 8192  # logits per block in the race (four quarters, one philox call per quad)
 RACE_WARPS = 8
