@@ -161,11 +161,8 @@ def _pass_form(
 
 def form_fn(name: str, logits: torch.Tensor, block: int, warps: int, per_sm: int):
     """A launcher of one form at one config, and the partials it fills."""
-    b, g1, v = logits.shape
-    rows = b * g1
-    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
-    nsplit, per = ops._split(rows, v, block, per_sm * sms)
-    part = torch.empty((2, rows, nsplit), dtype=torch.float32, device=DEV)
+    v = logits.shape[-1]
+    rows, nsplit, per, part = vk.pass_grid(logits, block, per_sm)
     if name in ("prod", "prod_tile"):
         tile = 0 if name == "prod" else ops.PASS_TILE[logits.element_size()]
 
@@ -254,19 +251,10 @@ def sweep(names: list[str]) -> tuple[list[dict], dict]:
             del logits
     for dtype in ("bfloat16", "float32"):
         rows = [r for r in out if r["dtype"] == dtype and "ms" in r]
-        best: dict[tuple, float] = {}
-        for r in rows:
-            key = (r["B"], r["gamma"], r["V"])
-            best[key] = min(best.get(key, float("inf")), r["ms"])
+        # each shape's best over every form and setting
+        ratios = vk.sweep_scores(rows, lambda r: (r["form"], r["BLOCK_V"], r["num_warps"], r["programs_per_sm"]))
         for name in names:
-            score: dict[tuple, float] = {}
-            count: dict[tuple, int] = {}
-            for r in rows:
-                if r["form"] == name:
-                    key = (r["BLOCK_V"], r["num_warps"], r["programs_per_sm"])
-                    score[key] = score.get(key, 0.0) + r["ms"] / best[(r["B"], r["gamma"], r["V"])]
-                    count[key] = count.get(key, 0) + 1
-            full = {k: s for k, s in score.items() if count[k] == len(vk.SWEEP_SHAPES)}
+            full = {k[1:]: sum(v) for k, v in ratios.items() if k[0] == name and len(v) == len(vk.SWEEP_SHAPES)}
             if full:
                 k = min(full, key=full.get)
                 chosen[f"{name}/{dtype}"] = {

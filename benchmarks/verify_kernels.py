@@ -295,14 +295,22 @@ def bench(fn, wall: bool = True) -> dict:
     return r
 
 
-def logits_pass_fn(logits: torch.Tensor, config: tuple[int, int] | None = None, per_sm: int | None = None):
-    block, warps = config or ops.PASS_CONFIG[logits.element_size()]
-    tile = ops.PASS_TILE[logits.element_size()]
+def pass_grid(logits: torch.Tensor, block: int, per_sm: int | None = None):
+    """The full pass's launch over ``logits`` in blocks of ``block``: (rows, slices per row,
+    blocks per slice, the ``[2, rows, slices]`` partials), aiming for ``per_sm`` programs per
+    SM (default: the launcher's own target)."""
     b, g1, v = logits.shape
     rows = b * g1
     wanted = per_sm * torch.cuda.get_device_properties(DEV).multi_processor_count if per_sm else ops._programs_wanted(DEV)
     nsplit, per = ops._split(rows, v, block, wanted)
-    part = torch.empty((2, rows, nsplit), dtype=torch.float32, device=DEV)
+    return rows, nsplit, per, torch.empty((2, rows, nsplit), dtype=torch.float32, device=DEV)
+
+
+def logits_pass_fn(logits: torch.Tensor, config: tuple[int, int] | None = None, per_sm: int | None = None):
+    block, warps = config or ops.PASS_CONFIG[logits.element_size()]
+    tile = ops.PASS_TILE[logits.element_size()]
+    v = logits.shape[-1]
+    rows, nsplit, per, part = pass_grid(logits, block, per_sm)
 
     def run() -> None:
         ops._lse_partial_kernel[(rows, nsplit)](logits, part, 1.0, v, per, BLOCK_V=block, TILE=tile, num_warps=warps)
@@ -353,6 +361,19 @@ SWEEP_CONFIGS = [(2048, 4), (4096, 4), (4096, 8), (8192, 4), (8192, 8), (16384, 
 SWEEP_PER_SM = [4, 8, 16, 32]  # programs the launcher aims for, per SM
 
 
+def sweep_scores(rows: list[dict], key) -> dict:
+    """Per setting ``key(row)``: its time over the best time of each shape it ran on
+    (``ms / min ms``), one ratio per shape; a setting's score is their sum or mean."""
+    best: dict[tuple, float] = {}
+    for r in rows:
+        shape = (r["B"], r["gamma"], r["V"])
+        best[shape] = min(best.get(shape, float("inf")), r["ms"])
+    out: dict = {}
+    for r in rows:
+        out.setdefault(key(r), []).append(r["ms"] / best[(r["B"], r["gamma"], r["V"])])
+    return out
+
+
 def sweep_pass() -> list[dict]:
     """The full pass at several (block, warps, programs per SM) on five shapes; per dtype, the
     config with the smallest sum over shapes of time / that shape's best time becomes
@@ -374,14 +395,8 @@ def sweep_pass() -> list[dict]:
     chosen = {}
     for dtype in (torch.bfloat16, torch.float32):
         rows = [r for r in out if r["dtype"] == str(dtype)]
-        best = {}
-        for r in rows:
-            shape = (r["B"], r["gamma"], r["V"])
-            best[shape] = min(best.get(shape, float("inf")), r["ms"])
-        score = {}
-        for r in rows:
-            key = (r["BLOCK_V"], r["num_warps"], r["programs_per_sm"], r["lane_max"])
-            score[key] = score.get(key, 0.0) + r["ms"] / best[(r["B"], r["gamma"], r["V"])]
+        setting = lambda r: (r["BLOCK_V"], r["num_warps"], r["programs_per_sm"], r["lane_max"])  # noqa: E731
+        score = {k: sum(v) for k, v in sweep_scores(rows, setting).items()}
         chosen[dtype.itemsize] = min(score, key=score.get)
         ops.PASS_CONFIG[dtype.itemsize] = chosen[dtype.itemsize][:2]
     per_sm = chosen[2][2]  # one launcher setting for both dtypes: bf16 is the engine's case
