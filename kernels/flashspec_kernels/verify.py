@@ -99,7 +99,8 @@ RACE_WARPS = 8
 # Programs the launcher aims for per SM (the pass sweep's pick in both dtypes at dcd459a; the
 # previous default, 4, was 1-12% slower on its bf16 shapes: verify-kernels-h200-analysis.json).
 PROGRAMS_PER_SM = 32
-# The race's own target. Timed at the defaults with 32 per SM for every kernel (1024280), a
+# The race's own target (docs/benchmarks/verify-kernels-h200-compare.json, pairs
+# race32_vs_ed12466 and current_vs_ed12466). Timed with 32 per SM for every kernel (1024280), a
 # bf16 step spent 12-31% more outside the pass than the ed12466 run, whose sweep had set 16
 # for every kernel, at B = 512 with V >= 128256 and B = 128 with V = 151936 (B = 512,
 # gamma = 4, V = 128256: 386 against 313 us), and about the same elsewhere; with 16 for the
