@@ -33,12 +33,11 @@ from flashspec_selectors.selectors import (
 from flashspec_selectors.sim import PiecewiseBernoulli, selector_factories, simulate, summarise
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bandit_sim import MEANS, OUT, provenance  # noqa: E402
+from bandit_sim import FORGETTING, MEANS, OUT, PLAIN, provenance, verdict  # noqa: E402
 
 HORIZONS = (10_000, 30_000, 100_000)
 SEEDS = 20
-PLAIN = ("ucb1", "thompson")
-WINDOWED = ("sliding_window_ucb", "discounted_thompson", "glr_thompson")
+WINDOWED = FORGETTING
 SELECTORS = (*PLAIN, *WINDOWED)
 
 
@@ -67,18 +66,6 @@ def rule_values(horizon: int, breakpoints: int) -> dict[str, float]:
         "discounted_thompson_discount": round(DiscountedThompsonConfig(**keys).effective_discount, 6),
         "glr_thompson_delta": round(GLRThompsonConfig(**keys).effective_delta, 6),
         "glr_thompson_forced": round(GLRThompsonConfig(**keys).effective_forced, 6),
-    }
-
-
-def verdict(per_selector: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Which windowed selectors have a lower mean regret than both plain ones, and whether
-    the 95% intervals separate them (the windowed interval's top below both plain bottoms)."""
-    best_plain = min(per_selector[p]["mean"] for p in PLAIN)
-    lowest_plain_ci = min(per_selector[p]["ci95"][0] for p in PLAIN)
-    return {
-        "best_plain_mean": best_plain,
-        "below_both_plain": [w for w in WINDOWED if per_selector[w]["mean"] < best_plain],
-        "separated_from_both_plain": [w for w in WINDOWED if per_selector[w]["ci95"][1] < lowest_plain_ci],
     }
 
 

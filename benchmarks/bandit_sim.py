@@ -16,8 +16,13 @@ here, so it runs as one long request):
     ``drifting``: sine-drifting means; ``best_arm_degrades``: means [0.3, 0.7, 0.5] then
     [0.3, 0.4, 0.5] from T/2, so the arm played most drops below one played little but
     not never (the case forgetting is for: in the switches above the arm that becomes best
-    is one UCB1 has neglected, whose large bonus brings it back on its own). Regret is
-    dynamic (against the best arm now).
+    is one UCB1 has neglected, whose large bonus brings it back on its own);
+    ``domain_shift``: four phases of T/4 alternating an easy domain [0.3, 0.7, 0.5] and a
+    hard one [0.25, 0.35, 0.45], where every arm accepts less and the arm best on the easy
+    domain loses most (best arm 1, 2, 1, 2: the serving case of docs/bandits.md, whose
+    acceptance falls when requests move from code to prose). Regret is dynamic (against
+    the best arm now). ``summary.nonstationary_goal`` says, per changing scenario, which
+    forgetting selectors end below both plain ones.
 (c) ``costed``: plain decoding (gamma 0, cost 1.0), a small draft (a 0.6, gamma 4,
     cost 1.2) and a big draft (a 0.8, gamma 4, cost 2.2), costs in target-forward
     units; Thompson and UCB1 fed the acceptance fraction vs the throughput reward.
@@ -60,11 +65,28 @@ OUT = ROOT / "docs" / "benchmarks"
 HORIZON = 10_000
 SEEDS = list(range(30))
 MEANS = [0.3, 0.7, 0.5]
+HARD = [0.25, 0.35, 0.45]  # domain_shift's hard domain: every arm accepts less, arm 2 least so
 COSTED = {"rates": [0.0, 0.6, 0.8], "gammas": [0, 4, 4], "costs": [1.0, 1.2, 2.2]}
 COSTED_ARMS = ["plain decoding", "small draft", "big draft"]
 COSTED_SELECTORS = ("ucb1", "thompson")
 ADDED = ("glr_thompson", "request_thompson")
+PLAIN = ("ucb1", "thompson")
+FORGETTING = ("sliding_window_ucb", "discounted_thompson", "glr_thompson")  # forget or restart
 SELECTORS = (*DEFAULT_SELECTORS, *ADDED)
+
+
+def scenario_envs(horizon: int) -> dict[str, Env]:
+    """The reward-only scenarios (a) and (b) at this horizon, by name."""
+    half, quarter = horizon // 2, horizon // 4
+    quarters = [quarter, 2 * quarter, 3 * quarter]
+    return {
+        "stationary": PiecewiseBernoulli([MEANS]),
+        "switch_at_half": PiecewiseBernoulli([MEANS, [0.7, 0.3, 0.5]], [half]),
+        "four_phase": PiecewiseBernoulli([MEANS, [0.7, 0.3, 0.5], [0.5, 0.3, 0.7], MEANS], quarters),
+        "drifting": DriftingBernoulli([0.5, 0.5, 0.5], amplitude=0.3, period=horizon // 2),
+        "best_arm_degrades": PiecewiseBernoulli([MEANS, [0.3, 0.4, 0.5]], [half]),
+        "domain_shift": PiecewiseBernoulli([MEANS, HARD, MEANS, HARD], quarters),
+    }
 
 
 def _git(*args: str) -> str:
@@ -103,6 +125,19 @@ def _run(env: Env, names: tuple[str, ...], horizon: int, seeds: list[int], progr
 
 def _per_selector(summary: dict[str, Any], names: tuple[str, ...] = DEFAULT_SELECTORS) -> dict[str, dict[str, Any]]:
     return {name: {"mean": e["mean"], "ci95": e["ci95"]} for name, e in summary["selectors"].items() if name in names}
+
+
+def verdict(per_selector: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Which forgetting selectors have a lower mean regret than both plain ones, and whether
+    the 95% intervals separate them (the forgetting interval's top below both plain bottoms)."""
+    best_plain = min(per_selector[p]["mean"] for p in PLAIN)
+    lowest_plain_ci = min(per_selector[p]["ci95"][0] for p in PLAIN)
+    forgetting = [name for name in FORGETTING if name in per_selector]
+    return {
+        "best_plain_mean": best_plain,
+        "below_both_plain": [f for f in forgetting if per_selector[f]["mean"] < best_plain],
+        "separated_from_both_plain": [f for f in forgetting if per_selector[f]["ci95"][1] < lowest_plain_ci],
+    }
 
 
 def _costed(horizon: int, seeds: list[int], progress: bool) -> dict[str, Any]:
@@ -151,16 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
 
-    half, quarter = horizon // 2, horizon // 4
-    envs: dict[str, Env] = {
-        "stationary": PiecewiseBernoulli([MEANS]),
-        "switch_at_half": PiecewiseBernoulli([MEANS, [0.7, 0.3, 0.5]], [half]),
-        "four_phase": PiecewiseBernoulli(
-            [MEANS, [0.7, 0.3, 0.5], [0.5, 0.3, 0.7], MEANS], [quarter, 2 * quarter, 3 * quarter]
-        ),
-        "drifting": DriftingBernoulli([0.5, 0.5, 0.5], amplitude=0.3, period=horizon // 2),
-        "best_arm_degrades": PiecewiseBernoulli([MEANS, [0.3, 0.4, 0.5]], [half]),
-    }
+    half = horizon // 2
+    envs: dict[str, Env] = scenario_envs(horizon)
     scenarios: dict[str, Any] = {}
     for name, env in envs.items():
         t0 = time.perf_counter()
@@ -190,11 +217,20 @@ def main(argv: list[str] | None = None) -> int:
         },
         "summary": {
             "paper_table": _per_selector(scenarios["stationary"])
-            | {"ucb1_bound": round(bound, 4), "thompson_bound_leading": round(thompson_bound_leading(MEANS, horizon), 4)},
+            | {
+                "ucb1_bound": round(bound, 4),
+                "thompson_bound_leading": round(thompson_bound_leading(MEANS, horizon), 4),
+            },
             "nonstationary": _per_selector(scenarios["switch_at_half"]),
             "nonstationary_four_phase": _per_selector(scenarios["four_phase"]),
             "drifting": _per_selector(scenarios["drifting"]),
             "nonstationary_degrading": _per_selector(scenarios["best_arm_degrades"]),
+            "nonstationary_domain_shift": _per_selector(scenarios["domain_shift"]),
+            # Issue 6's goal per changing scenario: forgetting selectors below both plain ones.
+            "nonstationary_goal": {
+                name: verdict(_per_selector(scenarios[name], SELECTORS))
+                for name in ("switch_at_half", "four_phase", "drifting", "best_arm_degrades", "domain_shift")
+            },
             "costed": _costed_summary(scenarios["costed"]),
             # The issue's tables hold its four selectors; the ones added since sit here, same shape.
             "added_selectors": {
@@ -205,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                     ("nonstationary_four_phase", "four_phase"),
                     ("drifting", "drifting"),
                     ("nonstationary_degrading", "best_arm_degrades"),
+                    ("nonstationary_domain_shift", "domain_shift"),
                 )
             },
         },
@@ -219,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         "drifting": f"drifting means 0.5 + 0.3 sin(2 pi t / {horizon // 2} + 2 pi k / 3)",
         "costed": "(c) costed arms: regret in tokens per time unit",
         "best_arm_degrades": f"(b) the best arm degrades at T/2 = {half}: [0.3, 0.7, 0.5] -> [0.3, 0.4, 0.5]",
+        "domain_shift": f"(b) domain shift every T/4: {MEANS} (easy) <-> {HARD} (hard)",
     }
     for name, summary in scenarios.items():
         plot(summary, str(args.out / f"bandit-sim-{name.replace('_', '-')}.png"), titles[name])
