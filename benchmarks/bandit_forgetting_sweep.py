@@ -103,7 +103,7 @@ def plot(tables: dict[str, dict[str, Any]], path: Path) -> None:
         ax.axvline(1.0, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xlabel("memory as a multiple of the rule's (window 607, discount 0.9975)")
+        ax.set_xlabel("memory / the rule's (W = 607, discount 0.9975)")
         ax.set_ylabel("dynamic regret at T")
         ax.set_title(scenario.replace("_", " "))
         ax.grid(alpha=0.3)
@@ -122,7 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenarios", help="comma-separated subset of bandit_sim.py's (default: all)")
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON in --out; run nothing")
     args = p.parse_args(argv)
+    if args.plot_only:
+        data = json.loads((args.out / "bandit-forgetting-sweep.json").read_text())
+        plot(data["summary"], args.out / "bandit-forgetting-sweep.png")
+        return 0
     envs = scenario_envs(args.horizon)
     if args.scenarios:
         wanted = args.scenarios.split(",")

@@ -47,8 +47,10 @@ def test_short_run_writes_json_and_png(tmp_path: Path) -> None:
     assert sweep.main([*argv, "--no-progress"]) == 0
     data = json.loads((tmp_path / "bandit-forgetting-sweep.json").read_text())
     assert list(data["summary"]) == ["switch_at_half"] and data["config"]["horizon"] == 300
-    assert (tmp_path / "bandit-forgetting-sweep.png").stat().st_size > 0
     assert not list(tmp_path.glob("*.tmp"))
+    png = tmp_path / "bandit-forgetting-sweep.png"
+    png.unlink()
+    assert sweep.main(["--plot-only", "--out", str(tmp_path)]) == 0 and png.stat().st_size > 0
 
 
 def test_unknown_scenario_is_named(capsys: pytest.CaptureFixture[str]) -> None:
