@@ -1,8 +1,10 @@
-"""Write the result tables of docs/bandits.md from docs/benchmarks/bandit-sim.json.
+"""Write the result tables of docs/bandits.md from docs/benchmarks/bandit-sim.json
+and docs/benchmarks/bandit-forgetting-sweep.json.
 
-Every number in those tables comes from the JSON that ``benchmarks/bandit_sim.py``
-wrote; the tables live between the ``bandit-tables`` markers and are replaced
-whole. ``--check`` exits 1 when the page is out of date instead of writing it.
+Every number in those tables comes from the JSON that ``benchmarks/bandit_sim.py`` or
+``benchmarks/bandit_forgetting_sweep.py`` wrote; the tables live between the
+``bandit-tables`` and ``bandit-sweep`` markers and are replaced whole. ``--check`` exits
+1 when the page is out of date instead of writing it.
 """
 
 from __future__ import annotations
@@ -15,10 +17,25 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 JSON_PATH = ROOT / "docs" / "benchmarks" / "bandit-sim.json"
+SWEEP_PATH = ROOT / "docs" / "benchmarks" / "bandit-forgetting-sweep.json"
 PAGE = ROOT / "docs" / "bandits.md"
-BEGIN, END = "<!-- BEGIN bandit-tables (benchmarks/render_bandit_tables.py) -->", "<!-- END bandit-tables -->"
 SELECTORS = ("ucb1", "thompson", "sliding_window_ucb", "discounted_thompson", "glr_thompson", "request_thompson")
-TABLES = ("paper_table", "nonstationary", "nonstationary_four_phase", "drifting", "nonstationary_degrading")
+TABLES = (
+    "paper_table",
+    "nonstationary",
+    "nonstationary_four_phase",
+    "drifting",
+    "nonstationary_degrading",
+    "nonstationary_domain_shift",
+)
+SCENARIOS = {  # bandit_sim.py's scenario -> column title
+    "stationary": "stationary",
+    "switch_at_half": "best arm switches at T/2",
+    "four_phase": "four phases",
+    "drifting": "drifting",
+    "best_arm_degrades": "best arm degrades at T/2",
+    "domain_shift": "domain shift, four phases",
+}
 
 
 def _cell(entry: dict[str, Any], digits: int = 1) -> str:
@@ -45,20 +62,22 @@ def render(data: dict[str, Any]) -> str:
     lines += [f"| `{name}` | {_cell(table['paper_table'][name])} |" for name in SELECTORS]
     lines += [f"| UCB1 bound (Auer et al. 2002) | {s['paper_table']['ucb1_bound']:.1f} |"]
     if "thompson_bound_leading" in s["paper_table"]:
-        lines += [f"| Thompson bound's leading term (Kaufmann et al. 2012; Agrawal & Goyal 2013) | "
-                  f"{s['paper_table']['thompson_bound_leading']:.1f} |"]
+        lines += [
+            f"| Thompson bound's leading term (Kaufmann et al. 2012; Agrawal & Goyal 2013) | "
+            f"{s['paper_table']['thompson_bound_leading']:.1f} |"
+        ]
     lines += [""]
     lines += [
         "**(b) Non-stationary: dynamic regret**",
         "",
-        "| selector | best arm switches at T/2 | four phases | drifting | best arm degrades at T/2 |",
-        "|---|---|---|---|---|",
+        "| selector | " + " | ".join(list(SCENARIOS.values())[1:]) + " |",
+        "|---" * len(TABLES) + "|",
     ]
-    lines += [
-        f"| `{n}` | {_cell(table['nonstationary'][n])} | {_cell(table['nonstationary_four_phase'][n])} | "
-        f"{_cell(table['drifting'][n])} | {_cell(table['nonstationary_degrading'][n])} |"
-        for n in SELECTORS
-    ]
+    lines += ["| " + " | ".join([f"`{n}`"] + [_cell(table[t][n]) for t in TABLES[1:]]) + " |" for n in SELECTORS]
+    goal = s.get("nonstationary_goal")
+    if goal:
+        cells = [", ".join(f"`{f}`" for f in goal[k]["below_both_plain"]) or "none" for k in list(SCENARIOS)[1:]]
+        lines += ["| below both plain selectors | " + " | ".join(cells) + " |"]
     lines += [""] + _costed(data)
     return "\n".join(lines)
 
@@ -95,21 +114,47 @@ def _costed(data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def splice(page: str, tables: str) -> str:
-    if BEGIN not in page or END not in page:
-        raise SystemExit(f"{PAGE}: markers {BEGIN!r} ... {END!r} not found")
-    head, rest = page.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{tables}\n{END}{tail}"
+def render_sweep(data: dict[str, Any]) -> str:
+    """One row per scenario: the plain selectors, and each forgetting selector at the rule,
+    at its best multiple of the rule's memory, and the multiples that end below both."""
+    cfg = data["config"]
+    lines = [
+        f"Source: `docs/benchmarks/bandit-forgetting-sweep.json`, written by `{data['generated_by']}` at commit "
+        f"`{data['commit'][:7]}`; T = {cfg['horizon']}, {len(cfg['seeds'])} seeds; memory multiples "
+        f"{', '.join(f'{m:g}' for m in cfg['multiples'])} of the rule's (window {cfg['rule_window']}, "
+        f"discount {cfg['rule_discount']}, a memory of {1 / (1 - cfg['rule_discount']):.0f} steps). "
+        "Cells: mean dynamic regret at T; x: the multiple.",
+        "",
+        "| scenario | `ucb1` | `thompson` | SW-UCB at the rule | SW-UCB best | SW-UCB below both at | "
+        "D-TS at the rule | D-TS best | D-TS below both at |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for scenario, t in data["summary"].items():
+        cells = [SCENARIOS.get(scenario, scenario)] + [f"{t['plain'][p]['mean']:.1f}" for p in ("ucb1", "thompson")]
+        for name in ("sliding_window_ucb", "discounted_thompson"):
+            v = t["verdict"][name]
+            below = ", ".join(f"{m:g}x" for m in v["below_both_plain"]) or "none"
+            cells += [f"{v['rule_mean']:.1f}", f"{v['best_mean']:.1f} ({v['best_multiple']:g}x)", below]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def splice(page: str, block: str, tables: str) -> str:
+    begin, end = f"<!-- BEGIN {block} (benchmarks/render_bandit_tables.py) -->", f"<!-- END {block} -->"
+    if begin not in page or end not in page:
+        raise SystemExit(f"{PAGE}: markers {begin!r} ... {end!r} not found")
+    head, rest = page.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{tables}\n{end}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="exit 1 if docs/bandits.md is out of date")
     args = p.parse_args(argv)
-    data = json.loads(JSON_PATH.read_text())
     page = PAGE.read_text()
-    new = splice(page, render(data))
+    new = splice(page, "bandit-tables", render(json.loads(JSON_PATH.read_text())))
+    new = splice(new, "bandit-sweep", render_sweep(json.loads(SWEEP_PATH.read_text())))
     if args.check:
         if new != page:
             print(f"{PAGE} is out of date: run python benchmarks/render_bandit_tables.py", file=sys.stderr)
