@@ -138,6 +138,9 @@ def check_no_sync() -> dict:
     cases = {
         "philox": (TritonVerifier(TritonVerifierConfig(noise="philox"), DEV), None, SamplingParams()),
         "philox_q_generator": (TritonVerifier(TritonVerifierConfig(), DEV), q, SamplingParams(temperature=0.7)),
+        "philox_two_stage": (
+            TritonVerifier(TritonVerifierConfig(philox_draw="two_stage"), DEV), q, SamplingParams(temperature=0.7)
+        ),
         "exact": (TritonVerifier(TritonVerifierConfig(noise="exact"), DEV), q, SamplingParams()),
         "greedy": (TritonVerifier(TritonVerifierConfig(), DEV), None, SamplingParams(temperature=0)),
         "top_k_top_p": (TritonVerifier(TritonVerifierConfig(), DEV), None, SamplingParams(top_k=40, top_p=0.9)),
@@ -191,14 +194,15 @@ def check_step_graphs() -> dict:
     return res
 
 
-def check_graph() -> dict:
-    """Capture a step in a CUDA graph; replays with new inputs must still be right."""
-    b, gamma, v = 16, 4, 32000
+def check_graph(draw: str = "auto", b: int = 16, v: int = 32000) -> dict:
+    """Capture a step in a CUDA graph; replays with new inputs must still be right. ``draw``:
+    philox mode's draw (the default shape takes the one-stage race under "auto")."""
+    gamma = 4
     logits, tokens, q = make_inputs(b, gamma, v, torch.bfloat16, with_q=True)
     noise = Noise.draw(b, gamma, v, None, DEV)
     sp = SamplingParams(temperature=0.9)
     exact = TritonVerifier(TritonVerifierConfig(noise="exact"), DEV)
-    philox = TritonVerifier(TritonVerifierConfig(noise="philox"), DEV)
+    philox = TritonVerifier(TritonVerifierConfig(noise="philox", philox_draw=draw), DEV)  # type: ignore[arg-type]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     state = ops.new_philox_state(None, DEV)  # a caller-held state: the kernels advance its counter
@@ -206,7 +210,7 @@ def check_graph() -> dict:
         for _ in range(2):
             exact.verify_with_noise(logits, tokens, q, sp, noise)
             philox.verify(logits, tokens, q, sp, None)
-            ops.verify_triton(logits, tokens, q, sp, state=state)
+            ops.verify_triton(logits, tokens, q, sp, state=state, draw=draw)  # type: ignore[arg-type]
     torch.cuda.current_stream().wait_stream(side)
     g_exact, g_philox, g_state = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
     with torch.cuda.graph(g_exact):
@@ -214,7 +218,7 @@ def check_graph() -> dict:
     with torch.cuda.graph(g_philox):
         out_p = philox.verify(logits, tokens, q, sp, None)  # draws its state from the default generator
     with torch.cuda.graph(g_state):
-        ops.verify_triton(logits, tokens, q, sp, state=state)
+        ops.verify_triton(logits, tokens, q, sp, state=state, draw=draw)  # type: ignore[arg-type]
     res = {"exact_replays_equal": [], "philox_counter": [], "philox_rows_valid": [], "philox_tokens_changed": []}
     prev = None
     for trial in range(4):
@@ -547,6 +551,9 @@ def main() -> None:
         "RACE_BLOCK_V": ops.RACE_BLOCK_V, "RACE_WARPS": ops.RACE_WARPS,
         "PROGRAMS_PER_SM": getattr(ops, "PROGRAMS_PER_SM", None),
         "RACE_PROGRAMS_PER_SM": getattr(ops, "RACE_PROGRAMS_PER_SM", None),
+        # philox mode's draw: two-stage from this many rows and tokens ("auto"; None before 2-stage existed)
+        "TWO_STAGE_MIN_BATCH": getattr(ops, "TWO_STAGE_MIN_BATCH", None),
+        "TWO_STAGE_MIN_VOCAB": getattr(ops, "TWO_STAGE_MIN_VOCAB", None),
         "graph_max_bytes": TritonVerifierConfig().graph_max_bytes,
     }
     out = Path(args.out)
@@ -581,6 +588,8 @@ def main() -> None:
         for name, fn in (
             ("no_sync", check_no_sync),
             ("cuda_graph", check_graph),
+            # the two-stage draw "auto" takes from 128 rows and 100,000 tokens, at such a shape
+            ("cuda_graph_two_stage", lambda: check_graph("two_stage", b=128, v=151936)),
             ("step_graphs", check_step_graphs),
             ("equality", lambda: check_equality(args.quick)),
         ):

@@ -6,7 +6,9 @@ draws from its generator with one ``torch.randint`` on the device: the same gene
 seed gives the same verdict (the Verifier contract), nothing is read back to the host,
 and CUDA-graph replays with the default generator get fresh noise (torch advances the
 captured generator on every replay). Streams differ from the reference verifier's for
-the same generator; the distribution is the same.
+the same generator; the distribution is the same. ``philox_draw`` picks how the recovered or
+bonus token is drawn (``auto``: one race over the vocabulary, or at large batch and vocabulary
+a block by its mass and then a race in it; :mod:`flashspec_kernels.verify`, "Philox draws").
 
 ``noise = "exact"`` draws :class:`flashspec_core.sampling.Noise` from the generator
 exactly as the reference verifier does (one ``[B, V]`` float32 exponential tensor per
@@ -36,6 +38,11 @@ class TritonVerifierConfig:
 
     noise: Literal["exact", "philox"] = attrs.field(
         default="philox", validator=attrs.validators.in_(("exact", "philox"))
+    )
+    # philox mode's draw of the recovered / bonus token: "auto" takes the two-stage draw at
+    # large batch and vocabulary only (flashspec_kernels.verify, "Philox draws"); same law either way
+    philox_draw: Literal["auto", "one_stage", "two_stage"] = attrs.field(
+        default="auto", validator=attrs.validators.in_(("auto", "one_stage", "two_stage"))
     )
     programs: int = attrs.field(default=0, converter=int, validator=attrs.validators.ge(0))  # 0 = auto
     graph_max_bytes: int = attrs.field(default=96 << 20, converter=int, validator=attrs.validators.ge(0))  # 0 = never
@@ -93,7 +100,7 @@ class TritonVerifier:
         state: torch.Tensor | None,
     ) -> Verdict:
         """The kernels, launched directly or replayed from the graph captured for this shape."""
-        programs = self.config.programs or None
+        programs, draw = self.config.programs or None, self.config.philox_draw
         has_q, has_noise, has_state = probs is not None, noise is not None, state is not None
 
         def step(*inputs: torch.Tensor) -> Verdict:
@@ -102,13 +109,15 @@ class TritonVerifier:
             probs = next(it) if has_q else None
             noise = Noise(uniform=next(it), exponential=next(it)) if has_noise else None
             state = next(it) if has_state else None
-            return self._ops.verify_triton(logits, tokens, probs, sampling, noise=noise, state=state, programs=programs)
+            return self._ops.verify_triton(
+                logits, tokens, probs, sampling, noise=noise, state=state, programs=programs, draw=draw
+            )
 
         inputs = [logits, tokens]
         inputs += [probs] if probs is not None else []
         inputs += [noise.uniform, noise.exponential] if noise is not None else []
         inputs += [state] if state is not None else []
-        return self._graphs((sampling, has_q, has_noise, has_state, programs), step, *inputs)
+        return self._graphs((sampling, has_q, has_noise, has_state, programs, draw), step, *inputs)
 
 
 def _make(config: Any, device: torch.device | str | None = None) -> Verifier:

@@ -29,15 +29,33 @@ Kernels (random mode), ``R = B * (gamma + 1)`` rows of ``V`` logits:
 2. ``_accept_race_kernel``, grid ``(B, S2)``: each program folds the slices into
    ``lse`` for the ``gamma + 1`` positions, gathers ``log p(x_i) = (x_i - max) - log sum``,
    runs the accept test and finds ``n`` (every program of a row recomputes the same
-   ``n``: it is a few dozen scalars), then races its slice of row ``n`` only: it
-   re-reads the ``V`` logits of that row (and ``q_n`` and, in exact mode, ``E``).
-3. ``_finalize_kernel``, grid ``(B,)``: picks the winner over the slices and writes
-   ``tokens`` and ``num_accepted``; in philox mode it also advances the counter.
+   ``n``: it is a few dozen scalars), then works on its slice of row ``n`` only: it
+   re-reads the ``V`` logits of that row (and ``q_n`` and, in exact mode, ``E``). The
+   one-stage race runs there; the two-stage draw instead writes the residual mass
+   ``sum max(p - q, 0)`` and the p mass of each race block of ``RACE_BLOCK_V`` tokens
+   ("Philox draws" below).
+3. ``_finalize_kernel``, grid ``(B,)``: after the one-stage race it picks the winner over
+   the slices; in the two-stage draw it picks a block by its mass and races inside it.
+   Both write ``tokens`` and ``num_accepted``; in philox mode it also advances the counter.
 
-Logits bytes read: ``B * (gamma + 1) * V * s`` (pass 1) ``+ B * V * s`` (the race row),
-``s`` = bytes per logit; plus ``B * V * sq`` for ``q_n`` with draft probs and
-``4 * B * V`` for ``E`` in exact mode. Extra memory is ``O(B * (gamma + 1) * S1)``
-floats: there is no ``[B, gamma + 1, V]`` temporary, except that top-k / top-p
+Philox draws. The race ``argmax w / E`` over all ``V`` tokens of row ``n`` needs one
+exponential, so one Philox number, per token, and drawing them bounds the whole step at
+large ``B`` and ``V`` (docs/kernels.md). There philox mode draws in two stages
+(:func:`two_stage_wanted`): a uniform picks block ``k`` with probability
+``mass_k / sum mass`` (the residual's masses, or p's where the residual is all zero), then
+the race runs over block ``k`` only, which picks a token with probability ``w / mass_k``:
+the product is ``w / sum mass``, the same law, with ``RACE_BLOCK_V`` Philox numbers per row
+instead of ``V``. It costs a launch's worth of latency more (the block race runs after the
+mass stage instead of beside the other slices), so below ``TWO_STAGE_MIN_BATCH`` rows or
+``TWO_STAGE_MIN_VOCAB`` tokens philox mode keeps the one-stage race. Exact mode always races
+in one stage over the reference's ``E``. Either form gives fresh noise per call; for one
+``(seed, counter)`` the two forms give different tokens with the same law.
+
+Logits bytes read: ``B * (gamma + 1) * V * s`` (pass 1) ``+ B * V * s`` (row ``n``; the
+two-stage draw reads one block of it again), ``s`` = bytes per logit; plus ``B * V * sq``
+for ``q_n`` with draft probs and ``4 * B * V`` for ``E`` in exact mode. Extra memory is
+``O(B * (gamma + 1) * S1 + B * V / RACE_BLOCK_V)`` floats: there is no
+``[B, gamma + 1, V]`` temporary, except that top-k / top-p
 filtering runs :func:`flashspec_core.sampling.filter_logits` on the device first
 (sort-based, one fp32 ``[B, gamma + 1, V]`` tensor; only when filtering is on).
 
@@ -60,7 +78,8 @@ quantities, so they can differ only where two candidates are within rounding of 
 other (about one draw in a million). *Philox* mode draws the uniforms and the race's
 exponentials in-kernel (``tl.randint4x``) from a device ``int64[2]`` state
 ``(seed, counter)`` (offsets unique per row and token, independent of ``ROWS``);
-``_finalize_kernel`` increments the counter, so a caller that keeps
+``_accept_race_kernel`` copies the state for the finalize, whose program 0 then
+increments the counter, so a caller that keeps
 one state gets fresh noise on every call and CUDA-graph replay without the host knowing
 the counter (the ``triton`` verifier instead draws a new state from the step's generator
 each call: see :mod:`flashspec_kernels.plugin`).
@@ -70,6 +89,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Literal
 
 import torch
 import triton
@@ -112,6 +132,15 @@ RACE_PROGRAMS_PER_SM = 16
 RACE_MAX_REGISTERS = 128
 G_PAD = 32  # >= gamma + 1 for gamma <= 16
 S_PAD = 128  # most slices per row
+NB_PAD = 32  # race blocks per row the finalize's pad covers without recompiling (V <= 262144)
+# Philox mode's two-stage draw, from this many rows and tokens (module doc, "Philox draws"). On
+# the H200 at 631ab87 it took 0.84x-0.96x the one-stage step at B >= 128 with V >= 128256 and
+# 1.2x-1.9x at B <= 32 or V = 32000 (docs/benchmarks/verify-kernels-h200-compare.json,
+# two_stage_vs_current), so the one-stage race stays below these.
+TWO_STAGE_MIN_BATCH = 128
+TWO_STAGE_MIN_VOCAB = 100_000
+Draw = Literal["auto", "one_stage", "two_stage"]
+DRAWS: tuple[Draw, ...] = ("auto", "one_stage", "two_stage")
 MAX_GAMMA = 16
 # Most elements in one program's tile in Triton's interpreter (see "Rows per program").
 INTERPRET_TILE = 1 << 18
@@ -255,6 +284,83 @@ def _load_quarter(logits_row, q_row, offs, vm, inv_t, tok_n, q_end, HAS_Q: tl.co
 
 
 @triton.jit
+def _race_block(
+    logits_row,  # [ROWS, 1] pointer to row n's logits
+    q_row,  # [ROWS, 1] pointer to q_n (HAS_Q)
+    e_row,  # [ROWS, 1] pointer to E's row (EXACT)
+    seed,
+    counter,
+    quad_row,  # [ROWS, 1] this row's first philox quad id
+    start,  # first token of the block: a scalar, or [ROWS, 1]
+    V,
+    inv_t,
+    tok_n,
+    q_end,
+    m_n,
+    log_s_n,
+    best_r,
+    idx_r,
+    best_p,
+    idx_p,
+    res_max,
+    HAS_Q: tl.constexpr,
+    EXACT: tl.constexpr,
+    QB: tl.constexpr,
+):
+    """The race over one block of ``4 QB`` tokens of row ``n``, in four quarters."""
+    o0 = start + tl.arange(0, QB)[None, :]
+    o1 = o0 + QB
+    o2 = o1 + QB
+    o3 = o2 + QB
+    if EXACT:
+        e0 = tl.load(e_row + o0, mask=o0 < V, other=1.0)
+        e1 = tl.load(e_row + o1, mask=o1 < V, other=1.0)
+        e2 = tl.load(e_row + o2, mask=o2 < V, other=1.0)
+        e3 = tl.load(e_row + o3, mask=o3 < V, other=1.0)
+    else:
+        # one philox call per 4 tokens; quad ids are unique per (row, counter)
+        r0, r1, r2, r3 = tl.randint4x(seed, (counter << 32) | (quad_row + start // 4 + tl.arange(0, QB)[None, :]))
+        # E = -log(u) may round to 0 for u near 1: its score is then inf (or NaN, never taken)
+        e0 = -tl.log(tl.uint_to_uniform_float(r0))
+        e1 = -tl.log(tl.uint_to_uniform_float(r1))
+        e2 = -tl.log(tl.uint_to_uniform_float(r2))
+        e3 = -tl.log(tl.uint_to_uniform_float(r3))
+    x, q = _load_quarter(logits_row, q_row, o0, o0 < V, inv_t, tok_n, q_end, HAS_Q)
+    best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
+        x, o0, e0, m_n, log_s_n, q, best_r, idx_r, best_p, idx_p, res_max, EXACT
+    )
+    x, q = _load_quarter(logits_row, q_row, o1, o1 < V, inv_t, tok_n, q_end, HAS_Q)
+    best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
+        x, o1, e1, m_n, log_s_n, q, best_r, idx_r, best_p, idx_p, res_max, EXACT
+    )
+    x, q = _load_quarter(logits_row, q_row, o2, o2 < V, inv_t, tok_n, q_end, HAS_Q)
+    best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
+        x, o2, e2, m_n, log_s_n, q, best_r, idx_r, best_p, idx_p, res_max, EXACT
+    )
+    x, q = _load_quarter(logits_row, q_row, o3, o3 < V, inv_t, tok_n, q_end, HAS_Q)
+    best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
+        x, o3, e3, m_n, log_s_n, q, best_r, idx_r, best_p, idx_p, res_max, EXACT
+    )
+    return best_r, idx_r, best_p, idx_p, res_max
+
+
+@triton.jit
+def _mass_block(logits_row, q_row, start, V, inv_t, tok_n, q_end, m_n, log_s_n, HAS_Q: tl.constexpr,
+                QB: tl.constexpr):  # fmt: skip
+    """One block's residual mass ``sum max(p - q, 0)`` and p mass ``sum p`` per row, with
+    ``p`` computed exactly as the race computes it."""
+    sum_r = tl.zeros((m_n.shape[0], QB), tl.float32)
+    sum_p = tl.zeros((m_n.shape[0], QB), tl.float32)
+    for i in tl.static_range(4):
+        o = start + i * QB + tl.arange(0, QB)[None, :]
+        x, q = _load_quarter(logits_row, q_row, o, o < V, inv_t, tok_n, q_end, HAS_Q)
+        p = tl.exp((x - m_n) - log_s_n)
+        sum_r += tl.maximum(p - q, 0.0)
+        sum_p += p
+    return tl.sum(sum_r, axis=1), tl.sum(sum_p, axis=1)
+
+
+@triton.jit
 def _batch_rows(n_rows, ROWS: tl.constexpr):
     """This program's rows ``[ROWS]`` (clamped to ``n_rows - 1``) and which are real."""
     b = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
@@ -281,8 +387,11 @@ def _accept_race_kernel(
     part_ptr,  # [2, B*(gamma+1), nsplit1] float32 from pass 1
     stats_ptr,  # [B, 2*(gamma+1)] float32 out: lse per position, then log p(x_i)
     nacc_ptr,  # [B] int64 out: num_accepted
-    race_f_ptr,  # [3, B, S2] float32 out: best residual score, best p score, residual max
-    race_i_ptr,  # [2, B, S2] int32 out: their token ids
+    race_f_ptr,  # [3, B, S2] float32 out (EXACT): best residual score, best p score, residual max
+    race_i_ptr,  # [2, B, S2] int32 out (EXACT): their token ids
+    mass_ptr,  # [2, B, NB] float32 out (not EXACT): residual and p mass of each race block of row n
+    rowstat_ptr,  # [2, B] float32 out (not EXACT): max and log sum of row n
+    state_copy_ptr,  # [2] int64 out (not EXACT): the philox state this step reads
     inv_t,
     V,
     B,
@@ -291,6 +400,7 @@ def _accept_race_kernel(
     blocks_per_split,
     HAS_Q: tl.constexpr,
     EXACT: tl.constexpr,
+    TWO_STAGE: tl.constexpr,
     BLOCK_V: tl.constexpr,
     G_PAD: tl.constexpr,
     S_PAD: tl.constexpr,
@@ -350,60 +460,47 @@ def _accept_race_kernel(
     logits_row = logits_ptr + ((b * g1 + n) * V)[:, None]  # [ROWS, 1]
     q_row = q_ptr + ((b * gamma + tl.minimum(n, gamma - 1)) * V)[:, None]
     QB: tl.constexpr = BLOCK_V // 4
-    qoffs = tl.arange(0, QB)[None, :]  # [1, QB]
-    best_r = tl.full((ROWS, QB), -1.0, tl.float32)
-    best_p = tl.full((ROWS, QB), -1.0, tl.float32)
-    res_max = tl.zeros((ROWS, QB), tl.float32)
-    idx_r = tl.zeros((ROWS, QB), tl.int32)
-    idx_p = tl.zeros((ROWS, QB), tl.int32)
-    # philox quad ids: row b owns [b * row_quads, (b + 1) * row_quads), its blocks' quads
-    quad_row = (b * (tl.cdiv(V, BLOCK_V) * QB))[:, None]  # [ROWS, 1]
-    e_row = e_ptr + (b * V)[:, None]  # [ROWS, 1]
     lo = split * blocks_per_split * BLOCK_V
-    for blk in range(blocks_per_split):
-        start = lo + blk * BLOCK_V
-        o0 = start + qoffs
-        o1 = o0 + QB
-        o2 = o1 + QB
-        o3 = o2 + QB
-        if EXACT:
-            e0 = tl.load(e_row + o0, mask=o0 < V, other=1.0)
-            e1 = tl.load(e_row + o1, mask=o1 < V, other=1.0)
-            e2 = tl.load(e_row + o2, mask=o2 < V, other=1.0)
-            e3 = tl.load(e_row + o3, mask=o3 < V, other=1.0)
-        else:
-            # one philox call per 4 tokens; quad ids are unique per (row, counter)
-            r0, r1, r2, r3 = tl.randint4x(seed, (counter << 32) | (quad_row + start // 4 + qoffs))
-            # E = -log(u) may round to 0 for u near 1: its score is then inf (or NaN, never taken)
-            e0 = -tl.log(tl.uint_to_uniform_float(r0))
-            e1 = -tl.log(tl.uint_to_uniform_float(r1))
-            e2 = -tl.log(tl.uint_to_uniform_float(r2))
-            e3 = -tl.log(tl.uint_to_uniform_float(r3))
-        x, q = _load_quarter(logits_row, q_row, o0, o0 < V, inv_t, tok_n, q_end, HAS_Q)
-        best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
-            x, o0, e0, m_n, log_s_n, q, best_r, idx_r, best_p, idx_p, res_max, EXACT
-        )
-        x, q = _load_quarter(logits_row, q_row, o1, o1 < V, inv_t, tok_n, q_end, HAS_Q)
-        best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
-            x, o1, e1, m_n, log_s_n, q, best_r, idx_r, best_p, idx_p, res_max, EXACT
-        )
-        x, q = _load_quarter(logits_row, q_row, o2, o2 < V, inv_t, tok_n, q_end, HAS_Q)
-        best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
-            x, o2, e2, m_n, log_s_n, q, best_r, idx_r, best_p, idx_p, res_max, EXACT
-        )
-        x, q = _load_quarter(logits_row, q_row, o3, o3 < V, inv_t, tok_n, q_end, HAS_Q)
-        best_r, idx_r, best_p, idx_p, res_max = _race_quarter(
-            x, o3, e3, m_n, log_s_n, q, best_r, idx_r, best_p, idx_p, res_max, EXACT
-        )
-    top_r, tok_r = _lowest_argmax(best_r, idx_r)
-    top_p, tok_p = _lowest_argmax(best_p, idx_p)
-    out = b * nsplit2 + split
-    plane = B * nsplit2
-    tl.store(race_f_ptr + out, top_r, mask=live)
-    tl.store(race_f_ptr + plane + out, top_p, mask=live)
-    tl.store(race_f_ptr + 2 * plane + out, tl.max(res_max, axis=1), mask=live)
-    tl.store(race_i_ptr + out, tok_r, mask=live)
-    tl.store(race_i_ptr + plane + out, tok_p, mask=live)
+    if EXACT or not TWO_STAGE:
+        best_r = tl.full((ROWS, QB), -1.0, tl.float32)
+        best_p = tl.full((ROWS, QB), -1.0, tl.float32)
+        res_max = tl.zeros((ROWS, QB), tl.float32)
+        idx_r = tl.zeros((ROWS, QB), tl.int32)
+        idx_p = tl.zeros((ROWS, QB), tl.int32)
+        e_row = e_ptr + (b * V)[:, None]  # [ROWS, 1]
+        # philox quad ids: row b owns [b * row_quads, (b + 1) * row_quads), its blocks' quads
+        quad_row = (b * (tl.cdiv(V, BLOCK_V) * QB))[:, None]  # [ROWS, 1]
+        for blk in range(blocks_per_split):
+            best_r, idx_r, best_p, idx_p, res_max = _race_block(
+                logits_row, q_row, e_row, seed, counter, quad_row, lo + blk * BLOCK_V, V, inv_t, tok_n, q_end,
+                m_n, log_s_n, best_r, idx_r, best_p, idx_p, res_max, HAS_Q, EXACT, QB,
+            )  # fmt: skip
+        top_r, tok_r = _lowest_argmax(best_r, idx_r)
+        top_p, tok_p = _lowest_argmax(best_p, idx_p)
+        out = b * nsplit2 + split
+        plane = B * nsplit2
+        tl.store(race_f_ptr + out, top_r, mask=live)
+        tl.store(race_f_ptr + plane + out, top_p, mask=live)
+        tl.store(race_f_ptr + 2 * plane + out, tl.max(res_max, axis=1), mask=live)
+        tl.store(race_i_ptr + out, tok_r, mask=live)
+        tl.store(race_i_ptr + plane + out, tok_p, mask=live)
+    else:
+        # stage 1 of the philox draw: the mass of every race block of row n; the finalize
+        # picks one block by its mass and races inside it (module doc, "Philox draws")
+        nb = tl.cdiv(V, BLOCK_V)
+        for blk in range(blocks_per_split):
+            k = split * blocks_per_split + blk
+            mass_r, mass_p = _mass_block(logits_row, q_row, lo + blk * BLOCK_V, V, inv_t, tok_n, q_end, m_n,
+                                         log_s_n, HAS_Q, QB)  # fmt: skip
+            stored = live & ((b * 0 + k) < nb)  # [ROWS] bool (a scalar compare is no mask in the interpreter)
+            tl.store(mass_ptr + b * nb + k, mass_r, mask=stored)
+            tl.store(mass_ptr + (B + b) * nb + k, mass_p, mask=stored)
+        if split == 0:
+            tl.store(rowstat_ptr + b, tl.reshape(m_n, (ROWS,)), mask=live)
+            tl.store(rowstat_ptr + B + b, tl.reshape(log_s_n, (ROWS,)), mask=live)
+            if tl.program_id(0) == 0:  # the finalize reads this copy: its program 0 advances the state
+                tl.store(state_copy_ptr, seed)
+                tl.store(state_copy_ptr + 1, counter)
 
 
 @triton.jit
@@ -418,34 +515,82 @@ def _write_row(out_ptr, draft_ptr, b, live, n, last, gamma, G_PAD: tl.constexpr)
 
 @triton.jit(do_not_specialize=["B", "gamma", "nsplit2"])
 def _finalize_kernel(
+    logits_ptr,  # [B, gamma+1, V] logits (not EXACT: the race inside the chosen block)
     draft_ptr,  # [B, gamma] int64
-    race_f_ptr,  # [3, B, nsplit2] float32
-    race_i_ptr,  # [2, B, nsplit2] int32
+    q_ptr,  # [B, gamma, V] float draft probs (HAS_Q) else any pointer
+    race_f_ptr,  # [3, B, nsplit2] float32 (EXACT)
+    race_i_ptr,  # [2, B, nsplit2] int32 (EXACT)
+    mass_ptr,  # [2, B, NB] float32 (not EXACT)
+    rowstat_ptr,  # [2, B] float32 (not EXACT)
+    state_copy_ptr,  # [2] int64 (not EXACT): the step's philox state
     nacc_ptr,  # [B] int64
     tokens_ptr,  # [B, gamma+1] int64 out
-    state_ptr,  # [2] int64 philox (seed, counter) (not EXACT)
+    state_ptr,  # [2] int64 philox (seed, counter) (not EXACT): its counter is advanced
+    inv_t,
+    V,
     B,
     gamma,
     nsplit2,
+    HAS_Q: tl.constexpr,
     EXACT: tl.constexpr,
+    TWO_STAGE: tl.constexpr,
+    BLOCK_V: tl.constexpr,
     G_PAD: tl.constexpr,
     S_PAD: tl.constexpr,
+    NB_PAD: tl.constexpr,
     ROWS: tl.constexpr,
 ):
     b, live = _batch_rows(B, ROWS)
-    plane = B * nsplit2
-    sl = tl.arange(0, S_PAD)[None, :]
-    sm = sl < nsplit2
-    at = b[:, None] * nsplit2 + sl  # [ROWS, S_PAD]
-    score_r = tl.load(race_f_ptr + at, mask=sm, other=-2.0)
-    score_p = tl.load(race_f_ptr + plane + at, mask=sm, other=-2.0)
-    res_max = tl.max(tl.load(race_f_ptr + 2 * plane + at, mask=sm, other=0.0), axis=1)
-    win_r = tl.argmax(score_r, axis=1, tie_break_left=True)[:, None]
-    win_p = tl.argmax(score_p, axis=1, tie_break_left=True)[:, None]
-    tok_r = tl.sum(tl.where(sl == win_r, tl.load(race_i_ptr + at, mask=sm, other=0), 0), axis=1)
-    tok_p = tl.sum(tl.where(sl == win_p, tl.load(race_i_ptr + plane + at, mask=sm, other=0), 0), axis=1)
-    last = tl.where(res_max > 0.0, tok_r, tok_p)  # all-zero residual: draw from p
     n = tl.load(nacc_ptr + b)
+    if EXACT or not TWO_STAGE:
+        plane = B * nsplit2
+        sl = tl.arange(0, S_PAD)[None, :]
+        sm = sl < nsplit2
+        at = b[:, None] * nsplit2 + sl  # [ROWS, S_PAD]
+        score_r = tl.load(race_f_ptr + at, mask=sm, other=-2.0)
+        score_p = tl.load(race_f_ptr + plane + at, mask=sm, other=-2.0)
+        res_max = tl.max(tl.load(race_f_ptr + 2 * plane + at, mask=sm, other=0.0), axis=1)
+        win_r = tl.argmax(score_r, axis=1, tie_break_left=True)[:, None]
+        win_p = tl.argmax(score_p, axis=1, tie_break_left=True)[:, None]
+        tok_r = tl.sum(tl.where(sl == win_r, tl.load(race_i_ptr + at, mask=sm, other=0), 0), axis=1)
+        tok_p = tl.sum(tl.where(sl == win_p, tl.load(race_i_ptr + plane + at, mask=sm, other=0), 0), axis=1)
+        last = tl.where(res_max > 0.0, tok_r, tok_p)  # all-zero residual: draw from p
+    else:
+        # stage 2 of the philox draw: one uniform picks a block in proportion to its mass
+        # (the p masses if the residual's are all zero), then the race runs in that block
+        # only: P(token) = mass_k / total * w_token / mass_k
+        seed = tl.load(state_copy_ptr)
+        counter = tl.load(state_copy_ptr + 1)
+        nb = tl.cdiv(V, BLOCK_V)
+        kk = tl.arange(0, NB_PAD)[None, :]
+        km = kk < nb
+        mass_r = tl.load(mass_ptr + b[:, None] * nb + kk, mask=km, other=0.0)  # [ROWS, NB_PAD]
+        mass_p = tl.load(mass_ptr + (B + b[:, None]) * nb + kk, mask=km, other=0.0)
+        use_p = tl.sum(mass_r, axis=1) <= 0.0  # [ROWS]
+        mass = tl.where(use_p[:, None], mass_p, mass_r)
+        u, _r1, _r2, _r3 = _philox_uniform(seed, counter, _ACCEPT_STREAM + b * _ACCEPT_STRIDE + _ACCEPT_STRIDE - 1)
+        target = u * tl.sum(mass, axis=1)
+        # the first block whose running mass passes the target; rounding can leave the target
+        # at or past the total, so never past the last block with mass
+        k = tl.sum((tl.cumsum(mass, axis=1) <= target[:, None]).to(tl.int32), axis=1)
+        k = tl.minimum(k, tl.max(tl.where(mass > 0.0, kk, 0), axis=1))
+        g1 = gamma + 1
+        m_n = tl.load(rowstat_ptr + b)[:, None]
+        log_s_n = tl.load(rowstat_ptr + B + b)[:, None]
+        tok_n = tl.load(draft_ptr + b * gamma + n, mask=n < gamma, other=-1)[:, None]
+        q_end = tl.where(n < gamma, V, 0)[:, None]
+        logits_row = logits_ptr + ((b * g1 + n) * V)[:, None]
+        q_row = q_ptr + ((b * gamma + tl.minimum(n, gamma - 1)) * V)[:, None]
+        QB: tl.constexpr = BLOCK_V // 4
+        best_r, idx_r, best_p, idx_p, res_max = _race_block(
+            logits_row, q_row, logits_row, seed, counter, (b * (nb * QB))[:, None], (k * BLOCK_V)[:, None], V, inv_t,
+            tok_n, q_end, m_n, log_s_n, tl.full((ROWS, QB), -1.0, tl.float32), tl.zeros((ROWS, QB), tl.int32),
+            tl.full((ROWS, QB), -1.0, tl.float32), tl.zeros((ROWS, QB), tl.int32), tl.zeros((ROWS, QB), tl.float32),
+            HAS_Q, False, QB,
+        )  # fmt: skip
+        tok_r = _lowest_argmax(best_r, idx_r)[1]
+        tok_p = _lowest_argmax(best_p, idx_p)[1]
+        last = tl.where(use_p, tok_p, tok_r)
     _write_row(tokens_ptr, draft_ptr, b, live, n, last, gamma, G_PAD)
     if not EXACT:
         if tl.program_id(0) == 0:
@@ -526,6 +671,13 @@ def _programs_wanted(device: torch.device) -> int:
     if device.type != "cuda":
         return 1
     return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def two_stage_wanted(batch: int, vocab: int) -> bool:
+    """Whether philox mode draws the residual / bonus token in two stages (module doc,
+    "Philox draws"): only from ``TWO_STAGE_MIN_BATCH`` rows and ``TWO_STAGE_MIN_VOCAB``
+    tokens, where drawing one Philox number per token bounds the step."""
+    return batch >= TWO_STAGE_MIN_BATCH and vocab >= TWO_STAGE_MIN_VOCAB
 
 
 @functools.lru_cache(maxsize=16)
@@ -623,11 +775,17 @@ def verify_triton(
     noise: Noise | None = None,
     state: torch.Tensor | None = None,  # [2] int64 (seed, counter), advanced in place
     programs: int | None = None,
+    draw: Draw = "auto",
 ) -> Verdict:
     """Verify one step on the device. Exactly one of ``noise`` (exact) and ``state``
     (philox) is needed in random mode; greedy needs neither. ``programs`` overrides the
-    number of programs the launcher aims for (tests use it to force several slices)."""
-    return _verify(target_logits, draft_tokens, draft_probs, sampling, noise, state, programs)[0]
+    number of programs the launcher aims for (tests use it to force several slices).
+    ``draw`` picks philox mode's draw of the residual / bonus token: ``"auto"``
+    (:func:`two_stage_wanted`), ``"one_stage"`` or ``"two_stage"`` (module doc, "Philox
+    draws"); the law is the same, the tokens for one state differ."""
+    if draw not in DRAWS:
+        raise ValueError(f"draw must be one of {', '.join(DRAWS)}, got {draw!r}")
+    return _verify(target_logits, draft_tokens, draft_probs, sampling, noise, state, programs, draw)[0]
 
 
 def log_probs_at_draft(
@@ -654,6 +812,7 @@ def _verify(
     noise: Noise | None,
     state: torch.Tensor | None,
     programs: int | None,
+    draw: Draw = "auto",
 ) -> tuple[Verdict, torch.Tensor | None]:
     _check(target_logits, draft_tokens, draft_probs)
     batch, gamma = draft_tokens.shape
@@ -704,9 +863,14 @@ def _verify(
     nsplit1, per1 = _split(rows, vocab, block, wanted)
     nsplit2, per2 = _split(batch, vocab, race_block, programs or _race_programs_wanted(dev))
     g_pad, s_pad = _pads(dev, gamma, max(nsplit1, nsplit2))
-    part, stats, race_f, race_i = _carve(
-        dev, torch.float32, 2 * rows * nsplit1, 2 * rows, 3 * batch * nsplit2, 2 * batch * nsplit2
-    )
+    two_stage = not exact and (draw == "two_stage" or (draw == "auto" and two_stage_wanted(batch, vocab)))
+    nb = triton.cdiv(vocab, race_block)  # race blocks per row
+    nb_pad = triton.next_power_of_2(nb) if _interpreting(dev) else max(NB_PAD, triton.next_power_of_2(nb))
+    part, stats, race_f, race_i, mass, rowstat = _carve(
+        dev, torch.float32, 2 * rows * nsplit1, 2 * rows, 3 * batch * nsplit2, 2 * batch * nsplit2, 2 * batch * nb,
+        2 * batch,
+    )  # fmt: skip
+    state_copy = _carve(dev, torch.int64, 2)[0]
     stats = stats.view(batch, 2 * (gamma + 1))
     race_i = race_i.view(torch.int32)
     rpp = _rows_per_program(dev, rows, block)
@@ -716,15 +880,20 @@ def _verify(
     )  # fmt: skip
     rpp = _rows_per_program(dev, batch, max(race_block // 4, g_pad * s_pad))
     _accept_race_kernel[(triton.cdiv(batch, rpp), nsplit2)](
-        logits, draft_tokens, q, uniform, expo, state, part, stats, nacc, race_f, race_i,
-        inv_t, vocab, batch, gamma, nsplit1, per2,
-        HAS_Q=draft_probs is not None, EXACT=exact, BLOCK_V=race_block, G_PAD=g_pad, S_PAD=s_pad,
-        ROWS=rpp, num_warps=RACE_WARPS, maxnreg=RACE_MAX_REGISTERS,
+        logits, draft_tokens, q, uniform, expo, state, part, stats, nacc, race_f, race_i, mass, rowstat,
+        state_copy, inv_t, vocab, batch, gamma, nsplit1, per2,
+        HAS_Q=draft_probs is not None, EXACT=exact, TWO_STAGE=two_stage, BLOCK_V=race_block, G_PAD=g_pad,
+        S_PAD=s_pad, ROWS=rpp, num_warps=RACE_WARPS, maxnreg=RACE_MAX_REGISTERS,
     )  # fmt: skip
-    rpp = _rows_per_program(dev, batch, max(g_pad, s_pad))
+    # the one-stage finalize only picks among the slices' winners; the two-stage one races a block
+    width, fin = (max(g_pad, s_pad, nb_pad, race_block // 4), {"num_warps": RACE_WARPS, "maxnreg": RACE_MAX_REGISTERS}) \
+        if two_stage else (max(g_pad, s_pad), {"num_warps": 4})  # fmt: skip
+    rpp = _rows_per_program(dev, batch, width)
     _finalize_kernel[(triton.cdiv(batch, rpp),)](
-        draft_tokens, race_f, race_i, nacc, tokens, state, batch, gamma, nsplit2,
-        EXACT=exact, G_PAD=g_pad, S_PAD=s_pad, ROWS=rpp, num_warps=4,
+        logits, draft_tokens, q, race_f, race_i, mass, rowstat, state_copy, nacc, tokens, state,
+        inv_t, vocab, batch, gamma, nsplit2,
+        HAS_Q=draft_probs is not None, EXACT=exact, TWO_STAGE=two_stage, BLOCK_V=race_block, G_PAD=g_pad,
+        S_PAD=s_pad, NB_PAD=nb_pad, ROWS=rpp, **fin,
     )  # fmt: skip
     return Verdict(tokens=tokens, num_accepted=nacc), stats
 

@@ -147,8 +147,10 @@ def _verify_cases(rec: Recorder) -> None:
         for probs, with_q in ((None, "without"), (q, "with")):
             with rec.running(f"verify exact {_name(dtype)} {with_q} draft probs"):
                 verify.verify_triton(logits, tokens, probs, SamplingParams(temperature=0.7), noise=noise)
-            with rec.running(f"verify philox {_name(dtype)} {with_q} draft probs"):
-                verify.verify_triton(logits, tokens, probs, SamplingParams(), state=verify.new_philox_state(gen, "cpu"))
+            for draw in ("one_stage", "two_stage"):
+                with rec.running(f"verify philox {draw} {_name(dtype)} {with_q} draft probs"):
+                    state = verify.new_philox_state(gen, "cpu")
+                    verify.verify_triton(logits, tokens, probs, SamplingParams(), state=state, draw=draw)
         with rec.running(f"verify greedy {_name(dtype)}"):
             verify.verify_triton(logits, tokens, None, SamplingParams(temperature=0))
     with rec.running("verify exact bfloat16 with top-k/top-p"):

@@ -171,12 +171,15 @@ def test_lse_and_log_p_within_twice_torch_fp32_error(
     assert (log_p.double() - ref_lp).abs().max() <= 2 * torch_lp_err + ulp
 
 
-def first_token_counts(rows: int, probs: list[float], seed: int) -> torch.Tensor:
+DRAWS = ["one_stage", "two_stage"]  # philox mode's two draws of the recovered / bonus token
+
+
+def first_token_counts(rows: int, probs: list[float], seed: int, draw: str = "auto") -> torch.Tensor:
     v = len(probs)
     logits = torch.log(torch.tensor(probs, device=DEV)).expand(rows, 2, v).contiguous()
     tokens = torch.zeros((rows, 1), dtype=torch.int64, device=DEV)  # the draft always proposes token 0
     state = ops.new_philox_state(torch.Generator(device=DEV).manual_seed(seed), DEV)
-    out = ops.verify_triton(logits, tokens, None, SamplingParams(), state=state)
+    out = ops.verify_triton(logits, tokens, None, SamplingParams(), state=state, draw=draw)
     return torch.bincount(out.tokens[:, 0], minlength=v).double()
 
 
@@ -185,10 +188,40 @@ def chi_square(counts: torch.Tensor, probs: list[float]) -> float:
     return float(((counts - expected) ** 2 / expected).sum())
 
 
-def test_philox_first_token_follows_p() -> None:
+@pytest.mark.parametrize("draw", DRAWS)
+def test_philox_first_token_follows_p(draw: str) -> None:
     """Accepted or recovered, the first emitted token is distributed as p (coarse check)."""
     probs = [0.4, 0.3, 0.2, 0.1]
-    assert chi_square(first_token_counts(48, probs, seed=1), probs) < 21.1  # p = 1e-4, 3 dof
+    assert chi_square(first_token_counts(48, probs, seed=1, draw=draw), probs) < 21.1  # p = 1e-4, 3 dof
+
+
+def test_two_stage_only_at_large_batch_and_vocab() -> None:
+    """"auto" keeps the one-stage race where the two-stage draw measured slower (B <= 32, or
+    V = 32000 at any B) and takes the two-stage draw where it measured faster (B >= 128 with
+    V >= 128256)."""
+    assert not any(ops.two_stage_wanted(b, v) for b in (1, 8, 32) for v in (32000, 128256, 151936))
+    assert not any(ops.two_stage_wanted(b, 32000) for b in (128, 512))
+    assert all(ops.two_stage_wanted(b, v) for b in (128, 512) for v in (128256, 151936))
+
+
+def test_bad_draw_is_refused() -> None:
+    logits, tokens, _ = inputs(1, 2, 64, torch.float32, seed=3)
+    state = ops.new_philox_state(torch.Generator(device=DEV).manual_seed(3), DEV)
+    with pytest.raises(ValueError, match="draw must be one of auto, one_stage, two_stage, got 'twostage'"):
+        ops.verify_triton(logits, tokens, None, SamplingParams(), state=state, draw="twostage")
+
+
+def test_auto_draw_is_the_wanted_form(small_blocks, monkeypatch: pytest.MonkeyPatch) -> None:
+    """"auto" gives the one-stage tokens below the thresholds and the two-stage ones above."""
+    logits, tokens, q = inputs(3, 4, 1271, torch.float32, seed=30, with_q=True)
+    start = ops.new_philox_state(torch.Generator(device=DEV).manual_seed(30), DEV)
+    run = {d: ops.verify_triton(logits, tokens, q, SamplingParams(), state=start.clone(), draw=d)
+           for d in ("auto", *DRAWS)}  # fmt: skip
+    assert run["one_stage"].tokens.tolist() != run["two_stage"].tokens.tolist()  # the two forms differ here
+    assert_same(run["auto"], run["one_stage"])
+    monkeypatch.setattr(ops, "TWO_STAGE_MIN_BATCH", 1)
+    monkeypatch.setattr(ops, "TWO_STAGE_MIN_VOCAB", 1)
+    assert_same(ops.verify_triton(logits, tokens, q, SamplingParams(), state=start.clone()), run["two_stage"])
 
 
 @pytest.mark.slow
@@ -197,8 +230,9 @@ def test_philox_first_token_follows_p_many_rows() -> None:
     assert chi_square(first_token_counts(600, probs, seed=2), probs) < 25.7  # p = 1e-4, 5 dof
 
 
+@pytest.mark.parametrize("draw", DRAWS)
 @pytest.mark.parametrize("with_q", [False, True])
-def test_philox_draw_spans_race_blocks(small_blocks, with_q: bool) -> None:
+def test_philox_draw_spans_race_blocks(small_blocks, with_q: bool, draw: str) -> None:
     """Philox mode's race spans every race block (and slice) of row n. With V = 1271 in
     blocks of 256 and p spread over every block, the first emitted token (accepted draft or
     recovered token) and the bonus token after an accept both follow p (chi-square). The
@@ -221,7 +255,7 @@ def test_philox_draw_spans_race_blocks(small_blocks, with_q: bool) -> None:
         q = (qw / qw.sum()).expand(rows, 1, v).contiguous()
         tokens = torch.multinomial(q[:, 0], 1, generator=torch.Generator(device=DEV).manual_seed(5))
     state = ops.new_philox_state(torch.Generator(device=DEV).manual_seed(31), DEV)
-    out = ops.verify_triton(logits, tokens, q, SamplingParams(), state=state)
+    out = ops.verify_triton(logits, tokens, q, SamplingParams(), state=state, draw=draw)
     index = {int(t): i for i, t in enumerate(support)}
     limit = chi2.isf(1e-4, len(support) - 1)
     for name, toks in (("first", out.tokens[:, 0]), ("bonus", out.tokens[out.num_accepted == 1, 1])):
@@ -230,13 +264,14 @@ def test_philox_draw_spans_race_blocks(small_blocks, with_q: bool) -> None:
         assert chi_square(counts, probs.tolist()) < limit, name
 
 
-def test_philox_state_advances_and_replays(small_blocks) -> None:
+@pytest.mark.parametrize("draw", DRAWS)
+def test_philox_state_advances_and_replays(small_blocks, draw: str) -> None:
     logits, tokens, _ = inputs(3, 4, 1271, torch.float32, seed=16)
     state = ops.new_philox_state(torch.Generator(device=DEV).manual_seed(3), DEV)
     start = state.clone()
-    first = ops.verify_triton(logits, tokens, None, SamplingParams(), state=state)
+    first = ops.verify_triton(logits, tokens, None, SamplingParams(), state=state, draw=draw)
     assert int(state[1]) == int(start[1]) + 1
-    again = ops.verify_triton(logits, tokens, None, SamplingParams(), state=start.clone())
+    again = ops.verify_triton(logits, tokens, None, SamplingParams(), state=start.clone(), draw=draw)
     assert_same(again, first)  # same (seed, counter): same tokens
 
 
@@ -313,7 +348,7 @@ def test_gamma_zero_is_a_plain_sample(temperature: float) -> None:
 
 
 def _all_modes(logits, tokens, q, seed: int):
-    """Exact (with and without q, top-k/top-p), greedy (with top-p) and philox verdicts."""
+    """Exact (with and without q, top-k/top-p), greedy (with top-p) and philox verdicts (both draws)."""
     b, gamma = tokens.shape
     noise = Noise.draw(b, gamma, logits.shape[-1], torch.Generator(device=DEV).manual_seed(seed), DEV)
     state = ops.new_philox_state(torch.Generator(device=DEV).manual_seed(seed), DEV)
@@ -324,7 +359,8 @@ def _all_modes(logits, tokens, q, seed: int):
         ops.verify_triton(logits, tokens, q, filtered, noise=noise),
         ops.verify_triton(logits, tokens, None, SamplingParams(temperature=0), programs=2 * b * (gamma + 1)),
         ops.verify_triton(logits, tokens, None, SamplingParams(temperature=0, top_p=0.3)),
-        ops.verify_triton(logits, tokens, q, SamplingParams(), state=state.clone()),
+        ops.verify_triton(logits, tokens, q, SamplingParams(), state=state.clone(), draw="one_stage"),
+        ops.verify_triton(logits, tokens, q, SamplingParams(), state=state.clone(), draw="two_stage"),
     ]
 
 
