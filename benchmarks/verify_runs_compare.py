@@ -25,12 +25,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 RUNS = {  # name -> file under --dir
     "ed12466": "verify-kernels-h200-ed12466.json",  # the per-block pass
-    "current": "verify-kernels-h200.json",  # tile pass, race at 16 programs per SM
+    "r5758871": "verify-kernels-h200-5758871.json",  # tile pass, race at 16 programs per SM, one-stage draw
     "race32": "verify-kernels-h200-race32-1024280.json",  # tile pass, race at 32 programs per SM
     "gumbel": "verify-kernels-h200-gumbel-08f9712.json",  # log-space race (reverted)
-    "two_stage": "verify-kernels-h200-twostage-631ab87.json",  # two-stage philox draw (reverted)
+    "two_stage": "verify-kernels-h200-twostage-631ab87.json",  # two-stage philox draw everywhere (reverted)
+    "current": "verify-kernels-h200.json",  # 0fa63b4: the two-stage draw from B = 128 and V = 100,000 only
 }
-PAIRS = [("current", "ed12466"), ("race32", "ed12466"), ("gumbel", "current"), ("two_stage", "current")]
+PAIRS = [
+    ("r5758871", "ed12466"),
+    ("race32", "ed12466"),
+    ("gumbel", "r5758871"),
+    ("two_stage", "r5758871"),
+    ("current", "r5758871"),
+]
 GOAL_LOGITS = 10_000_000
 GROUPS: dict[str, Callable[[dict], bool]] = {
     "all": lambda r: True,
