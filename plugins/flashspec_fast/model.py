@@ -28,19 +28,17 @@ and there produce the same greedy tokens.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import attrs
 import torch
 import torch.nn.functional as F
-
-from flashspec_kernels.attention import MAX_WIDTH as DECODE_MAX_WIDTH
-from flashspec_kernels.attention import decode_attention, supported
-from flashspec_kernels.rope import rope_store as rope_store_kernel
 
 MIN_SPAN = 128  # fewest slots a forward attends (smaller spans would only add captured graphs)
 
@@ -166,15 +164,34 @@ def rope_store(
     return q
 
 
+@functools.cache
+def triton_kernels() -> tuple[ModuleType, ModuleType] | None:
+    """:mod:`flashspec_kernels.attention` and :mod:`flashspec_kernels.rope`, or None where
+    triton is not installed (it is an extra: ``pip install 'flashspec[triton]'``), so that the
+    model still loads and decodes through SDPA and torch's ops on such a machine."""
+    try:
+        from flashspec_kernels import attention, rope
+    except ModuleNotFoundError as exc:
+        if exc.name != "triton":
+            raise
+        return None
+    return attention, rope
+
+
 def decode_kernel(attention: str, head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether decoding forwards (up to ``DECODE_MAX_WIDTH`` tokens per row) use the Triton
-    decode-attention kernel: ``auto`` on CUDA where it supports the head dim and dtype,
-    ``triton`` always (an error where it cannot), ``sdpa`` never."""
-    ok = supported(head_dim, dtype)
+    """Whether decoding forwards (up to the kernel's ``MAX_WIDTH`` tokens per row) use the
+    Triton decode-attention kernel: ``auto`` on CUDA where it supports the head dim and dtype
+    and triton is installed, ``triton`` always (an error where it cannot), ``sdpa`` never."""
+    if attention not in ("auto", "sdpa", "triton"):
+        raise ValueError(f"attention must be 'auto', 'sdpa' or 'triton', got {attention!r}")
+    kernels = triton_kernels()
+    if kernels is None:
+        if attention == "triton":
+            raise ValueError("attention = 'triton' needs the triton package: pip install 'flashspec[triton]'")
+        return False
+    ok = kernels[0].supported(head_dim, dtype)
     if attention == "sdpa" or (attention == "auto" and not (device.type == "cuda" and ok)):
         return False
-    if attention not in ("auto", "triton"):
-        raise ValueError(f"attention must be 'auto', 'sdpa' or 'triton', got {attention!r}")
     if not ok:
         raise ValueError(f"attention = 'triton': the decode kernel takes a head dim of at most 256 and "
                          f"float16/bfloat16/float32, not head dim {head_dim} in {dtype}")
@@ -268,11 +285,12 @@ class Transformer:
         span = span or self.max_len
         x = F.embedding(tokens, w.embed).view(batch * width, a.dim)  # [B*T, D]
         cos, sin = self.cos[pos][:, :, None], self.sin[pos][:, :, None]  # [B, T, 1, hd]
-        kernel = self.decode_kernel and width <= DECODE_MAX_WIDTH
+        kernels = triton_kernels() if self.decode_kernel else None  # (attention, rope) modules
+        kernel = kernels is not None and width <= kernels[0].MAX_WIDTH
         mask = None if kernel else self._mask(pos, group, span)
         slots = (torch.arange(batch, device=self.device)[:, None] * self.max_len + write).view(-1)  # [B*T]
         cache = (batch, self.max_len, a.kv_heads, hd)  # a layer's cache rows as [B, S, KV, hd]
-        store = rope_store_kernel if self.decode_kernel else ops.rope_store  # one launch, not Inductor's four
+        store = kernels[1].rope_store if kernels is not None else ops.rope_store  # one launch, not Inductor's four
         for i, layer in enumerate(w.layers):
             h = ops.rms_norm(x, layer.attn_norm, a.norm_eps)
             qkv = linear(h, layer.wqkv, layer.bqkv).view(batch, width, a.heads + 2 * a.kv_heads, hd)
@@ -280,7 +298,8 @@ class Transformer:
             vc = self.v_cache[i, :batch].view(batch * self.max_len, nkv)
             q = store(qkv, cos, sin, kc, vc, slots, a.heads, a.kv_heads)  # [B, T, H, hd]
             if kernel:  # decoding: flashspec_kernels.attention, [B, T, H, hd] in and out
-                o = decode_attention(q, kc.view(cache), vc.view(cache), pos, span).view(batch * width, nq)
+                assert kernels is not None
+                o = kernels[0].decode_attention(q, kc.view(cache), vc.view(cache), pos, span).view(batch * width, nq)
             else:
                 q = q.reshape(batch, width, a.kv_heads, group, hd).permute(0, 2, 3, 1, 4)
                 q = q.reshape(batch, a.kv_heads, group * width, hd)

@@ -392,3 +392,51 @@ def test_arms_with_one_draft_table_share_its_provider(models: dict[str, Path]) -
     got = spec.generate(PROMPTS, max_new_tokens=30, temperature=0.0)
     assert {r.arm_name for r in got.steps} >= {"close-g1", "close-g2", "close-g3"}
     assert got.token_ids == _target_only(models, "fast", "float64").generate(PROMPTS, max_new_tokens=30).token_ids
+
+
+_WITHOUT_TRITON = """
+import importlib.abc, json, sys
+
+
+class NoTriton(importlib.abc.MetaPathFinder):  # as on a machine where triton is not installed
+    def find_spec(self, name, path, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, NoTriton())
+from flashspec_core.build import build_pipeline
+
+pipeline = build_pipeline(json.loads(sys.argv[1]))
+out = pipeline.generate([[1, 2, 3, 4]], max_new_tokens=6)
+assert "triton" not in sys.modules
+print(len(out.token_ids[0]))
+"""
+
+
+def test_fast_backend_runs_without_triton(models: dict[str, Path], tmp_path: Path) -> None:
+    """triton is an extra: without it the fast back-end still builds and decodes (SDPA and
+    torch's ops instead of the Triton kernels), and every built-in plugin still imports.
+    Before this, importing the fast plugin imported triton, so `flashspec generate` failed on
+    a machine set up as README.md says."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cfg = _config(models, "fast", "float32")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_TRITON, json.dumps(cfg)], capture_output=True, text=True,
+                          env=env, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split()[-1]) >= 6
+
+
+def test_attention_triton_without_triton_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flashspec_fast import model
+
+    monkeypatch.setattr(model, "triton_kernels", lambda: None)
+    assert model.decode_kernel("auto", 64, torch.float32, torch.device("cpu")) is False
+    with pytest.raises(ValueError, match=r"needs the triton package: pip install 'flashspec\[triton\]'"):
+        model.decode_kernel("triton", 64, torch.float32, torch.device("cpu"))
