@@ -822,7 +822,8 @@ def _verify(
     draft_tokens = draft_tokens.contiguous()
     if gamma == 0:  # an empty tensor may have a null pointer; the kernels never read it
         draft_tokens = torch.zeros((batch, 1), dtype=torch.int64, device=dev)
-    tokens, nacc = _carve(dev, torch.int64, batch * (gamma + 1), batch)
+    # state_copy: the philox state the two-stage finalize reads (2 int64s; unused otherwise)
+    tokens, nacc, state_copy = _carve(dev, torch.int64, batch * (gamma + 1), batch, 2)
     tokens = tokens.view(batch, gamma + 1)
     rows = batch * (gamma + 1)
     if sampling.greedy:
@@ -866,11 +867,11 @@ def _verify(
     two_stage = not exact and (draw == "two_stage" or (draw == "auto" and two_stage_wanted(batch, vocab)))
     nb = triton.cdiv(vocab, race_block)  # race blocks per row
     nb_pad = triton.next_power_of_2(nb) if _interpreting(dev) else max(NB_PAD, triton.next_power_of_2(nb))
+    staged = batch if two_stage else 0  # rows of the two-stage draw's mass and row statistics
     part, stats, race_f, race_i, mass, rowstat = _carve(
-        dev, torch.float32, 2 * rows * nsplit1, 2 * rows, 3 * batch * nsplit2, 2 * batch * nsplit2, 2 * batch * nb,
-        2 * batch,
+        dev, torch.float32, 2 * rows * nsplit1, 2 * rows, 3 * batch * nsplit2, 2 * batch * nsplit2, 2 * staged * nb,
+        2 * staged,
     )  # fmt: skip
-    state_copy = _carve(dev, torch.int64, 2)[0]
     stats = stats.view(batch, 2 * (gamma + 1))
     race_i = race_i.view(torch.int32)
     rpp = _rows_per_program(dev, rows, block)
