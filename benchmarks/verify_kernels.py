@@ -194,7 +194,7 @@ def check_step_graphs() -> dict:
     return res
 
 
-def check_graph(draw: str = "auto", b: int = 16, v: int = 32000) -> dict:
+def check_graph(draw: ops.Draw = "auto", b: int = 16, v: int = 32000) -> dict:
     """Capture a step in a CUDA graph; replays with new inputs must still be right. ``draw``:
     philox mode's draw (the default shape takes the one-stage race under "auto")."""
     gamma = 4
@@ -202,7 +202,7 @@ def check_graph(draw: str = "auto", b: int = 16, v: int = 32000) -> dict:
     noise = Noise.draw(b, gamma, v, None, DEV)
     sp = SamplingParams(temperature=0.9)
     exact = TritonVerifier(TritonVerifierConfig(noise="exact"), DEV)
-    philox = TritonVerifier(TritonVerifierConfig(noise="philox", philox_draw=draw), DEV)  # type: ignore[arg-type]
+    philox = TritonVerifier(TritonVerifierConfig(noise="philox", philox_draw=draw), DEV)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     state = ops.new_philox_state(None, DEV)  # a caller-held state: the kernels advance its counter
@@ -210,7 +210,7 @@ def check_graph(draw: str = "auto", b: int = 16, v: int = 32000) -> dict:
         for _ in range(2):
             exact.verify_with_noise(logits, tokens, q, sp, noise)
             philox.verify(logits, tokens, q, sp, None)
-            ops.verify_triton(logits, tokens, q, sp, state=state, draw=draw)  # type: ignore[arg-type]
+            ops.verify_triton(logits, tokens, q, sp, state=state, draw=draw)
     torch.cuda.current_stream().wait_stream(side)
     g_exact, g_philox, g_state = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
     with torch.cuda.graph(g_exact):
@@ -218,7 +218,7 @@ def check_graph(draw: str = "auto", b: int = 16, v: int = 32000) -> dict:
     with torch.cuda.graph(g_philox):
         out_p = philox.verify(logits, tokens, q, sp, None)  # draws its state from the default generator
     with torch.cuda.graph(g_state):
-        ops.verify_triton(logits, tokens, q, sp, state=state, draw=draw)  # type: ignore[arg-type]
+        ops.verify_triton(logits, tokens, q, sp, state=state, draw=draw)
     res = {"exact_replays_equal": [], "philox_counter": [], "philox_rows_valid": [], "philox_tokens_changed": []}
     prev = None
     for trial in range(4):

@@ -286,8 +286,9 @@ class Transformer:
         x = F.embedding(tokens, w.embed).view(batch * width, a.dim)  # [B*T, D]
         cos, sin = self.cos[pos][:, :, None], self.sin[pos][:, :, None]  # [B, T, 1, hd]
         kernels = triton_kernels() if self.decode_kernel else None  # (attention, rope) modules
-        kernel = kernels is not None and width <= kernels[0].MAX_WIDTH
-        mask = None if kernel else self._mask(pos, group, span)
+        # decoding forwards: flashspec_kernels.attention, [B, T, H, hd] in and out
+        decode = kernels[0].decode_attention if kernels is not None and width <= kernels[0].MAX_WIDTH else None
+        mask = None if decode is not None else self._mask(pos, group, span)
         slots = (torch.arange(batch, device=self.device)[:, None] * self.max_len + write).view(-1)  # [B*T]
         cache = (batch, self.max_len, a.kv_heads, hd)  # a layer's cache rows as [B, S, KV, hd]
         store = kernels[1].rope_store if kernels is not None else ops.rope_store  # one launch, not Inductor's four
@@ -297,9 +298,8 @@ class Transformer:
             kc = self.k_cache[i, :batch].view(batch * self.max_len, nkv)
             vc = self.v_cache[i, :batch].view(batch * self.max_len, nkv)
             q = store(qkv, cos, sin, kc, vc, slots, a.heads, a.kv_heads)  # [B, T, H, hd]
-            if kernel:  # decoding: flashspec_kernels.attention, [B, T, H, hd] in and out
-                assert kernels is not None
-                o = kernels[0].decode_attention(q, kc.view(cache), vc.view(cache), pos, span).view(batch * width, nq)
+            if decode is not None:
+                o = decode(q, kc.view(cache), vc.view(cache), pos, span).view(batch * width, nq)
             else:
                 q = q.reshape(batch, width, a.kv_heads, group, hd).permute(0, 2, 3, 1, 4)
                 q = q.reshape(batch, a.kv_heads, group * width, hd)
