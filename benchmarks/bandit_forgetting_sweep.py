@@ -28,7 +28,7 @@ from flashspec_selectors.selectors import DiscountedThompsonConfig, SlidingWindo
 from flashspec_selectors.sim import selector_factories, simulate, summarise
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bandit_sim import HORIZON, OUT, PLAIN, provenance, scenario_envs  # noqa: E402
+from bandit_sim import HORIZON, OUT, PLAIN, provenance, scenario_envs, verdict  # noqa: E402
 
 SEEDS = 20
 MULTIPLES = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -57,28 +57,31 @@ def run_scenario(env: Any, horizon: int, seeds: list[int], progress: bool) -> di
 def table(summary: dict[str, Any], horizon: int) -> dict[str, Any]:
     """Per scenario: the plain selectors, each forgetting selector along the multiples,
     and which multiples end below both plain selectors (mean, and 95% intervals apart)."""
-    sel = summary["selectors"]
-    plain = {name: {"mean": sel[name]["mean"], "ci95": sel[name]["ci95"]} for name in PLAIN}
-    best_plain = min(p["mean"] for p in plain.values())
-    lowest_plain_ci = min(p["ci95"][0] for p in plain.values())
+    sel = {label: {"mean": e["mean"], "ci95": e["ci95"]} for label, e in summary["selectors"].items()}
+    runs = settings(horizon)
     rows: dict[str, list[dict[str, Any]]] = {}
-    verdict: dict[str, dict[str, Any]] = {}
+    verdicts: dict[str, dict[str, Any]] = {}
     for name, key in FORGETTING.items():
-        rows[name] = []
-        for label, (sname, keys, m) in settings(horizon).items():
-            if sname != name or label in PLAIN:
-                continue
-            e = sel[label]
-            rows[name].append({"multiple": m, key: round(keys[key], 6), "mean": e["mean"], "ci95": e["ci95"]})
+        multiple = {label: m for label, (selector, _, m) in runs.items() if selector == name}
+        rows[name] = [
+            {"multiple": m, key: round(runs[label][1][key], 6), **sel[label]} for label, m in multiple.items()
+        ]
+        v = verdict(sel, tuple(multiple))
         best = min(rows[name], key=lambda r: r["mean"])
-        verdict[name] = {
-            "below_both_plain": [r["multiple"] for r in rows[name] if r["mean"] < best_plain],
-            "separated_from_both_plain": [r["multiple"] for r in rows[name] if r["ci95"][1] < lowest_plain_ci],
+        verdicts[name] = {
+            "below_both_plain": [multiple[label] for label in v["below_both_plain"]],
+            "separated_from_both_plain": [multiple[label] for label in v["separated_from_both_plain"]],
             "best_multiple": best["multiple"],
             "best_mean": best["mean"],
             "rule_mean": next(r["mean"] for r in rows[name] if r["multiple"] == 1.0),
         }
-    return {"plain": plain, "best_plain_mean": best_plain, "by_multiple": rows, "verdict": verdict}
+    best_plain = verdict(sel, ())["best_plain_mean"]
+    return {
+        "plain": {n: sel[n] for n in PLAIN},
+        "best_plain_mean": best_plain,
+        "by_multiple": rows,
+        "verdict": verdicts,
+    }
 
 
 def plot(tables: dict[str, dict[str, Any]], path: Path) -> None:

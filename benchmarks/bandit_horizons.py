@@ -30,10 +30,10 @@ from flashspec_selectors.selectors import (
     GLRThompsonConfig,
     SlidingWindowUCBConfig,
 )
-from flashspec_selectors.sim import PiecewiseBernoulli, selector_factories, simulate, summarise
+from flashspec_selectors.sim import Env, selector_factories, simulate, summarise
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bandit_sim import FORGETTING, MEANS, OUT, PLAIN, provenance, verdict  # noqa: E402
+from bandit_sim import FORGETTING, OUT, PLAIN, provenance, scenario_envs, verdict  # noqa: E402
 
 HORIZONS = (10_000, 30_000, 100_000)
 SEEDS = 20
@@ -41,16 +41,10 @@ WINDOWED = FORGETTING
 SELECTORS = (*PLAIN, *WINDOWED)
 
 
-def scenarios(horizon: int) -> dict[str, tuple[PiecewiseBernoulli, int]]:
-    """The two piecewise scenarios of bandit_sim.py at this horizon, with their breakpoints."""
-    half, quarter = horizon // 2, horizon // 4
-    return {
-        "switch_at_half": (PiecewiseBernoulli([MEANS, [0.7, 0.3, 0.5]], [half]), 1),
-        "four_phase": (
-            PiecewiseBernoulli([MEANS, [0.7, 0.3, 0.5], [0.5, 0.3, 0.7], MEANS], [quarter, 2 * quarter, 3 * quarter]),
-            3,
-        ),
-    }
+def scenarios(horizon: int) -> dict[str, tuple[Env, int]]:
+    """The two switch scenarios of bandit_sim.py at this horizon, with their breakpoints."""
+    envs = scenario_envs(horizon)
+    return {"switch_at_half": (envs["switch_at_half"], 1), "four_phase": (envs["four_phase"], 3)}
 
 
 def rule_configs(horizon: int, breakpoints: int) -> dict[str, dict[str, Any]]:

@@ -127,16 +127,17 @@ def _per_selector(summary: dict[str, Any], names: tuple[str, ...] = DEFAULT_SELE
     return {name: {"mean": e["mean"], "ci95": e["ci95"]} for name, e in summary["selectors"].items() if name in names}
 
 
-def verdict(per_selector: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Which forgetting selectors have a lower mean regret than both plain ones, and whether
-    the 95% intervals separate them (the forgetting interval's top below both plain bottoms)."""
+def verdict(per_selector: dict[str, dict[str, Any]], candidates: tuple[str, ...] = FORGETTING) -> dict[str, Any]:
+    """Which candidates (the forgetting selectors, unless named) have a lower mean regret than
+    both plain ones, and whether the 95% intervals separate them (the candidate interval's top
+    below both plain bottoms)."""
     best_plain = min(per_selector[p]["mean"] for p in PLAIN)
     lowest_plain_ci = min(per_selector[p]["ci95"][0] for p in PLAIN)
-    forgetting = [name for name in FORGETTING if name in per_selector]
+    present = [name for name in candidates if name in per_selector]
     return {
         "best_plain_mean": best_plain,
-        "below_both_plain": [f for f in forgetting if per_selector[f]["mean"] < best_plain],
-        "separated_from_both_plain": [f for f in forgetting if per_selector[f]["ci95"][1] < lowest_plain_ci],
+        "below_both_plain": [c for c in present if per_selector[c]["mean"] < best_plain],
+        "separated_from_both_plain": [c for c in present if per_selector[c]["ci95"][1] < lowest_plain_ci],
     }
 
 

@@ -20,22 +20,15 @@ JSON_PATH = ROOT / "docs" / "benchmarks" / "bandit-sim.json"
 SWEEP_PATH = ROOT / "docs" / "benchmarks" / "bandit-forgetting-sweep.json"
 PAGE = ROOT / "docs" / "bandits.md"
 SELECTORS = ("ucb1", "thompson", "sliding_window_ucb", "discounted_thompson", "glr_thompson", "request_thompson")
-TABLES = (
-    "paper_table",
-    "nonstationary",
-    "nonstationary_four_phase",
-    "drifting",
-    "nonstationary_degrading",
-    "nonstationary_domain_shift",
+COLUMNS = (  # table (b): (summary table, bandit_sim.py's scenario, column title)
+    ("nonstationary", "switch_at_half", "best arm switches at T/2"),
+    ("nonstationary_four_phase", "four_phase", "four phases"),
+    ("drifting", "drifting", "drifting"),
+    ("nonstationary_degrading", "best_arm_degrades", "best arm degrades at T/2"),
+    ("nonstationary_domain_shift", "domain_shift", "domain shift, four phases"),
 )
-SCENARIOS = {  # bandit_sim.py's scenario -> column title
-    "stationary": "stationary",
-    "switch_at_half": "best arm switches at T/2",
-    "four_phase": "four phases",
-    "drifting": "drifting",
-    "best_arm_degrades": "best arm degrades at T/2",
-    "domain_shift": "domain shift, four phases",
-}
+TABLES = ("paper_table", *(t for t, _, _ in COLUMNS))
+TITLES = {"stationary": "stationary"} | {scenario: title for _, scenario, title in COLUMNS}
 
 
 def _cell(entry: dict[str, Any], digits: int = 1) -> str:
@@ -70,13 +63,13 @@ def render(data: dict[str, Any]) -> str:
     lines += [
         "**(b) Non-stationary: dynamic regret**",
         "",
-        "| selector | " + " | ".join(list(SCENARIOS.values())[1:]) + " |",
-        "|---" * len(TABLES) + "|",
+        "| selector | " + " | ".join(title for _, _, title in COLUMNS) + " |",
+        "|---" * (1 + len(COLUMNS)) + "|",
     ]
-    lines += ["| " + " | ".join([f"`{n}`"] + [_cell(table[t][n]) for t in TABLES[1:]]) + " |" for n in SELECTORS]
+    lines += ["| " + " | ".join([f"`{n}`"] + [_cell(table[t][n]) for t, _, _ in COLUMNS]) + " |" for n in SELECTORS]
     goal = s.get("nonstationary_goal")
     if goal:
-        cells = [", ".join(f"`{f}`" for f in goal[k]["below_both_plain"]) or "none" for k in list(SCENARIOS)[1:]]
+        cells = [", ".join(f"`{f}`" for f in goal[k]["below_both_plain"]) or "none" for _, k, _ in COLUMNS]
         lines += ["| below both plain selectors | " + " | ".join(cells) + " |"]
     lines += [""] + _costed(data)
     return "\n".join(lines)
@@ -130,7 +123,7 @@ def render_sweep(data: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for scenario, t in data["summary"].items():
-        cells = [SCENARIOS.get(scenario, scenario)] + [f"{t['plain'][p]['mean']:.1f}" for p in ("ucb1", "thompson")]
+        cells = [TITLES.get(scenario, scenario)] + [f"{t['plain'][p]['mean']:.1f}" for p in ("ucb1", "thompson")]
         for name in ("sliding_window_ucb", "discounted_thompson"):
             v = t["verdict"][name]
             below = ", ".join(f"{m:g}x" for m in v["below_both_plain"]) or "none"
