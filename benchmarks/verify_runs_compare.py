@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from verify_kernels_analysis import shape  # noqa: E402
 
 RUNS = {  # name -> file under --dir
     "ed12466": "verify-kernels-h200-ed12466.json",  # the per-block pass
@@ -47,10 +48,6 @@ GROUPS: dict[str, Callable[[dict], bool]] = {
     "b_le_32_or_v_32000": lambda r: r["B"] <= 32 or r["V"] == 32000,
 }
 PER_SM_FILE = "pass-variants-h200-persm.json"
-
-
-def shape(r: dict) -> str:
-    return f"B={r['B']} gamma={r['gamma']} V={r['V']} {r['dtype']}"
 
 
 def spread(xs: list[float]) -> dict[str, float] | None:
