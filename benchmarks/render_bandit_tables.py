@@ -17,7 +17,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 JSON_PATH = ROOT / "docs" / "benchmarks" / "bandit-sim.json"
-SWEEP_PATH = ROOT / "docs" / "benchmarks" / "bandit-forgetting-sweep.json"
 PAGE = ROOT / "docs" / "bandits.md"
 SELECTORS = ("ucb1", "thompson", "sliding_window_ucb", "discounted_thompson", "glr_thompson", "request_thompson")
 COLUMNS = (  # table (b): (summary table, bandit_sim.py's scenario, column title)
@@ -28,7 +27,6 @@ COLUMNS = (  # table (b): (summary table, bandit_sim.py's scenario, column title
     ("nonstationary_domain_shift", "domain_shift", "domain shift, four phases"),
 )
 TABLES = ("paper_table", *(t for t, _, _ in COLUMNS))
-TITLES = {"stationary": "stationary"} | {scenario: title for _, scenario, title in COLUMNS}
 
 
 def _cell(entry: dict[str, Any], digits: int = 1) -> str:
@@ -107,31 +105,6 @@ def _costed(data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_sweep(data: dict[str, Any]) -> str:
-    """One row per scenario: the plain selectors, and each forgetting selector at the rule,
-    at its best multiple of the rule's memory, and the multiples that end below both."""
-    cfg = data["config"]
-    lines = [
-        f"Source: `docs/benchmarks/bandit-forgetting-sweep.json`, written by `{data['generated_by']}` at commit "
-        f"`{data['commit'][:7]}`; T = {cfg['horizon']}, {len(cfg['seeds'])} seeds; memory multiples "
-        f"{', '.join(f'{m:g}' for m in cfg['multiples'])} of the rule's (window {cfg['rule_window']}, "
-        f"discount {cfg['rule_discount']}, a memory of {1 / (1 - cfg['rule_discount']):.0f} steps). "
-        "Cells: mean dynamic regret at T; x: the multiple.",
-        "",
-        "| scenario | `ucb1` | `thompson` | SW-UCB at the rule | SW-UCB best | SW-UCB below both at | "
-        "D-TS at the rule | D-TS best | D-TS below both at |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for scenario, t in data["summary"].items():
-        cells = [TITLES.get(scenario, scenario)] + [f"{t['plain'][p]['mean']:.1f}" for p in ("ucb1", "thompson")]
-        for name in ("sliding_window_ucb", "discounted_thompson"):
-            v = t["verdict"][name]
-            below = ", ".join(f"{m:g}x" for m in v["below_both_plain"]) or "none"
-            cells += [f"{v['rule_mean']:.1f}", f"{v['best_mean']:.1f} ({v['best_multiple']:g}x)", below]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def splice(page: str, block: str, tables: str) -> str:
     begin, end = f"<!-- BEGIN {block} (benchmarks/render_bandit_tables.py) -->", f"<!-- END {block} -->"
     if begin not in page or end not in page:
@@ -147,7 +120,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     page = PAGE.read_text()
     new = splice(page, "bandit-tables", render(json.loads(JSON_PATH.read_text())))
-    new = splice(new, "bandit-sweep", render_sweep(json.loads(SWEEP_PATH.read_text())))
     if args.check:
         if new != page:
             print(f"{PAGE} is out of date: run python benchmarks/render_bandit_tables.py", file=sys.stderr)
