@@ -213,7 +213,7 @@ def add_match(traces: Mapping[str, dict[str, Any]], workload: Path = WORKLOAD) -
         return 0
     from transformers import AutoTokenizer
 
-    from flashspec_hf.weights import ensure_model
+    from flashspec_models.weights import ensure_model
 
     tok = AutoTokenizer.from_pretrained(ensure_model(TARGET))
     prompts = {p["id"]: p["prompt"] for p in load_prompts(workload)}
@@ -231,7 +231,7 @@ def load_models(dtype: str) -> tuple[Any, Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from flashspec_hf.weights import ensure_model
+    from flashspec_models.weights import ensure_model
 
     tpath, dpath = ensure_model(TARGET), ensure_model(DRAFT)
     tok = AutoTokenizer.from_pretrained(tpath)

@@ -91,7 +91,7 @@ def say(msg: str) -> None:
 
 def convert(gguf_dir: Path, dest: Path, roles: tuple[str, ...] = ("target", "draft")) -> dict[str, str]:
     """GGUF (Q4_K_M) -> dense bf16 safetensors, once per machine (reloads in about a second)."""
-    from flashspec_hf.weights import KNOWN_MODELS, _convert
+    from flashspec_models.weights import KNOWN_MODELS, _convert
 
     out = {}
     for role, name in MODELS.items():

@@ -46,7 +46,7 @@ prep() {  # here, at the root of a clean checkout
     python3 - "$gguf" "$CHUNK_MIB" <<'EOF'
 import sys
 from pathlib import Path
-from flashspec_hf.weights import KNOWN_MODELS
+from flashspec_models.weights import KNOWN_MODELS
 sys.path.insert(0, "benchmarks")
 from e2e_h200 import MODELS
 

@@ -10,6 +10,7 @@ import torch
 
 from flashspec_fast.model import ModelArgs, Transformer, load_weights, random_weights, read_config, shape_config
 from flashspec_fast.nf4 import quantize_weights
+from flashspec_models.weights import is_model_ref, resolve_model
 
 DTYPES = {"auto": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float32": torch.float32, "float64": torch.float64}
@@ -20,13 +21,12 @@ SHAPE_PREFIX = "shape:"  # "shape:qwen2.5-7b": random weights of that shape (syn
 
 def _model_ref(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
     from flashspec_fast.model import QWEN25_SHAPES
-    from flashspec_hf.weights import KNOWN_MODELS, PREFIX
 
     if value.startswith(SHAPE_PREFIX):
         if value.removeprefix(SHAPE_PREFIX) not in QWEN25_SHAPES:
             raise ValueError(f"{attr.name} {value!r}: known shapes are {', '.join(QWEN25_SHAPES)}")
         return
-    if not (value.removeprefix(PREFIX) in KNOWN_MODELS or Path(value).expanduser().is_dir()):
+    if not is_model_ref(value):
         raise ValueError(f"{attr.name} {value!r} is neither an existing directory nor a known model name")
 
 
@@ -72,8 +72,6 @@ class FastOptions:
 
 def build_model(opts: FastOptions) -> tuple[Transformer, str | None]:
     """Return the model and its checkpoint directory (None for a random ``shape:`` model)."""
-    from flashspec_hf.weights import resolve_model
-
     device = opts.torch_device()
     dtype = opts.torch_dtype(device)
     if opts.model.startswith(SHAPE_PREFIX):

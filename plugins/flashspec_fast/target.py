@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from flashspec_core.text import decode_ids, encode_prompt
 from flashspec_fast.graphs import GraphCache
 from flashspec_fast.model import Transformer
 from flashspec_fast.options import FastOptions, build_model
+from flashspec_models.tokenizer import decode_ids, encode_prompt, load_tokenizer
 
 
 def eos_ids(path: str | None, tokenizer: Any) -> set[int]:
@@ -165,8 +165,6 @@ class FastTarget:
 
 
 def make_target(opts: FastOptions) -> FastTarget:
-    from flashspec_hf.loading import load_tokenizer
-
     model, path = build_model(opts)
     tokenizer = load_tokenizer(path) if path is not None else None
     return FastTarget(model, tokenizer, path, opts)

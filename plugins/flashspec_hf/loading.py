@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
+
+from flashspec_models.tokenizer import load_tokenizer
+from flashspec_models.weights import is_model_ref, resolve_model
 
 DTYPES = {
     "auto": None,
@@ -20,11 +21,9 @@ QUANTIZATIONS = ("none", "nf4")
 
 
 def _model_ref(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
-    from flashspec_hf.weights import KNOWN_MODELS, PREFIX
-
     if not value:
         raise ValueError(f"{attr.name} is required (a directory with a Hugging Face checkpoint, or a known name)")
-    if not (value.removeprefix(PREFIX) in KNOWN_MODELS or Path(value).expanduser().is_dir()):
+    if not is_model_ref(value):
         raise ValueError(f"{attr.name} {value!r} is neither an existing directory nor a known model name")
 
 
@@ -65,8 +64,6 @@ def load_model(opts: ModelOptions) -> tuple[Any, Any]:
     """Return ``(model, tokenizer)``; tokenizer is None when the checkpoint has none."""
     from transformers import AutoModelForCausalLM
 
-    from flashspec_hf.weights import resolve_model
-
     path = resolve_model(opts.model)
     device = opts.torch_device()
     kwargs: dict[str, Any] = {"dtype": _dtype(opts, device), "attn_implementation": opts.attn_implementation}
@@ -79,27 +76,6 @@ def load_model(opts: ModelOptions) -> tuple[Any, Any]:
         model.to(device)  # type: ignore[arg-type]  # transformers types .to oddly; moves in place
     model.eval()
     return model, load_tokenizer(path)
-
-
-_GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
-
-
-def load_tokenizer(path: str) -> Any:
-    """The checkpoint's tokenizer, or None if it has none.
-
-    A checkpoint that declares a generic fast tokenizer gets exactly that:
-    transformers 5's AutoTokenizer would pick the model type's own class instead.
-    """
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    cfg_path = Path(path) / "tokenizer_config.json"
-    try:
-        declared = json.loads(cfg_path.read_text()).get("tokenizer_class") if cfg_path.is_file() else None
-        if declared in _GENERIC_TOKENIZERS:
-            return PreTrainedTokenizerFast.from_pretrained(path)
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, TypeError):
-        return None
 
 
 def _nf4_config(compute_dtype: torch.dtype) -> Any:

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from flashspec_core.text import decode_ids, encode_prompt
 from flashspec_hf.lm import CachedLM
+from flashspec_models.tokenizer import decode_ids, encode_prompt
 
 
 class HFTarget:

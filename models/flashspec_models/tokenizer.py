@@ -1,9 +1,33 @@
-"""Prompt text <-> token ids, shared by every target back-end."""
+"""A checkpoint's tokenizer, and prompt text <-> token ids, shared by every target back-end."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+__all__ = ["decode_ids", "encode_prompt", "load_tokenizer"]
+
+_GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
+
+
+def load_tokenizer(path: str) -> Any:
+    """The checkpoint's tokenizer, or None if it has none.
+
+    A checkpoint that declares a generic fast tokenizer gets exactly that:
+    transformers 5's AutoTokenizer would pick the model type's own class instead.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    cfg_path = Path(path) / "tokenizer_config.json"
+    try:
+        declared = json.loads(cfg_path.read_text()).get("tokenizer_class") if cfg_path.is_file() else None
+        if declared in _GENERIC_TOKENIZERS:
+            return PreTrainedTokenizerFast.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def encode_prompt(tokenizer: Any, prompt: str, chat_template: bool) -> list[int]:
