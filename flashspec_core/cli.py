@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from importlib import resources
+from importlib import metadata, resources
 from pathlib import Path
 from typing import IO, Any
 
@@ -104,10 +103,12 @@ def _plugins(args: argparse.Namespace) -> int:
     return 0
 
 
-DELEGATED = {
-    "bandit-sim": ("flashspec_selectors.sim", "simulate arm selectors on reward environments (no models)"),
-    "bench": ("flashspec_fast.bench", "FlashSpec vs HF generate / compiled / assisted / prompt lookup, one GPU"),
-}
+COMMANDS = "flashspec.commands"  # entry-point group: name = "module:main", main(argv) -> exit status
+
+
+def commands() -> dict[str, metadata.EntryPoint]:
+    """The subcommands installed distributions add (``bench``, ``bandit-sim``), by name; none is imported."""
+    return {ep.name: ep for ep in metadata.entry_points(group=COMMANDS)}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -127,17 +128,18 @@ def parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plugins", help="list every component and the plugin that provides it")
     pl.add_argument("--json", action="store_true")
     pl.set_defaults(run=_plugins)
-    for name, (_module, text) in DELEGATED.items():
-        # Parsed by the delegate itself (see main): listed here for --help.
-        sub.add_parser(name, help=text, add_help=False)
+    for name, ep in commands().items():
+        # Parsed by the command itself (see main): listed here for --help.
+        sub.add_parser(name, help=f"{ep.value} (its own --help)", add_help=False)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv and argv[0] in DELEGATED:  # its own parser sees every option
-            return int(importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:]) or 0)
+        found = commands().get(argv[0]) if argv else None
+        if found is not None:  # its own parser sees every option
+            return int(found.load()(argv[1:]) or 0)
         args = parser().parse_args(argv)
         return int(args.run(args))
     except KeyboardInterrupt:

@@ -10,8 +10,10 @@ import pytest
 import torch
 from _tiny import perturbed_lm, tiny_lm
 
+import flashspec_bench.harness as bench
+from flashspec_bench.harness import Tour, main, prewarm_drafts
+from flashspec_bench.runs import batches, first_divergence, graph_captures, summarize_run
 from flashspec_core.cli import main as cli_main
-from flashspec_fast.bench import batches, first_divergence, graph_captures, main, prewarm_drafts, summarize_run
 from flashspec_fast.graphs import GraphCache
 
 
@@ -109,8 +111,6 @@ def test_helpers() -> None:
 
 
 def test_tour_plays_every_arm_in_runs_of_one_to_four() -> None:
-    from flashspec_fast.bench import Tour
-
     tour, played = Tour(3), []
     for _ in range(3 * (1 + 2 + 3 + 4) + 3):
         played.append(tour.select())
@@ -144,7 +144,6 @@ def test_warm_up_runs_every_batch_and_leaves_the_selector_untrained(
     """The default warm-up covers every batch (no capture lands in a timed run), on copies:
     each timed repeat's selector starts untrained and sees exactly that repeat's steps;
     rows carry their repeat, and the summary gives tokens/s per repeat."""
-    import flashspec_fast.bench as bench
     from flashspec_core.build import build_pipeline
 
     assert bench.warm_groups([[0], [1], [2]], -1) == [[0], [1], [2]] and bench.warm_groups([[0], [1]], 1) == [[0]]
@@ -154,7 +153,7 @@ def test_warm_up_runs_every_batch_and_leaves_the_selector_untrained(
     assert args.warmup == -1
     args.systems = ["flashspec"]
     pipe = build_pipeline(bench.load_config_dict(args.config, args.dtype, args.fuse, args.quantization))
-    prompts = [pipe._encode(p) for p in ("t1 t2 t3 t4 t1 t2", "t5 t6", "t7 t8 t9 t1 t2 t3")]
+    prompts = [pipe.target.encode(p) for p in ("t1 t2 t3 t4 t1 t2", "t5 t6", "t7 t8 t9 t1 t2 t3")]
     real, seen = bench.run_pipeline, []
 
     def spy(pipeline: Any, *a: Any) -> dict[str, Any]:
@@ -187,8 +186,7 @@ def test_warm_up_runs_every_batch_and_leaves_the_selector_untrained(
 
 
 def _bandit_and_target_only(setup: dict[str, Path], out: str, repeats: int) -> tuple[Any, Any, Any]:
-    """The bench module, its args (target-only and the config's bandit, no fixed arms) and the pipeline."""
-    import flashspec_fast.bench as bench
+    """The harness module, its args (target-only and the config's bandit, no fixed arms) and the pipeline."""
     from flashspec_core.build import build_pipeline
 
     args = bench.parser().parse_args(["--workload", str(setup["workload"]), "--config", str(setup["config"]),
@@ -223,7 +221,6 @@ def test_first_arm_runs_in_every_system_but_target_only(
 ) -> None:
     """[selector] first stays on for the fixed arms and the bandits (a fixed arm is then "the
     first arm, else this one") and is off for target-only, whose one arm is plain decoding."""
-    import flashspec_fast.bench as bench
     from flashspec_core.build import build_pipeline
 
     text = setup["config"].read_text().replace('name = "lookup"\n', 'name = "lookup"\nmin_ngram = 2\nfill = false\n'
@@ -244,7 +241,7 @@ def test_first_arm_runs_in_every_system_but_target_only(
 
     monkeypatch.setattr(bench, "run_pipeline", spy)
     runs: dict[str, dict] = {}
-    prompts = [pipe._encode(p) for p in ("t1 t2 t3 t4 t1 t2", "t5 t6", "t7 t8 t9 t1 t2 t3")]
+    prompts = [pipe.target.encode(p) for p in ("t1 t2 t3 t4 t1 t2", "t5 t6", "t7 t8 t9 t1 t2 t3")]
     bench.flashspec_runs(pipe, prompts, batches(3, 1), args, ["code", "prose", "code"],
                          lambda n, r: runs.__setitem__(n, r))
     assert set(runs) == {"target_only", "fixed:draft-g3", "fixed:lookup", "bandit:UCB1"}

@@ -1,4 +1,4 @@
-"""Bandit simulator for the arm selectors (``flashspec bandit-sim``).
+"""Bandit simulator for the arm selectors (``flashspec bandit-sim``, ``benchmarks/bandit_sim.py``).
 
 Each environment gives, for every step ``t`` and arm ``k``, the expected value
 ``mu_k(t)`` of the quantity we want to maximise, and draws the random outcomes a
@@ -39,11 +39,11 @@ from typing import Any, Protocol
 
 import attrs
 import numpy as np
+from scipy.special import rel_entr
 
 from flashspec_core import ArmSelector, ComponentSpec
 from flashspec_core.rewards import ThroughputReward
 from flashspec_selectors.plugin import selector_specs
-from flashspec_selectors.selectors import _kl_bernoulli
 
 SelectorFactory = Callable[[int], ArmSelector]  # seed -> fresh selector
 DEFAULT_SELECTORS = ("ucb1", "thompson", "sliding_window_ucb", "discounted_thompson")
@@ -220,7 +220,8 @@ def thompson_bound_leading(means: Sequence[float], horizon: int) -> float:
     asymptotically optimal."""
     best = max(means)
     worse = np.array([m for m in means if best - m > 0], dtype=np.float64)  # [k] suboptimal means
-    return float(np.sum((best - worse) * math.log(horizon) / _kl_bernoulli(worse, np.full_like(worse, best))))
+    kl = rel_entr(worse, best) + rel_entr(1 - worse, 1 - best)  # Bernoulli kl(mu_k, mu*)
+    return float(np.sum((best - worse) * math.log(horizon) / kl))
 
 
 def play(selector: ArmSelector, env: Env, outcomes: Outcomes) -> np.ndarray:

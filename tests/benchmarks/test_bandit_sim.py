@@ -1,4 +1,4 @@
-"""flashspec_selectors.sim: environments, regret accounting and the bandit-sim CLI."""
+"""flashspec_bench.simulation and .scenarios: environments, regret accounting and the bandit-sim CLI."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flashspec_selectors.sim import (
+from flashspec_bench import scenarios
+from flashspec_bench.simulation import (
     PiecewiseBernoulli,
     SpecDecodeArms,
     expected_accepted,
@@ -173,36 +174,22 @@ def test_committed_results_have_the_promised_shape() -> None:
         assert len(data["scenarios"]["stationary"]["selectors"][name]["final_regret"]) >= 20
 
 
-def test_docs_tables_match_the_committed_json() -> None:
-    import subprocess
-    import sys
-
-    script = ROOT / "benchmarks" / "render_bandit_tables.py"
-    done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-
-
 def test_committed_nonstationary_goal_follows_from_the_tables() -> None:
-    """``summary.nonstationary_goal`` is what bandit_sim.verdict gives on the committed
+    """``summary.nonstationary_goal`` is what scenarios.verdict gives on the committed
     per-selector numbers of each changing scenario; and the verdict names a forgetting
     selector only when its mean is below both plain selectors'."""
-    from _scripts import load_benchmark
-
-    bandit_sim = load_benchmark("bandit_sim")
     data = json.loads((ROOT / "docs" / "benchmarks" / "bandit-sim.json").read_text())
     goal = data["summary"]["nonstationary_goal"]
     assert set(goal) == {"switch_at_half", "four_phase", "drifting", "best_arm_degrades", "domain_shift"}
     for scenario, v in goal.items():
         per = {k: {"mean": e["mean"], "ci95": e["ci95"]} for k, e in data["scenarios"][scenario]["selectors"].items()}
-        assert v == bandit_sim.verdict(per)
+        assert v == scenarios.verdict(per)
         for name in v["below_both_plain"]:
             assert per[name]["mean"] < min(per["ucb1"]["mean"], per["thompson"]["mean"])
 
 
 def test_verdict_separates_only_on_disjoint_intervals() -> None:
-    from _scripts import load_benchmark
-
-    verdict = load_benchmark("bandit_sim").verdict
+    verdict = scenarios.verdict
     per = {
         "ucb1": {"mean": 100.0, "ci95": [90.0, 110.0]},
         "thompson": {"mean": 500.0, "ci95": [400.0, 600.0]},

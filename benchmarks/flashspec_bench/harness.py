@@ -1,0 +1,410 @@
+"""``flashspec bench``: FlashSpec against Hugging Face baselines, same GPU, same prompts.
+
+Systems (each is optional, see ``--systems``):
+
+* ``flashspec``     (a) speculative decoding: every arm of the config as a fixed arm, then the
+  config's selector (the bandit) over all arms;
+* ``target_only``   (b) the same pipeline with only the gamma = 0 arm (same fast path);
+* ``hf_eager``, ``hf_compiled``, ``hf_assisted``, ``hf_lookup``: :mod:`flashspec_bench.baselines`.
+
+Everything measured goes to ``<out>/bench.json``: provenance, the config, per-request rows
+(tokens, wall time) and per-step rows (arm, accepted, draft/target/verify device times, host
+time), then a ``summary``. Plots go next to it when matplotlib exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import math
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from flashspec_bench.baselines import HF_SYSTEMS, hf_runs
+from flashspec_bench.floors import copy_bandwidth, floors, synthetic_scaling
+from flashspec_bench.provenance import logger, provenance
+from flashspec_bench.runs import Always, batches, first_divergence, headline, run_pipeline, summarize_run
+
+SYSTEMS = ("flashspec", "target_only", *HF_SYSTEMS)
+Record = Callable[[str, dict[str, Any]], None]  # (system, run) -> None: stores a finished run
+say = logger("bench")
+
+
+def read_workload(path: Path) -> list[dict[str, str]]:
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            row = json.loads(line)
+            if not isinstance(row.get("prompt"), str):
+                raise ValueError(f"{path}:{n}: each line needs a string 'prompt'")
+            rows.append({"prompt": row["prompt"], "domain": str(row.get("domain", "unknown"))})
+    if not rows:
+        raise ValueError(f"{path}: no prompts")
+    return rows
+
+
+def interleave(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Round-robin over the domains, each keeping its own order (a domain-shifting stream)."""
+    queues: dict[str, list[dict[str, str]]] = {}
+    for r in rows:
+        queues.setdefault(r["domain"], []).append(r)
+    out: list[dict[str, str]] = []
+    while any(queues.values()):
+        out += [q.pop(0) for q in queues.values() if q]
+    return out
+
+
+class Tour:
+    """The bandits' warm-up selector: every arm in turn, each for 1 step, then each for 2 in a
+    row, 3, 4, and again. A bandit's timed run may pick any arm at any point, and a draft that
+    sat out some steps catches up with a wider forward; the tour makes every arm meet every
+    batch's attention spans and the draft meet both short and long catch-ups, so that their
+    CUDA graphs are captured before the clock starts."""
+
+    def __init__(self, num_arms: int) -> None:
+        self.num_arms, self.t, self.arm, self.run, self.left = num_arms, 0, 0, 1, 1
+
+    def select(self) -> int:
+        return self.arm
+
+    def update(self, arm: int, reward: float) -> None:
+        self.t += 1
+        self.left -= 1
+        if self.left == 0:
+            self.arm = (self.arm + 1) % self.num_arms
+            if self.arm == 0:
+                self.run = self.run % 4 + 1
+            self.left = self.run
+
+
+def plan_systems(pipeline: Any, args: argparse.Namespace) -> list[tuple[str, list[Any], Any]]:
+    """(name, arms, selector) of every FlashSpec system the bench times."""
+    from flashspec_core.pipeline import Arm, NoDraft
+
+    arms, plan = list(pipeline.arms), []
+    if "target_only" in args.systems:
+        plan.append(("target_only", [Arm(name="none", provider=NoDraft(), gamma=0)], Always(0, 1)))
+    if "flashspec" in args.systems:
+        if not args.no_fixed_arms:  # every arm, fallback-only ones (select = false) too
+            every = [attrs.evolve(a, selectable=True) for a in arms]
+            plan += [(f"fixed:{a.name}", every, Always(i, len(every))) for i, a in enumerate(every) if a.gamma > 0]
+        plan.append((f"bandit:{type(pipeline.selector).__name__}", arms, pipeline.selector))
+        plan += [(f"bandit:{name}", arms, make_selector(name, len(pipeline.choices))) for name in args.selectors]
+    return plan
+
+
+def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[int]], args: argparse.Namespace,
+                   domains: list[str], record: Record) -> dict[str, Any]:
+    """Warm every system up, then time ``args.repeats`` repeats; returns the draft prewarm's record."""
+    arms, selector = list(pipeline.arms), pipeline.selector
+    prewarm = prewarm_drafts(pipeline, groups, args)
+    reward, limit, first = pipeline.reward, pipeline.speculate_max_batch, pipeline.first
+    timed: list[tuple[str, list[Any], Any, int | None, int | None, list[dict[str, Any]]]] = []
+    for name, use_arms, sel in plan_systems(pipeline, args):  # every system warms up before any is timed
+        # A fixed arm runs at every batch size (what the arm itself costs); the bandits keep the
+        # config's batch limit, which then shows as the arm "batch_limit" in their steps.
+        pipeline.speculate_max_batch = own_limit = limit if name.startswith("bandit:") else None
+        pipeline.first = own_first = None if name == "target_only" else first  # [selector] first: all but plain
+        # Warm-up on copies of the reward's running state, and for the bandits a tour of their arms
+        # instead of their selector: the timed run starts untrained, with every arm's shapes captured.
+        pipeline.arms = use_arms
+        warm = Tour(len(pipeline.choices)) if name.startswith("bandit:") else copy.deepcopy(sel)
+        pipeline.selector, pipeline.reward = warm, copy.deepcopy(reward)
+        say(f"{name}: warm-up")
+        run_pipeline(pipeline, prompts, warm_groups(groups, args.warmup), args, domains)
+        timed.append((name, use_arms, sel, own_limit, own_first, []))
+    for rep in range(args.repeats):
+        # Systems take turns batch by batch, and the system that goes first rotates with the
+        # batch and the repeat: a drift within the run (clocks, heat, allocator) then weighs on
+        # every system alike. Every repeat starts from the untrained selector and reward:
+        # repeats are independent runs; within a repeat each system keeps its own selector.
+        state = {name: (copy.deepcopy(sel), copy.deepcopy(reward)) for name, _, sel, *_ in timed}
+        parts: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in timed}
+        for j, group in enumerate(groups):
+            turn = (rep + j) % len(timed)
+            for name, use_arms, _, own_limit, own_first, _ in timed[turn:] + timed[:turn]:
+                pipeline.arms, (pipeline.selector, pipeline.reward) = use_arms, state[name]
+                pipeline.speculate_max_batch, pipeline.first = own_limit, own_first
+                parts[name].append(run_pipeline(pipeline, prompts, [group], args, domains))
+        for name, *_, runs in timed:
+            run = {"requests": [r for p in parts[name] for r in p["requests"]],
+                   "steps": [s for p in parts[name] for s in p["steps"]]}
+            for row in (*run["requests"], *run["steps"]):
+                row["repeat"] = rep
+            runs.append(run)
+            record(name, {"requests": [r for x in runs for r in x["requests"]],
+                          "steps": [s for x in runs for s in x["steps"]]})
+    pipeline.arms, pipeline.selector, pipeline.reward = arms, selector, reward
+    pipeline.speculate_max_batch, pipeline.first = limit, first
+    return prewarm
+
+
+def prewarm_drafts(pipeline: Any, groups: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
+    """Every graph each draft arm can ask for at the run's batch sizes, captured before any
+    system runs (``FastDraft.prewarm``; ``--no-prewarm`` leaves them to the warm-up, which
+    alone left captures inside timed batches)."""
+    from flashspec_core import SamplingParams
+
+    if args.no_prewarm:
+        return {"ran": False}
+    sampling = SamplingParams(temperature=args.temperature)  # as run_pipeline's generate()
+    sizes = sorted({len(g) for g in groups}, reverse=True)  # the largest allocates the cache once
+    t0, keys = time.perf_counter(), 0
+    for arm in pipeline.arms:
+        if hasattr(arm.provider, "prewarm") and arm.gamma > 0:
+            for size in sizes:
+                keys += arm.provider.prewarm(size, arm.gamma, sampling)
+    seconds = time.perf_counter() - t0
+    if keys:
+        say(f"draft graphs prewarmed: {keys} in {seconds:.1f} s")
+    return {"ran": True, "keys": keys, "seconds": seconds}
+
+
+def warm_groups(groups: list[list[int]], warmup: int) -> list[list[int]]:
+    """The batches run untimed before a system is timed: all of them for ``warmup < 0``, so
+    that every shape the system meets is captured and compiled before its clock starts."""
+    return groups if warmup < 0 else groups[:warmup]
+
+
+def make_selector(name: str, arms: int) -> Any:
+    """A registered selector with its default config (``--selectors``: bandits besides the config's)."""
+    from flashspec_core.registry import build_registry
+
+    spec = build_registry().get("selector", name)
+    return spec.factory(spec.default_config(), arms)
+
+
+def divergences(pipeline: Any, prompts: list[list[int]], spec: dict[str, Any], plain: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per prompt: where speculative and target-only greedy tokens first differ, and the
+    target's top-2 logit gap there (on the target-only prefix), next to bf16's spacing."""
+    model = pipeline.target.model
+    out = []
+    plain_by = {r["prompt"]: r["tokens"] for r in plain["requests"]}
+    for r in spec["requests"]:
+        want = plain_by.get(r["prompt"])
+        if want is None or len(r["batch"]) != 1:
+            continue
+        at = first_divergence(r["tokens"], want)
+        row: dict[str, Any] = {"prompt": r["prompt"], "first_divergence": at}
+        if at is not None and at < min(len(want), len(r["tokens"])):
+            seq = torch.tensor(prompts[r["prompt"]] + want[:at])[None].to(model.device)
+            model.allocate(1)
+            pos = torch.arange(seq.shape[1], device=model.device)[None]
+            top = torch.topk(model.forward(seq, pos, pos, last_only=True)[0, -1].float(), 2).values
+            row["top2_gap"] = float(top[0] - top[1])
+            row["bf16_spacing"] = float(2.0 ** (math.floor(math.log2(abs(float(top[0])) or 1.0)) - 7))
+        out.append(row)
+    return out
+
+
+def exactness(args: argparse.Namespace, data: dict[str, Any], prompts: list[list[int]], domains: list[str]) -> dict[str, Any]:
+    """float32, TF32 off: greedy speculative (bandit over every arm) vs target-only, token for token."""
+    from flashspec_core.build import build_pipeline
+
+    say("exactness: float32, TF32 off")
+    # The bf16 runs filled dynamo's per-function cache (the fused ops compile with fullgraph=True); float32 inputs
+    # would recompile each of them past the limit, so start from an empty cache.
+    torch._dynamo.reset()
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        pipe = build_pipeline(load_config_dict(args.config, "float32", False))
+        eargs = argparse.Namespace(**{**vars(args), "temperature": 0.0, "systems": ["flashspec", "target_only"],
+                                      "warmup": 0, "repeats": 1, "no_fixed_arms": True, "selectors": []})
+        runs: dict[str, Any] = {}
+        flashspec_runs(pipe, prompts, batches(len(prompts), 1), eargs, domains, runs.__setitem__)
+        plain = {r["prompt"]: r["tokens"] for r in runs.pop("target_only")["requests"]}
+        (name, spec), = runs.items()
+        rows = [{"prompt": r["prompt"], "identical": r["tokens"] == plain[r["prompt"]],
+                 "first_divergence": first_divergence(r["tokens"], plain[r["prompt"]])} for r in spec["requests"]]
+        del pipe
+        gc.collect()
+        return {"dtype": "float32", "tf32": False, "system": name, "prompts": rows,
+                "greedy_identical": all(r["identical"] for r in rows)}
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="flashspec bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", type=Path, required=True, help="JSONL: {'prompt': ..., 'domain': ...} per line")
+    p.add_argument("--config", type=Path, required=True, help="FlashSpec pipeline TOML (its arms and selector)")
+    p.add_argument("--out", type=Path, required=True, help="output folder (bench.json and plots)")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--no-prewarm", action="store_true",
+                   help="do not capture the drafts' graphs before the warm-up (FastDraft.prewarm)")
+    p.add_argument("--warmup", type=int, default=-1,
+                   help="batches run untimed before timing, per system (-1: all of them, so no capture or compile "
+                        "of a new shape lands in a timed run; a bandit warms up on a tour of its arms, not its own "
+                        "choices, and is timed untrained)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="timed runs per system, after every system has warmed up; within a repeat the systems "
+                        "take turns batch by batch and who goes first rotates with the batch and the repeat")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prompts", type=int, default=0, help="use only the first N prompts (0 = all)")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list from {','.join(SYSTEMS)}")
+    p.add_argument("--hf-prompts", type=int, default=0, help="HF baselines on the first N prompts only (0 = all)")
+    p.add_argument("--selectors", type=lambda v: [x for x in v.split(",") if x], default=[],
+                   help="comma list of more registered selectors to run as bandits (default configs)")
+    p.add_argument("--no-fixed-arms", action="store_true", help="skip the fixed-arm runs (bandit only)")
+    p.add_argument("--assistant-tokens", type=int, default=5, help="num_assistant_tokens for hf_assisted")
+    p.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for hf_lookup")
+    p.add_argument("--dtype", default=None, help="override the dtype of every fast model (e.g. float32)")
+    p.add_argument("--order", default="file", choices=["file", "interleaved"],
+                   help="serve the prompts in file order, or round-robin over their domains")
+    p.add_argument("--quantization", default=None, choices=["none", "nf4"],
+                   help="override the quantization of every fast model (nf4 needs bitsandbytes)")
+    p.add_argument("--fuse", action="store_true", help="Inductor-fuse elementwise ops in fast models")
+    p.add_argument("--exactness", type=int, default=0, metavar="N",
+                   help="also run (a) and (b) in float32 with TF32 off on N prompts and compare tokens")
+    p.add_argument("--synthetic-shapes", type=lambda s: [x for x in s.split(",") if x], default=[],
+                   help="LABELLED SYNTHETIC scaling: e.g. qwen2.5-7b,qwen2.5-14b,qwen2.5-32b")
+    p.add_argument("--synthetic-acceptance", type=lambda s: [float(x) for x in s.split(",")], default=[0.6, 0.8])
+    p.add_argument("--synthetic-gammas", type=lambda s: [int(x) for x in s.split(",")], default=[4])
+    p.add_argument("--synthetic-tokens", type=int, default=96)
+    p.add_argument("--deadline", type=float, default=0.0, help="seconds; later sections are skipped past it")
+    p.add_argument("--commit", default=None, help="the measured commit, where the checkout has no git")
+    return p
+
+
+def load_config_dict(path: Path, dtype: str | None, fuse: bool, quantization: str | None = None) -> dict[str, Any]:
+    data = tomllib.loads(path.read_text())
+    for table in [data.get("target", {}), *data.get("arm", [])]:
+        if table.get("use") == "fast":
+            table.update({k: v for k, v in (("dtype", dtype), ("quantization", quantization), ("fuse", fuse)) if v})
+            if isinstance(table.get("model"), str) and not Path(table["model"]).is_absolute():
+                candidate = path.parent / table["model"]
+                table["model"] = str(candidate) if candidate.is_dir() else table["model"]
+    return data
+
+
+def model_paths(data: dict[str, Any]) -> dict[str, str | None]:
+    from flashspec_models.weights import resolve_model
+
+    draft = next((a.get("model") for a in data.get("arm", []) if a.get("use") in ("fast", "hf")), None)
+    return {"target": resolve_model(data["target"]["model"]), "draft": resolve_model(draft) if draft else None}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(argv[1:] if argv[:1] == ["--"] else argv)  # `flashspec bench -- --workload ...`
+    args.systems = [s for s in args.systems.split(",") if s]
+    unknown = set(args.systems) - set(SYSTEMS)
+    if unknown:
+        raise ValueError(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
+    start = time.perf_counter()
+    deadline = start + args.deadline if args.deadline > 0 else math.inf
+    args.out.mkdir(parents=True, exist_ok=True)
+    workload = read_workload(args.workload)
+    workload = (interleave(workload) if args.order == "interleaved" else workload)[: args.prompts or None]
+    result: dict[str, Any] = {"environment": provenance("flashspec bench", args.commit),
+                              "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                              "config": args.config.read_text(), "workload": workload, "runs": {}, "summaries": {}}
+    out_file = args.out / "bench.json"
+
+    def record(name: str, run: dict[str, Any]) -> None:
+        result["runs"][name] = run
+        result["summaries"][name] = s = summarize_run(run) if run["requests"] else {"error": run.get("error")}
+        if s.get("tokens_per_s"):
+            say(f"{name}: {s['tokens_per_s']:.1f} tokens/s" + (f", mean accepted length {s['mean_accepted_length']:.2f}"
+                                                                if "mean_accepted_length" in s else ""))
+        out_file.write_text(json.dumps(result))  # partial results survive a later failure
+
+    only_synthetic = not args.systems and args.synthetic_shapes  # random-weight shapes: no real model is loaded
+    if only_synthetic:
+        result["bandwidth_bytes_per_s"] = copy_bandwidth(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    else:
+        measure(args, result, workload, record, deadline)
+    if args.synthetic_shapes:
+        result["synthetic_scaling"] = synthetic_scaling(args, record, result["bandwidth_bytes_per_s"], deadline)
+    result["summary"] = {"synthetic_scaling": result["synthetic_scaling"]} if only_synthetic else headline(result, args)
+    result["wall_s"] = time.perf_counter() - start
+    out_file.write_text(json.dumps(result, indent=1))
+    say(f"wrote {out_file}")
+    if not only_synthetic:
+        plots(result, args.out)
+    print(json.dumps(result["summary"], indent=2))
+    return 0
+
+
+def measure(args: argparse.Namespace, result: dict[str, Any], workload: list[dict[str, str]], record: Record,
+            deadline: float) -> None:
+    """The FlashSpec systems, the bf16 divergences, the float32 exactness check, the HF baselines."""
+    from flashspec_core.build import build_pipeline
+
+    data = load_config_dict(args.config, args.dtype, args.fuse, args.quantization)
+    say(f"building pipeline from {args.config}")
+    pipeline = build_pipeline(data, progress=say)
+    prompts = [pipeline.target.encode(w["prompt"]) for w in workload]
+    domains = [w["domain"] for w in workload]
+    result["bandwidth_bytes_per_s"] = bw = copy_bandwidth(pipeline.target.device)
+    result["draft_prewarm"] = flashspec_runs(pipeline, prompts, batches(len(prompts), args.batch_size), args, domains,
+                                             record)
+    result["floor"] = floors(pipeline, args.batch_size, bw)
+    if args.temperature == 0 and "target_only" in result["runs"]:
+        plain = result["runs"]["target_only"]
+        result["bf16_divergence"] = {name: divergences(pipeline, prompts, run, plain)
+                                     for name, run in result["runs"].items() if name.startswith(("fixed", "bandit"))}
+    paths, eos = model_paths(data), pipeline.target.eos_token_ids
+    if args.exactness and time.perf_counter() < deadline:
+        result["exactness"] = exactness(args, data, prompts[: args.exactness], domains)
+    del pipeline
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    if any(s in HF_SYSTEMS for s in args.systems):
+        hf_runs(paths, prompts, domains, eos, args, record, deadline)
+
+
+def plots(result: dict[str, Any], out: Path) -> None:
+    """tokens_per_s.png, acceptance_by_position.png and step_breakdown.png beside bench.json."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        say("matplotlib not installed: no plots")
+        return
+    s = {n: v for n, v in result["summaries"].items() if v.get("tokens_per_s") and not n.startswith("synthetic")}
+    fig, ax = plt.subplots(figsize=(8, 0.4 * len(s) + 1.5))
+    ax.barh(list(s), [v["tokens_per_s"] for v in s.values()])
+    ax.set(xlabel="tokens/s", title=f"{result['environment']['device']}: tokens/s by system")
+    fig.tight_layout()
+    fig.savefig(out / "tokens_per_s.png", dpi=100)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, v in s.items():
+        for arm, a in (v.get("arms") or {}).items():
+            if a["acceptance_by_position"] and name.startswith("fixed"):
+                ax.plot(range(1, len(a["acceptance_by_position"]) + 1), a["acceptance_by_position"], marker="o", label=arm)
+    ax.set(xlabel="draft position", ylabel="P(accepted at or beyond)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "acceptance_by_position.png", dpi=100)
+    fig, ax = plt.subplots(figsize=(8, 0.4 * len(s) + 1.5))
+    names = [n for n in s if s[n].get("breakdown_ms")]
+    left = [0.0] * len(names)
+    for part in ("draft_ms", "target_ms", "verify_ms", "host_ms"):
+        vals = [s[n]["breakdown_ms"][part] for n in names]
+        ax.barh(names, vals, left=left, label=part.removesuffix("_ms"))
+        left = [a + b for a, b in zip(left, vals, strict=True)]
+    ax.set_xlabel("ms per step (mean)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "step_breakdown.png", dpi=100)
+    plt.close("all")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
