@@ -16,7 +16,7 @@ copy bandwidth, and per shape the median times of
 * ``triton_ms`` / ``triton_exact_ms``: a whole ``TritonVerifier.verify`` step as the
   engine calls it (noise, the kernels, output allocation), philox and exact noise; the
   logits stay at one address, as the fast target's output buffer does, so from the second
-  call on the step replays a pinned graph (:mod:`flashspec_kernels.stepgraphs`);
+  call on the step replays a pinned graph (:mod:`flashspec_triton.stepgraphs`);
 * ``triton_unpinned_ms``: the same step with ``graph_pin = false`` (a graph over copies of
   the inputs up to ``graph_max_bytes``, direct launches above);
 * ``triton_direct_ms``: the same step with ``graph_max_bytes = 0`` (always direct);
@@ -55,8 +55,8 @@ from flashspec_core import sampling  # noqa: E402
 from flashspec_core.contracts import SamplingParams  # noqa: E402
 from flashspec_core.sampling import Noise, verify_random  # noqa: E402
 from flashspec_kernels import verify as ops  # noqa: E402
-from flashspec_kernels.plugin import TritonVerifier, TritonVerifierConfig  # noqa: E402
 from flashspec_reference.plugin import ReferenceVerifier  # noqa: E402
+from flashspec_triton.plugin import TritonVerifier, TritonVerifierConfig  # noqa: E402
 
 DEV = torch.device("cuda")
 T0 = time.time()

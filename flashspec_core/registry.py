@@ -26,7 +26,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "flashspec_selectors.plugin",
     "flashspec_hf.plugin",
     "flashspec_lookup.plugin",
-    "flashspec_kernels.plugin",
+    "flashspec_triton.plugin",
     "flashspec_fast.plugin",
 )
 ENTRY_POINT_GROUP = "flashspec"

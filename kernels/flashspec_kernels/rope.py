@@ -91,3 +91,19 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache:
             HALF_PAD=triton.next_power_of_2(hd // 2), UPCAST=qkv.dtype in (torch.float16, torch.bfloat16),
         )
     return q
+
+
+def rope_store_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                   v_cache: torch.Tensor, slots: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
+    """The same in plain torch, for tests: HF's ``x * cos + rotate_half(x) * sin`` in the input's
+    precision, then the writes at ``slots``. The fast back-end's torch path
+    (:func:`flashspec_fast.model.rope_store`) is this computation."""
+    batch, width, _, hd = qkv.shape
+    half = hd // 2
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    k_cache[slots] = rotate(qkv[:, :, heads : heads + kv_heads]).reshape(batch * width, -1)
+    v_cache[slots] = qkv[:, :, heads + kv_heads :].reshape(batch * width, -1)
+    return rotate(qkv[:, :, :heads])

@@ -82,7 +82,7 @@ exponentials in-kernel (``tl.randint4x``) from a device ``int64[2]`` state
 increments the counter, so a caller that keeps
 one state gets fresh noise on every call and CUDA-graph replay without the host knowing
 the counter (the ``triton`` verifier instead draws a new state from the step's generator
-each call: see :mod:`flashspec_kernels.plugin`).
+each call: see :mod:`flashspec_triton.plugin`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""The rotary + cache-store kernel against the model's torch version (Triton's interpreter on CPU)."""
+"""The rotary + cache-store kernel against its plain-torch reference (Triton's interpreter on CPU)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from flashspec_fast.model import rope_store as torch_rope_store
-from flashspec_kernels.rope import rope_store
+from flashspec_fast.model import rope_store as model_rope_store
+from flashspec_kernels.rope import rope_store, rope_store_ref
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # exact where both compute in the input's precision (float32 only on CPU: below); 16-bit: the kernel rounds once
@@ -31,7 +31,7 @@ def test_matches_the_torch_rotation_and_store(dtype: torch.dtype, batch: int, wi
     qkv, cos, sin, slots, rows = case(batch, width, heads, kv, hd, dtype)
     caches = [torch.full((rows, kv * hd), 7.0, dtype=dtype, device=DEV) for _ in range(4)]
     got = rope_store(qkv, cos, sin, caches[0], caches[1], slots, heads, kv)
-    want = torch_rope_store(qkv, cos, sin, caches[2], caches[3], slots, heads, kv)
+    want = rope_store_ref(qkv, cos, sin, caches[2], caches[3], slots, heads, kv)
     # float32 on the GPU: the compiler contracts x1 * c1 - x2 * s1 into FMAs (one rounding where eager
     # torch has two), measured on the H200 at d551e61 as the only failures; within an ulp or two
     exact = dtype == torch.float64 or (dtype == torch.float32 and DEV == "cpu")
@@ -44,6 +44,17 @@ def test_matches_the_torch_rotation_and_store(dtype: torch.dtype, batch: int, wi
     untouched = torch.ones(rows, dtype=torch.bool, device=DEV)
     untouched[slots] = False
     assert (caches[0][untouched] == 7.0).all() and (caches[1][untouched] == 7.0).all()  # only the step's slots
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_the_fast_models_torch_path_is_the_reference(dtype: torch.dtype) -> None:
+    """Where the kernel is off, the fast back-end rotates and stores with the reference's bits."""
+    qkv, cos, sin, slots, rows = case(3, 5, 12, 2, 128, dtype, seed=1)
+    caches = [torch.full((rows, 2 * 128), 7.0, dtype=dtype, device=DEV) for _ in range(4)]
+    got = model_rope_store(qkv, cos, sin, caches[0], caches[1], slots, 12, 2)
+    want = rope_store_ref(qkv, cos, sin, caches[2], caches[3], slots, 12, 2)
+    for a, b in ((got, want), (caches[0], caches[2]), (caches[1], caches[3])):
+        assert torch.equal(a, b)
 
 
 def test_a_token_gets_the_same_bits_in_any_forward() -> None:

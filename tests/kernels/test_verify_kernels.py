@@ -1,4 +1,5 @@
-"""Triton verify kernels against the plain-torch reference (flashspec_core.sampling).
+"""Triton verify kernels against the plain-torch reference (flashspec_core.sampling), and the
+``triton`` verifier plugin that wraps them (flashspec_triton).
 
 Without a GPU these run in Triton's interpreter (tests/conftest.py sets
 TRITON_INTERPRET=1), where the launcher tiles many rows per program (ROWS) and trims
@@ -17,7 +18,7 @@ triton = pytest.importorskip("triton")
 from flashspec_core.contracts import SamplingParams  # noqa: E402
 from flashspec_core.sampling import Noise  # noqa: E402
 from flashspec_kernels import verify as ops  # noqa: E402
-from flashspec_kernels.plugin import TritonVerifier, TritonVerifierConfig  # noqa: E402
+from flashspec_triton.plugin import TritonVerifier, TritonVerifierConfig  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # the interpreter evaluates log(0) (q = 0, u = 0) with numpy, which warns; -inf is intended
@@ -298,7 +299,7 @@ def test_bad_shapes_are_refused() -> None:
 
 
 def test_plugin_registers_and_verifies(small_blocks) -> None:
-    from flashspec_kernels import plugin
+    from flashspec_triton import plugin
 
     (spec,) = plugin.flashspec_verifiers()
     assert spec.name == "triton" and spec.kind == "verifier" and spec.config_cls is TritonVerifierConfig
@@ -392,8 +393,7 @@ def test_gpu_launch_shapes(small_blocks, monkeypatch: pytest.MonkeyPatch, dtype:
 
 def test_step_graphs_threshold_is_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     """CUDA steps replay a graph when their logits take at most graph_max_bytes; CPU never."""
-    from flashspec_kernels.plugin import TritonVerifierConfig
-    from flashspec_kernels.stepgraphs import StepGraphs
+    from flashspec_triton.stepgraphs import StepGraphs
 
     class Logits:  # what wanted() reads of a CUDA tensor
         is_cuda = True
@@ -423,7 +423,7 @@ def test_step_graphs_pin_by_address(monkeypatch: pytest.MonkeyPatch) -> None:
     step on the captured tensors, as a CUDA graph re-reads the captured addresses."""
     from flashspec_core.contracts import Verdict
     from flashspec_core.sampling import verify_greedy
-    from flashspec_kernels import stepgraphs
+    from flashspec_triton import stepgraphs
 
     class FakeGraph:
         def __init__(self, step, args, out: Verdict) -> None:

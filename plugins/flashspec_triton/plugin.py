@@ -15,7 +15,7 @@ exactly as the reference verifier does (one ``[B, V]`` float32 exponential tenso
 step, which the race then reads) and so emits the reference's tokens.
 
 On CUDA, steps replay a captured graph of the kernels instead of launching them from Python
-(:mod:`flashspec_kernels.stepgraphs`): without copying the logits once they come back at an
+(:mod:`flashspec_triton.stepgraphs`): without copying the logits once they come back at an
 address seen before (``graph_pin``, as the fast target's static output buffer does), or over
 copies of the inputs when the logits take up to ``graph_max_bytes`` bytes.
 """
@@ -30,6 +30,7 @@ import torch
 
 from flashspec_core import ComponentSpec, SamplingParams, Verdict, Verifier, hookimpl
 from flashspec_core.sampling import Noise
+from flashspec_triton.stepgraphs import StepGraphs
 
 
 @attrs.frozen
@@ -55,7 +56,6 @@ class TritonVerifier:
 
     def __init__(self, config: TritonVerifierConfig, device: torch.device | str | None = None) -> None:
         from flashspec_kernels import verify as ops  # triton is imported here, not at plugin load
-        from flashspec_kernels.stepgraphs import StepGraphs
 
         self._ops = ops
         self.config = config
