@@ -4,6 +4,13 @@ Drafting and verifying meet only through :class:`Draft` and :class:`Verdict`; th
 decode loop talks to each component through the protocols below, never through a
 pluggy call (hooks are for discovery and observation only).
 
+A component may also offer an optional *capability*: a small runtime-checkable
+protocol below (:class:`RequestAware`, :class:`DeclaresExactness`,
+:class:`VerifiesWithNoise`, :class:`HasTokenizer`, :class:`Prewarmable`,
+:class:`CapturesGraphs`, :class:`NamesModel`). Code that uses a capability tests
+``isinstance(component, Capability)``, never ``hasattr``, so every capability a caller
+relies on is declared and documented here.
+
 Vocabulary (Leviathan et al. 2023; Chen et al. 2023):
 
 * *drafted* tokens ``x_1..x_gamma`` come from a draft distribution ``q``;
@@ -16,10 +23,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 import attrs
 import torch
+
+if TYPE_CHECKING:
+    from flashspec_core.sampling import Noise
 
 ComponentKind = Literal["target", "draft", "verifier", "selector"]
 T = TypeVar("T")
@@ -222,6 +232,9 @@ class ArmSelector(Protocol):
     def update(self, arm: int, reward: float) -> None: ...
 
 
+# ------------------------------------------------------------------ optional capabilities
+
+
 @runtime_checkable
 class RequestAware(Protocol):
     """Optional extra of an :class:`ArmSelector`: told when a request starts.
@@ -238,6 +251,106 @@ class RequestAware(Protocol):
 
         :param rows: number of prompts in the ``generate()`` call, >= 1.
         """
+
+
+@runtime_checkable
+class DeclaresExactness(Protocol):
+    """Optional extra of a :class:`Verifier`: whether it samples from the target's law.
+
+    A verifier without the attribute is exact. ``exact = False`` (a class attribute)
+    marks a timing stand-in such as the ``synthetic`` verifier: the contract suite skips
+    its exactness checks, and its numbers must be labelled synthetic.
+    """
+
+    exact: bool
+
+
+@runtime_checkable
+class VerifiesWithNoise(Protocol):
+    """Optional extra of a :class:`Verifier`: verify with the noise given, not drawn.
+
+    Given the same :class:`flashspec_core.sampling.Noise`, every implementation emits
+    exactly the tokens of :func:`flashspec_core.sampling.verify_random` (of
+    :func:`~flashspec_core.sampling.verify_greedy` when greedy): tests and benchmarks
+    compare verifiers token for token through it.
+    """
+
+    def verify_with_noise(
+        self,
+        target_logits: torch.Tensor,  # [B, gamma+1, V] raw target logits
+        draft_tokens: torch.Tensor,  # [B, gamma] int64
+        draft_probs: torch.Tensor | None,  # [B, gamma, V] or None (one-hot draft)
+        sampling: SamplingParams,
+        noise: Noise,
+    ) -> Verdict: ...
+
+
+@runtime_checkable
+class HasTokenizer(Protocol):
+    """Optional extra of a :class:`Target`: the tokenizer behind ``encode``/``decode``.
+
+    A Hugging Face draft refuses a target whose tokenizer maps tokens to other ids than
+    its own. ``None`` means the target has no tokenizer (prompts are token ids).
+    """
+
+    tokenizer: Any  # a transformers tokenizer (get_vocab(), len()), or None
+
+
+@runtime_checkable
+class Prewarmable(Protocol):
+    """Optional extra of a :class:`DraftProvider`: do its one-off setup before serving.
+
+    ``prewarm(batch, gamma, sampling)`` captures (or compiles) now whatever a step at
+    that batch size, gamma and sampling would otherwise set up inside a timed request;
+    it is called between requests, never inside one, and returns how many graphs it
+    asked for (0 where there is nothing to capture, e.g. without CUDA graphs).
+    ``off_gpu`` runs the capture path without CUDA (tests only).
+    """
+
+    def prewarm(self, batch: int, gamma: int, sampling: SamplingParams, off_gpu: bool = False) -> int: ...
+
+
+@runtime_checkable
+class GraphCounter(Protocol):
+    """What :class:`CapturesGraphs` exposes of a graph cache."""
+
+    captures: int  # graphs captured so far, kept across clears
+
+
+@runtime_checkable
+class CapturesGraphs(Protocol):
+    """Optional extra of a :class:`Target` or :class:`DraftProvider` that replays CUDA graphs.
+
+    ``graphs.captures`` counts the graphs captured so far, so a benchmark can report a
+    capture that fell inside a timed run (setup work timed as decoding). Components that
+    share a cache expose the same object; count each once.
+    """
+
+    @property
+    def graphs(self) -> GraphCounter: ...
+
+
+@runtime_checkable
+class NamesModel(Protocol):
+    """Optional extra of a component's config class: the checkpoint it loads.
+
+    ``model`` (a directory or a known model name) names the component in progress
+    lines and in default arm names (``<model dir name>-g<gamma>``).
+    """
+
+    model: str
+
+
+# Every optional capability (docs/plugins.md documents each; a test checks it).
+CAPABILITIES: tuple[type, ...] = (
+    RequestAware,
+    DeclaresExactness,
+    VerifiesWithNoise,
+    HasTokenizer,
+    Prewarmable,
+    CapturesGraphs,
+    NamesModel,
+)
 
 
 def check_arm(arm: int, num_arms: int) -> None:

@@ -185,7 +185,7 @@ def run_case(
     device: torch.device | str = "cpu",
 ) -> CaseResult:
     """Run one case with trial seed ``seed`` and test every law listed in the module doc."""
-    verify = verifier.verify if hasattr(verifier, "verify") else verifier
+    verify = verifier.verify if isinstance(verifier, Verifier) else verifier
     models = make_models(case)
     rng = Rng.seeded(seed, device)
     state = torch.randint(0, case.vocab, (case.trials,), generator=rng.host)
@@ -319,7 +319,7 @@ def run_chain(
     device: torch.device | str = "cpu",
 ) -> tuple[list[torch.Tensor], Models]:
     """Decode ``steps`` consecutive steps for ``rows`` independent sequences; return the streams."""
-    verify = verifier.verify if hasattr(verifier, "verify") else verifier
+    verify = verifier.verify if isinstance(verifier, Verifier) else verifier
     models = make_models(case)
     rng = Rng.seeded(seed, device)
     state = torch.randint(0, case.vocab, (rows,), generator=rng.host)

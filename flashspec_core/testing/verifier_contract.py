@@ -19,12 +19,16 @@ The contract, for a step with ``B`` rows, ``gamma`` drafts and vocabulary ``V``:
 * the same generator seed gives the same verdict;
 
 and, for a verifier that samples from the target's law (all but those declaring
-``exact = False``):
+``exact = False``: :class:`~flashspec_core.contracts.DeclaresExactness`):
 
 * a drafted token with ``q(x) = 0`` is accepted iff ``p(x) > 0``; ``p == q`` always
   accepts; a token whose target logit is ``-inf`` is never emitted; when the
   residual ``max(0, p - q)`` is all zero the token comes from ``p``; greedy ties go
-  to the lowest index.
+  to the lowest index;
+
+and, for a verifier that declares :class:`~flashspec_core.contracts.VerifiesWithNoise`:
+
+* ``verify_with_noise`` emits exactly the reference's tokens given the same noise.
 """
 
 from __future__ import annotations
@@ -35,9 +39,9 @@ from typing import Any
 import attrs
 import torch
 
-from flashspec_core.contracts import SamplingParams, Verdict, Verifier
+from flashspec_core.contracts import DeclaresExactness, SamplingParams, Verdict, Verifier, VerifiesWithNoise
 from flashspec_core.registry import build_registry
-from flashspec_core.sampling import probs_from_logits, sample
+from flashspec_core.sampling import Noise, probs_from_logits, sample, verify_greedy, verify_random
 
 ACCEPT, REJECT, RANDOM = "accept", "reject", "random"
 
@@ -92,7 +96,7 @@ def load_verifier_or_skip(
 def is_exact(verifier: Verifier) -> bool:
     """Whether ``verifier`` claims to sample from the target's law; a verifier opts out
     of the exactness checks with a class attribute ``exact = False``."""
-    return bool(getattr(verifier, "exact", True))
+    return not isinstance(verifier, DeclaresExactness) or bool(verifier.exact)
 
 
 @attrs.frozen
@@ -260,3 +264,31 @@ def check_greedy_ties(verifier: Verifier, device: torch.device | str = "cpu", vo
 
 
 EDGE_CASES = (check_zero_q_draft, check_equal_p_q, check_zero_residual, check_neg_inf_logits, check_greedy_ties)
+
+
+def check_noise_matches_reference(
+    verifier: VerifiesWithNoise, device: torch.device | str = "cpu", vocab: int = 64, gamma: int = 3
+) -> None:
+    """``verify_with_noise`` emits the tokens of :func:`flashspec_core.sampling.verify_random`
+    (``verify_greedy`` when greedy) given the same noise, with and without draft probs."""
+    for sampling, deterministic in (
+        (SamplingParams(temperature=1.0), False),
+        (SamplingParams(temperature=0.7, top_k=20, top_p=0.9), True),
+        (SamplingParams(temperature=0.0), True),
+    ):
+        inputs = random_inputs(3, gamma, vocab, seed=11, sampling=sampling, deterministic=deterministic, device=device)
+        gen = torch.Generator(device=device).manual_seed(12)
+        noise = Noise.draw(3, gamma, vocab, gen, device)
+        logits, drafts, probs = inputs.target_logits, inputs.draft_tokens, inputs.draft_probs
+        got = verifier.verify_with_noise(logits, drafts, probs, sampling, noise)
+        if sampling.greedy:
+            want = verify_greedy(logits, drafts, sampling)
+        else:
+            want = verify_random(logits, drafts, probs, sampling, noise)
+        check_verdict(got, inputs)
+        assert torch.equal(got.num_accepted.cpu(), want.num_accepted.cpu()), (
+            f"{sampling}: num_accepted {got.num_accepted.tolist()}, the reference's {want.num_accepted.tolist()}"
+        )
+        assert torch.equal(got.tokens.cpu(), want.tokens.cpu()), (
+            f"{sampling}: tokens {got.tokens.tolist()}, the reference's {want.tokens.tolist()}"
+        )

@@ -63,3 +63,43 @@ def test_plugins_command_lists_every_component(capsys: pytest.CaptureFixture[str
     names = {(r["kind"], r["name"]) for r in rows}
     assert ("verifier", "reference") in names and ("draft", "prompt_lookup") in names
     assert all(r["distribution"].startswith("flashspec ") for r in rows)
+
+
+def test_a_misspelled_hookimpl_names_its_plugin() -> None:
+    @hookimpl
+    def flashspec_arm_selector():  # the hook is flashspec_arm_selectors
+        return []
+
+    mod = types.ModuleType("acme_typo")
+    mod.flashspec_arm_selector = flashspec_arm_selector
+    with pytest.raises(PluginError, match=r"plugin 'acme_typo': unknown hook 'flashspec_arm_selector'.*flashspec_arm_selectors"):
+        build_registry(extra_plugins=[mod])
+
+
+def test_a_hookimpl_with_an_argument_its_hookspec_lacks_names_its_plugin() -> None:
+    class Observer:
+        @hookimpl
+        def flashspec_step_end(self, record, pipeline):  # type: ignore[no-untyped-def]
+            pass
+
+    with pytest.raises(PluginError, match=r"Plugin 'Observer' for hook 'flashspec_step_end'.*\{'pipeline'\}"):
+        build_registry(extra_plugins=[Observer()])
+
+
+def test_a_misspelled_entry_point_plugin_names_the_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    @hookimpl
+    def flashspec_verifier():
+        return []
+
+    plugin = types.ModuleType("flashspec_acme.plugin")
+    plugin.flashspec_verifier = flashspec_verifier
+
+    class EP:
+        name, value, dist = "acme", "flashspec_acme.plugin", None
+
+        def load(self):
+            return plugin
+
+    monkeypatch.setattr("importlib.metadata.entry_points", lambda group: [EP()] if group == "flashspec" else [])
+    with pytest.raises(PluginError, match=r"plugin 'acme': unknown hook 'flashspec_verifier'"):
+        build_registry(autoload=True)
