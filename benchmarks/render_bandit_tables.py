@@ -1,10 +1,10 @@
-"""Write the result tables of docs/bandits.md from docs/benchmarks/bandit-sim.json
-and docs/benchmarks/bandit-forgetting-sweep.json.
+"""Write the result tables of docs/bandits.md from the committed JSON.
 
-Every number in those tables comes from the JSON that ``benchmarks/bandit_sim.py`` or
-``benchmarks/bandit_forgetting_sweep.py`` wrote; the tables live between the
-``bandit-tables`` and ``bandit-sweep`` markers and are replaced whole. ``--check`` exits
-1 when the page is out of date instead of writing it.
+Tables (a) to (c) come from docs/benchmarks/bandit-sim.json (``benchmarks/bandit_sim.py``),
+(d) from docs/benchmarks/bandit-workload.json (``benchmarks/bandit_workload.py``: a replay
+with modelled step costs) and (e) from docs/benchmarks/e2e-h200.json (``benchmarks/e2e_h200.py``:
+measured end to end). They live between the ``bandit-tables`` and ``workload-tables`` markers
+and are replaced whole. ``--check`` exits 1 when the page is out of date instead of writing it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-JSON_PATH = ROOT / "docs" / "benchmarks" / "bandit-sim.json"
+BENCH = ROOT / "docs" / "benchmarks"
 PAGE = ROOT / "docs" / "bandits.md"
 SELECTORS = ("ucb1", "thompson", "sliding_window_ucb", "discounted_thompson", "glr_thompson", "request_thompson")
 COLUMNS = (  # table (b): (summary table, bandit_sim.py's scenario, column title)
@@ -37,8 +37,8 @@ def _cell(entry: dict[str, Any], digits: int = 1) -> str:
 def render(data: dict[str, Any]) -> str:
     s, cfg = data["summary"], data["config"]
     lines = [
-        f"Source: `docs/benchmarks/bandit-sim.json`, written by `{data['generated_by']}` at commit "
-        f"`{data['commit'][:7]}`; T = {cfg['horizon']}, {len(cfg['seeds'])} seeds, default configs "
+        f"Source: `docs/benchmarks/bandit-sim.json`, written by `{data['generated_by']}` ({data['device']}, "
+        f"{data['date']}); T = {cfg['horizon']}, {len(cfg['seeds'])} seeds, default configs "
         f"(window W = {cfg['sliding_window_ucb_window']}, discount = {cfg['discounted_thompson_discount']}, "
         f"GLR delta = {cfg['glr_thompson_delta']}, forced = {cfg['glr_thompson_forced']:.4f}; "
         "`request_thompson` is never told of a request here). "
@@ -105,6 +105,72 @@ def _costed(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+WORKLOAD_DESIGNS = (  # table (d): (key under summary.workload, design); None: the whole arm set
+    (None, "every arm"),
+    ("adaptive", "fallback-only draft"),
+    ("gated", "lookup first"),
+    ("gated_small", "lookup first, short drafts"),
+)
+GPU_DESIGNS = (  # table (e): (summary key in e2e-h200.json, design)
+    ("workload_gpu", "every arm"),
+    ("workload_gpu_adaptive", "fallback-only draft"),
+    ("workload_gpu_gated", "lookup first"),
+    ("workload_gpu_gated_small", "lookup first, short drafts"),
+    ("workload_gpu_gated_small_acc", "lookup first, short drafts, acceptance reward"),
+)
+GOAL_HEAD = [
+    "| design | order | best selector | tokens/s | best fixed policy | tokens/s | per-domain oracle | "
+    "selector / best fixed | selector / oracle |",
+    "|---|---|---|---:|---|---:|---:|---:|---:|",
+]
+
+
+def render_replay(data: dict[str, Any]) -> str:
+    """Table (d): per design and serving order, the best selector of the modelled replay."""
+    w = data["summary"]["workload"]
+    lines = [
+        f"**(d) Replay with modelled step costs** (`docs/benchmarks/bandit-workload.json`, "
+        f"`summary.workload`; {w['cost_model']}; {data['date']}): modelled tokens/s, not measured.",
+        "",
+        *GOAL_HEAD,
+    ]
+    for key, design in WORKLOAD_DESIGNS:
+        for order, v in (w[key] if key else w)["by_order"].items():
+            lines.append(
+                f"| {design} | {order} | `{v['best_selector'].split('@')[0]}` | {v['best_selector_tps']:.1f} | "
+                f"`{v['best_fixed'].removeprefix('fixed:')}` | {v['best_fixed_tps']:.1f} | {v['oracle_tps']:.1f} | "
+                f"{v['selector_vs_best_fixed']:.3f} | {v['selector_vs_oracle']:.3f} |"
+            )
+    return "\n".join(lines)
+
+
+def render_gpu(data: dict[str, Any]) -> str:
+    """Table (e): per design and serving order, the best selector measured on the GPU."""
+    s = data["summary"]
+    dates = data["section_dates"].values()
+    lines = [
+        f"**(e) Measured end to end** (`docs/benchmarks/e2e-h200.json`, `summary.workload_gpu*`; "
+        f"{data['device']}, {min(dates)} to {max(dates)}; batch 1, greedy, 48 new tokens; three repeats, one in "
+        "the every-arm design). Under lookup first, `draft0.5b-gN` is lookup where it matches, else that "
+        "draft. The blocked order ran no fixed policies: it is set against the interleaved ones.",
+        "",
+        *GOAL_HEAD,
+    ]
+    for key, design in GPU_DESIGNS:
+        g = s[key]
+        for order in ("interleaved", "blocked"):
+            runs = {k: v["tps"] for k, v in g["policies"].items() if k.startswith("bandit:") and k.endswith(f"@{order}")}
+            if not runs:
+                continue
+            best = max(runs, key=runs.__getitem__)
+            lines.append(
+                f"| {design} | {order} | `{best.split('@')[0].removeprefix('bandit:')}` | {runs[best]:.1f} | "
+                f"`{g['best_fixed'].removeprefix('fixed:')}` | {g['best_fixed_tps']:.1f} | {g['oracle_tps']:.1f} | "
+                f"{runs[best] / g['best_fixed_tps']:.3f} | {runs[best] / g['oracle_tps']:.3f} |"
+            )
+    return "\n".join(lines)
+
+
 def splice(page: str, block: str, tables: str) -> str:
     begin, end = f"<!-- BEGIN {block} (benchmarks/render_bandit_tables.py) -->", f"<!-- END {block} -->"
     if begin not in page or end not in page:
@@ -114,12 +180,19 @@ def splice(page: str, block: str, tables: str) -> str:
     return f"{head}{begin}\n{tables}\n{end}{tail}"
 
 
+def load(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((BENCH / name).read_text())
+    return data
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--check", action="store_true", help="exit 1 if docs/bandits.md is out of date")
     args = p.parse_args(argv)
     page = PAGE.read_text()
-    new = splice(page, "bandit-tables", render(json.loads(JSON_PATH.read_text())))
+    new = splice(page, "bandit-tables", render(load("bandit-sim.json")))
+    new = splice(new, "workload-tables", render_replay(load("bandit-workload.json")) + "\n\n"
+                 + render_gpu(load("e2e-h200.json")))
     if args.check:
         if new != page:
             print(f"{PAGE} is out of date: run python benchmarks/render_bandit_tables.py", file=sys.stderr)

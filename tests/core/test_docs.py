@@ -1,9 +1,12 @@
 """Meta-tests: every hook is documented with its exact signature and exercised by a
-test; every bundled component's config key is in the configuration reference."""
+test; every bundled component's config key is in the configuration reference; the tables
+that README.md and docs/bandits.md quote are what the committed JSON gives; the docs name
+no commits and no issue numbers (they state what is true now; history is git's)."""
 
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 
 import attrs
@@ -45,3 +48,29 @@ def test_readme_results_come_from_the_committed_json() -> None:
     from _scripts import load_benchmark
 
     assert load_benchmark("render_readme").main(["--check"]) == 0
+
+
+def test_bandit_tables_come_from_the_committed_json() -> None:
+    from _scripts import load_benchmark
+
+    assert load_benchmark("render_bandit_tables").main(["--check"]) == 0
+
+
+COMMIT = re.compile(r"`(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}`|\bcommits? [0-9a-f]{7,40}\b")
+ISSUE = re.compile(r"\bissues? #?[0-9]+", re.IGNORECASE)
+
+
+def history_refs(text: str) -> list[str]:
+    """Commit hashes and issue numbers named in ``text``."""
+    return [m.group(0) for m in (*COMMIT.finditer(text), *ISSUE.finditer(text))]
+
+
+def test_docs_name_no_commits_or_issues() -> None:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    found = {str(p.relative_to(ROOT)): refs for p in pages if (refs := history_refs(p.read_text()))}
+    assert not found, f"docs should state what is true now, not cite history: {found}"
+
+
+def test_history_refs_are_found() -> None:
+    text = "as of `0fa63b4`, at commit 1024280, see issue 5 and Issue #12; not `0.9975`, `100663296` or `gamma`"
+    assert history_refs(text) == ["`0fa63b4`", "commit 1024280", "issue 5", "Issue #12"]
