@@ -1,16 +1,50 @@
-"""The end-to-end benchmark's result files: what a committed summary keeps of each section.
+"""The end-to-end H200 benchmark's results: what its sections sum to, and what is committed.
 
-A ``flashspec bench`` section (one ``bench.json``) holds every step row and generated token
-of every system (``runs``), the prompts (``workload``) and each prompt's bf16 divergence. Those
-go to the raw file under the ignored ``benchmarks/.results/``; the committed JSON keeps what
-the docs quote: the per-system summaries (with acceptance by position), the section summary,
-its arguments, config, bandwidth floor and environment, and divergence counts.
+A section is one ``flashspec bench`` run (its ``bench.json``): every step row and generated
+token of every system (``runs``), the prompts (``workload``) and each prompt's bf16
+divergence. ``summarize`` writes all of it to the raw file under the ignored
+``benchmarks/.results/`` and commits only ``slim_section`` of each section beside the
+``summary`` the docs quote.
 """
 
 from __future__ import annotations
 
+import argparse
+import gzip
+import json
+import shutil
+from pathlib import Path
 from typing import Any
 
+from flashspec_bench.provenance import RESULTS, write_json
+from flashspec_bench.runs import by_domain, summarize_run
+
+RAW = RESULTS / "e2e-h200-raw.json.gz"
+SECTIONS = ("b1_greedy", "b1_adaptive", "b1_adaptive_gammas", "b1_gated", "b1_gated_every", "b2_greedy", "b4_greedy",
+            "b2_limited", "b4_limited", "b8_greedy", "b32_greedy", "b8_limited", "b32_limited", "b1_t07", "b1_nf4",
+            "synthetic", "workload_interleaved", "workload_blocked", "workload_adaptive", "workload_adaptive_blocked",
+            "workload_gated", "workload_gated_blocked", "b1_gated_small", "workload_gated_small",
+            "workload_gated_small_blocked", "workload_gated_small_acc", "b1_greedy_warm")
+# b1_greedy_warm: b1_greedy's FlashSpec systems again (`--bench-extra "--systems flashspec,target_only
+# --exactness 0"`) where the section itself ran with a one-batch warm-up.
+# sections whose own summary goes into summary[<section>] (b1_greedy's is the summary itself)
+SUMMARIZED = ("b1_adaptive", "b1_adaptive_gammas", "b1_gated", "b1_gated_every", "b1_gated_small", "b2_greedy",
+              "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy", "b8_limited", "b32_limited", "b1_t07",
+              "b1_nf4")
+SMALL_GAMMAS = (1, 2, 3)  # the draft gammas of the *_gated_small sections
+GATED = "; match-only lookup first ([selector] first), the selector choosing "
+WORKLOADS = (  # summary key, interleaved section, blocked section, what the label adds
+    ("workload_gpu", "workload_interleaved", "workload_blocked", ""),
+    ("workload_gpu_adaptive", "workload_adaptive", "workload_adaptive_blocked",
+     "; arms: match-only lookup, and the same falling back to the 0.5B draft (select = false)"),
+    ("workload_gpu_gated", "workload_gated", "workload_gated_blocked",
+     f"{GATED}between the 0.5B draft and no draft only where it finds nothing"),
+    ("workload_gpu_gated_small", "workload_gated_small", "workload_gated_small_blocked",
+     f"{GATED}among the 0.5B draft at gamma {', '.join(map(str, SMALL_GAMMAS))} and no draft where it finds nothing"),
+    ("workload_gpu_gated_small_acc", "workload_gated_small_acc", None,
+     "; as workload_gpu_gated_small, interleaved, the selectors fed the acceptance reward"),
+)
+GOAL_EVERY_DOMAIN, GOAL_CODE = 1.0, 1.2  # the bandit's tokens/s over own target-only, batch 1, greedy
 # kept as they are: small, and what the docs and the readme renderer read
 KEPT = ("environment", "args", "config", "summaries", "summary", "floor", "bandwidth_bytes_per_s",
         "draft_prewarm", "exactness", "synthetic_scaling", "wall_s")
@@ -29,3 +63,227 @@ def slim_section(section: dict[str, Any]) -> dict[str, Any]:
             name: {"prompt_runs": len(rows), "diverged": sum(r.get("first_divergence") is not None for r in rows)}
             for name, rows in div.items()}
     return out
+
+
+def cold(section: dict[str, Any]) -> bool:
+    """Timed with a one-batch warm-up (bench before --warmup -1): the capture and compile of a
+    shape first met later ran inside the timed run."""
+    return int(section.get("args", {}).get("warmup", 1)) >= 0
+
+
+def floor_table(bench: dict[str, Any]) -> list[dict[str, Any]]:
+    """Measured step time next to the bandwidth-bound one, per configuration.
+
+    floor = bytes read per step (weights + the KV slots attended, per forward: ``floor``'s
+    ``*_bytes`` fields) / the copy bandwidth measured in the same run (reads + writes)."""
+    bw, fl = bench.get("bandwidth_bytes_per_s"), bench.get("floor") or {}
+    if not bw or "target_forward_bytes" not in fl:
+        return []
+    target_ms = fl["target_forward_bytes"] / bw * 1e3
+    rows = []
+    for name, s in bench["summaries"].items():
+        if not s.get("step_ms_p50") or name.startswith("bandit"):
+            continue
+        arm = fl["arms"].get(name.removeprefix("fixed:")) or {}
+        gamma = next(iter(s["arms"].values()))["gamma"] if s.get("arms") else 0
+        step = target_ms + gamma * (arm.get("draft_forward_bytes") or 0) / bw * 1e3
+        rows.append({"config": name, "gamma": gamma, "measured_step_ms_p50": s["step_ms_p50"],
+                     "floor_step_ms": step, "measured_over_floor": s["step_ms_p50"] / step,
+                     "mean_accepted_length": s["mean_accepted_length"],
+                     "floor_tokens_per_s": s["mean_accepted_length"] / step * 1e3,
+                     "measured_tokens_per_s": s["tokens_per_s"]})
+    return rows
+
+
+def warm_b1(warm: dict[str, Any], cold_b1: dict[str, Any]) -> dict[str, Any]:
+    """Batch-1 greedy with every shape captured before timing; HF rates from the cold section
+    (a separate run on the same kind of GPU), over the prompts the HF systems ran."""
+    s, runs = warm["summaries"], warm["runs"]
+    spec = [n for n in s if n.startswith(("fixed:", "bandit:")) and s[n].get("tokens_per_s")]
+    plain = s["target_only"]["tokens_per_s"]
+    best = max(spec, key=lambda n: s[n]["tokens_per_s"])
+    out: dict[str, Any] = {
+        "label": "batch 1, greedy, 128 new tokens, every batch warmed up before timing",
+        "tokens_per_s": {n: v["tokens_per_s"] for n, v in s.items() if v.get("tokens_per_s")},
+        "best_flashspec": best, "best_flashspec_tokens_per_s": s[best]["tokens_per_s"],
+        "speedup_vs_own_target_only": {n: s[n]["tokens_per_s"] / plain for n in spec},
+        "outside_steps_ms_per_request": {n: v.get("outside_steps_ms_per_batch") for n, v in s.items()},
+    }
+    hf = {n: v for n, v in (cold_b1 or {}).get("summaries", {}).items() if n.startswith("hf_") and v.get("tokens_per_s")}
+    if hf:
+        common = {r["prompt"] for r in cold_b1["runs"][next(iter(hf))]["requests"]}
+        mine = {n: summarize_run({"requests": [r for r in runs[n]["requests"] if set(r["batch"]) <= common]})
+                for n in [*spec, "target_only"]}
+        best_tps = max(m["tokens_per_s"] for n, m in mine.items() if n != "target_only")
+        out["hf_cross_run"] = {
+            "prompts": sorted(common),
+            "hf_tokens_per_s": {n: v["tokens_per_s"] for n, v in hf.items()},
+            "flashspec_tokens_per_s_on_those_prompts": {n: m["tokens_per_s"] for n, m in mine.items()},
+            "best_over_hf": {h: best_tps / v["tokens_per_s"] for h, v in hf.items()},
+            "target_only_over_hf": {h: mine["target_only"]["tokens_per_s"] / v["tokens_per_s"] for h, v in hf.items()},
+        }
+    return out
+
+
+def workload_summary(inter: dict[str, Any] | None, blocked: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The domain-shifting workload on the GPU: measured tokens/s per policy and domain, and the
+    per-domain oracle, which serves each domain with its best fixed arm (chosen after the fact):
+    all tokens over the summed time each domain's tokens take at that arm's measured rate.
+    Fixed arms do not depend on the order, so both orders share them."""
+    if not inter:
+        return None
+
+    def tokens(run: dict[str, Any]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in run["requests"]:
+            out[r["domain"]] = out.get(r["domain"], 0) + r["new_tokens"]
+        return out
+
+    policies: dict[str, Any] = {}
+    for order, sec in (("interleaved", inter), ("blocked", blocked)):
+        for name, run in (sec or {}).get("runs", {}).items():
+            if not run.get("requests") or (order == "blocked" and not name.startswith("bandit")):
+                continue
+            s = sec["summaries"][name]
+            policies[name if not name.startswith("bandit") else f"{name}@{order}"] = {
+                "tps": s["tokens_per_s"], "per_domain": by_domain(run), "mean_accepted_length": s.get("mean_accepted_length"),
+                "tps_by_repeat": s.get("tokens_per_s_by_repeat")}
+    fixed = {k: v for k, v in policies.items() if k.startswith("fixed:") or k == "target_only"}
+    counts = tokens(inter["runs"]["target_only"])
+    oracle_arm = {d: max(fixed, key=lambda k: fixed[k]["per_domain"].get(d, 0.0)) for d in counts}
+    oracle = sum(counts.values()) / sum(n / fixed[oracle_arm[d]]["per_domain"][d] for d, n in counts.items())
+    bandits = {k: v for k, v in policies.items() if k.startswith("bandit")}
+    best_sel = max(bandits, key=lambda k: bandits[k]["tps"]) if bandits else None
+    best_fixed = max(fixed, key=lambda k: fixed[k]["tps"])
+    sel = bandits[best_sel]["tps"] if best_sel else None
+    return {
+        "label": "measured end to end on the H200 (flashspec bench, batch 1, greedy, 48 new tokens, bf16)",
+        "best_selector": best_sel, "best_selector_tps": sel,
+        "best_fixed": best_fixed, "best_fixed_tps": fixed[best_fixed]["tps"],
+        "oracle_tps": oracle, "oracle_arms": oracle_arm,
+        "selector_vs_oracle": sel / oracle if sel else None,
+        "selector_vs_best_fixed": sel / fixed[best_fixed]["tps"] if sel else None,
+        "policies": policies,
+    }
+
+
+def bandit_goal(summary: dict[str, Any]) -> dict[str, Any]:
+    """The bandit goal checked in every batch-1 greedy section that ran bandits: the selectors
+    whose tokens/s over own target-only is at least 1.0 on every domain and 1.2 on code (each
+    section's ``bandit_speedup_by_domain_all``, pooled over its repeats)."""
+    out: dict[str, Any] = {"how": f"per section: selectors at >= {GOAL_EVERY_DOMAIN} on every domain and >= "
+                                  f"{GOAL_CODE} on code (bandit_speedup_by_domain_all, batch 1, greedy)",
+                           "sections": {}}
+    for key, sec in [("b1_greedy", summary), *((k, summary[k]) for k in SUMMARIZED if isinstance(summary.get(k), dict))]:
+        by = sec.get("bandit_speedup_by_domain_all")
+        if not by or sec.get("batch_size") != 1 or sec.get("temperature") != 0.0:
+            continue
+        meets = [n for n, d in by.items() if min(d.values()) >= GOAL_EVERY_DOMAIN and d.get("code", 0.0) >= GOAL_CODE]
+        out["sections"][key] = {"selectors": len(by), "meeting": meets,
+                                "min_per_domain": {d: min(v[d] for v in by.values()) for d in next(iter(by.values()))}}
+    out["met_by_every_selector_in"] = [k for k, v in out["sections"].items() if len(v["meeting"]) == v["selectors"] > 1]
+    return out
+
+
+def b1_summary(b1: dict[str, Any]) -> dict[str, Any]:
+    """What the summary adds to b1_greedy's own summary fields."""
+    s = b1["summaries"]
+    div = [r for rows in (b1.get("bf16_divergence") or {}).values() for r in rows]
+    hit = [r for r in div if r.get("top2_gap") is not None]
+    not_measured = [k for k, v in s.items() if v.get("error")]
+    not_measured += [f"{x} (skipped: run budget)" for x in ("hf_eager", "hf_compiled", "hf_assisted", "hf_lookup")
+                     if x not in s]
+    if "exactness" not in b1:
+        not_measured.append("greedy_identical (float32 check skipped: run budget)")
+    return {"tokens_per_s": {n: v["tokens_per_s"] for n, v in s.items() if v.get("tokens_per_s")},
+            "outside_steps_ms_per_request": {n: v.get("outside_steps_ms_per_batch") for n, v in s.items()},
+            "floor": floor_table(b1),
+            "bf16_divergence": {"prompt_runs": len(div), "diverged": sum(r["first_divergence"] is not None for r in div),
+                                "max_top2_gap_over_bf16_spacing": max((r["top2_gap"] / r["bf16_spacing"] for r in hit),
+                                                                      default=None)},
+            "not_measured": sorted(not_measured)}
+
+
+def build_summary(sections: dict[str, Any], commit: str, section_commits: dict[str, str]) -> dict[str, Any]:
+    """The ``summary`` object from the sections (those absent or None were not run):
+    b1_greedy's headline fields, each SUMMARIZED section's own summary, the workloads, and
+    what ran where (``section_commits`` names sections measured at another commit than
+    ``commit``)."""
+    sections = {k: sections.get(k) for k in SECTIONS} | sections
+    b1 = sections["b1_greedy"] or {}
+    summary: dict[str, Any] = {**(b1.get("summary") or {}), "label": "real pair: Qwen2.5-Coder-1.5B-Instruct target, "
+                               "0.5B draft (bf16, dequantized Q4_K_M GGUF)"}
+    if b1:
+        summary |= b1_summary(b1)
+    summary |= {key: sections[key]["summary"] for key in SUMMARIZED if sections[key]}
+    if sections["synthetic"] and sections["synthetic"].get("synthetic_scaling"):
+        summary["scaling_synthetic"] = sections["synthetic"]["synthetic_scaling"]
+    for key, inter, blocked, label in WORKLOADS:
+        w = workload_summary(sections[inter], sections[blocked] if blocked else None)
+        if w:
+            w["label"] += label
+            summary[key] = w
+    every, adaptive = summary.get("workload_gpu"), summary.get("workload_gpu_adaptive")
+    if every and adaptive and adaptive["best_selector"] and not cold(sections["workload_interleaved"]):
+        adaptive["selector_vs_all_arms_oracle"] = adaptive["best_selector_tps"] / every["oracle_tps"]
+        adaptive["selector_vs_all_arms_best_fixed"] = adaptive["best_selector_tps"] / every["best_fixed_tps"]
+    summary["bandit_goal"] = bandit_goal(summary)
+    if sections["b1_greedy_warm"]:
+        summary["b1_greedy_warm"] = warm_b1(sections["b1_greedy_warm"], b1)
+    ran = {k: v for k, v in sections.items() if v is not None}
+    summary["cold_sections"] = [k for k, v in ran.items() if cold(v)]
+    if summary["cold_sections"]:
+        summary["cold_note"] = ("sections timed after a one-batch warm-up: a capture or compile of a shape first met "
+                                "later fell inside their timed runs; b1_greedy_warm repeats b1_greedy's FlashSpec "
+                                "systems warmed on every batch")
+    warm_b1_ran = bool(sections["b1_greedy"]) and not cold(sections["b1_greedy"])
+    summary["skipped_sections"] = [k for k, v in sections.items()
+                                   if v is None and not (k == "b1_greedy_warm" and warm_b1_ran)]
+    summary["unfused_sections"] = [k for k, v in ran.items() if not v["args"].get("fuse")]
+    summary["measured_at_commit"] = commit
+    summary["section_commits"] = {k: section_commits.get(k, commit) for k in ran}
+    return summary
+
+
+def summarize(src: Path, out: Path, commit: str, section_commits: dict[str, str], raw: Path = RAW) -> dict[str, Any]:
+    """Rebuild ``out/e2e-h200.json`` (+ plots) from the sections a ``full`` run left in ``src``;
+    every row goes to ``raw``."""
+    sections = {k: json.loads((src / k / "bench.json").read_text()) if (src / k / "bench.json").is_file() else None
+                for k in SECTIONS}
+    for sec in sections.values():  # recomputed from the raw rows, so newer summary fields appear too
+        if sec:
+            sec["summaries"] = {n: summarize_run(r) if r["requests"] else sec["summaries"][n]
+                                for n, r in sec["runs"].items()}
+    unknown = set(section_commits) - set(SECTIONS)
+    if unknown:
+        raise ValueError(f"--section-commit: unknown sections {sorted(unknown)}")
+    summary = build_summary(sections, commit, section_commits)
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(raw, "wt") as f:  # every step row and generated token of every section
+        json.dump({"summary": summary, "sections": sections}, f)
+    dates = {k: v["environment"].get("date") for k, v in sections.items() if v}
+    envs = [v["environment"] for v in sections.values() if v]
+    write_json(out / "e2e-h200.json", {
+        "commit": commit, "device": envs[0]["device"] if envs else None,
+        "date": max((d for d in dates.values() if d), default=None), "section_dates": dates,
+        "commit_note": "the newest run's commit; each section's own commit is summary.section_commits, its date "
+                       "section_dates", "summary": summary,
+        "sections": {k: slim_section(v) if v else v for k, v in sections.items()}})
+    for png in sorted((src / "b1_greedy").glob("*.png")):
+        shutil.copy(png, out / f"e2e-h200-{png.name}")
+    return summary
+
+
+def load_raw(path: Path = RAW) -> dict[str, Any]:
+    """The raw file ``summarize`` wrote: ``{"summary": ..., "sections": {name: bench.json}}``."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no raw e2e file; `python benchmarks/e2e_h200.py summarize` writes it")
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
+
+
+def summarize_main(args: argparse.Namespace) -> int:
+    """``e2e_h200.py summarize``."""
+    other = dict(x.split("=", 1) for x in args.section_commit)
+    print(json.dumps(summarize(args.src, args.out, args.commit, other, args.raw), indent=1))
+    return 0

@@ -1,12 +1,14 @@
-"""benchmarks/e2e_h200.py's summary builder, on hand-made sections (no GPU, no models)."""
+"""flashspec_bench.e2e's summary builder and flashspec_bench.sections' configs, on hand-made
+sections (no GPU, no models)."""
 
 from __future__ import annotations
 
+import gzip
+import json
+from pathlib import Path
 from typing import Any
 
-from _scripts import load_benchmark
-
-e2e = load_benchmark("e2e_h200")
+from flashspec_bench import e2e, sections
 
 
 def _section(summary: dict[str, Any], tps: float) -> dict[str, Any]:
@@ -29,7 +31,7 @@ def test_summary_from_the_sections_that_ran() -> None:
 
 
 def test_bandit_goal_names_the_selectors_that_meet_it() -> None:
-    """Issue 5: >= 1.0x on every domain and >= 1.2x on code, per batch-1 greedy section."""
+    """>= 1.0x on every domain and >= 1.2x on code, per batch-1 greedy section."""
     def sec(by: dict[str, dict[str, float]], temperature: float = 0.0) -> dict[str, Any]:
         return _section({"batch_size": 1, "temperature": temperature, "bandit_speedup_by_domain_all": by}, 90.0)
 
@@ -48,12 +50,11 @@ def test_bandit_goal_names_the_selectors_that_meet_it() -> None:
 
 
 def test_sections_run_fused_unless_told() -> None:
-    """The 683df99 lease ran `full` without --fuse and measured every system about a quarter
-    slower than the fused sections it would have been merged with: fused is the default now,
-    and a section that ran unfused is named in the summary."""
-    args = e2e.build_parser().parse_args(["full", "--gguf", "g", "--out", "o"])
+    """Fused is the default (unfused runs measured every system about a quarter slower), and a
+    section that ran unfused is named in the summary."""
+    args = sections.parser().parse_args(["full", "--gguf", "g", "--out", "o"])
     assert args.fuse is True
-    assert e2e.build_parser().parse_args(["full", "--gguf", "g", "--out", "o", "--no-fuse"]).fuse is False
+    assert sections.parser().parse_args(["full", "--gguf", "g", "--out", "o", "--no-fuse"]).fuse is False
     plain = _section({}, 80.0)
     plain["args"]["fuse"] = False
     s = e2e.build_summary({"b1_greedy": _section({}, 100.0), "b1_gated": plain}, "abc1234", {})
@@ -67,11 +68,11 @@ def test_every_fast_model_takes_the_attention_switch(tmp_path: Any) -> None:
 
     paths = {"target": str(tmp_path / "t"), "draft": str(tmp_path / "d")}
     for kw in ({}, {"gated": True, "every": True}, {"adaptive": True}, {"adaptive": True, "every": True}):
-        cfg = tomllib.loads(e2e.pipeline_toml(paths, [3, 5], 6, "triton", 768, True, attention="sdpa", **kw))
+        cfg = tomllib.loads(sections.pipeline_toml(paths, [3, 5], 6, "triton", 768, True, attention="sdpa", **kw))
         fast = [cfg["target"], *(a for a in cfg["arm"] if a.get("use") == "fast")]
         assert len(fast) >= 2 and {t["attention"] for t in fast} == {"sdpa"}
     # adaptive over the gammas: lookup first in every selectable arm, no draft or the draft at 3 or 5
-    cfg = tomllib.loads(e2e.pipeline_toml(paths, [3, 5], 8, "triton", 1024, True, adaptive=True, every=True))
+    cfg = tomllib.loads(sections.pipeline_toml(paths, [3, 5], 8, "triton", 1024, True, adaptive=True, every=True))
     chosen = [a for a in cfg["arm"] if a.get("select", True)]
     assert [a.get("fallback") for a in chosen] == [None, "draft0.5b-g3", "draft0.5b-g5"]
     assert all(a["use"] == "prompt_lookup" and a["fill"] is False for a in chosen)
@@ -84,9 +85,47 @@ def test_short_draft_configs(tmp_path: Any) -> None:
 
     paths = {"target": str(tmp_path / "t"), "draft": str(tmp_path / "d")}
     kw = {"gated": True, "every": True, "padded": False}
-    cfg = tomllib.loads(e2e.pipeline_toml(paths, [1, 2, 3], 8, "auto", 1024, True, **kw))
-    acc = tomllib.loads(e2e.pipeline_toml(paths, [1, 2, 3], 8, "auto", 1024, True, reward="acceptance", **kw))
+    cfg = tomllib.loads(sections.pipeline_toml(paths, [1, 2, 3], 8, "auto", 1024, True, **kw))
+    acc = tomllib.loads(sections.pipeline_toml(paths, [1, 2, 3], 8, "auto", 1024, True, reward="acceptance", **kw))
     assert [a["name"] for a in cfg["arm"]] == ["lookup-match-g8", "draft0.5b-g1", "draft0.5b-g2", "draft0.5b-g3", "none"]
     assert cfg["selector"]["first"] == "lookup-match-g8" and cfg["arm"][0]["select"] is False
     assert cfg["selector"]["reward"] == "throughput" and acc["selector"]["reward"] == "acceptance"
     assert {k: v for k, v in acc.items() if k != "selector"} == {k: v for k, v in cfg.items() if k != "selector"}
+
+
+def _bench_json(tps: float) -> dict[str, Any]:
+    """A bench.json with one target-only request and step row, and a long divergence list."""
+    run = {"requests": [{"prompt": 0, "domain": "code", "new_tokens": 10, "wall_s": 10 / tps, "batch": [0],
+                         "batch_id": 1, "tokens": list(range(10))}],
+           "steps": [{"arm_name": "none", "gamma": 0, "accepted": [0], "emitted": 1, "step_ms": 1.0, "draft_ms": 0.0,
+                      "target_ms": 0.9, "verify_ms": 0.05, "host_ms": 0.05}] * 10}
+    return {"environment": {"device": "test GPU", "date": "2026-12-03"}, "args": {"warmup": -1, "fuse": True},
+            "config": "", "workload": [{"prompt": "x", "domain": "code"}] * 100, "runs": {"target_only": run},
+            "summaries": {}, "summary": {"batch_size": 1},
+            "bf16_divergence": {"fixed:a": [{"prompt": i, "first_divergence": i % 2 or None} for i in range(50)]}}
+
+
+def test_summarize_commits_the_slim_sections_and_keeps_the_raw_rows_apart(tmp_path: Path) -> None:
+    src, out, raw = tmp_path / "run", tmp_path / "docs", tmp_path / "results" / "raw.json.gz"
+    (src / "b1_greedy").mkdir(parents=True)
+    (src / "b1_greedy" / "bench.json").write_text(json.dumps(_bench_json(100.0)))
+    summary = e2e.summarize(src, out, "abc1234", {}, raw)
+    committed = json.loads((out / "e2e-h200.json").read_text())
+    assert committed["summary"] == summary and summary["tokens_per_s"]["target_only"] == 100.0
+    assert {k: committed[k] for k in ("commit", "device", "date")} == {
+        "commit": "abc1234", "device": "test GPU", "date": "2026-12-03"}
+    assert committed["section_dates"] == {"b1_greedy": "2026-12-03"}
+    b1 = committed["sections"]["b1_greedy"]
+    assert "runs" not in b1 and "workload" not in b1
+    assert b1["bf16_divergence"] == {"fixed:a": {"prompt_runs": 50, "diverged": 25}}
+    assert committed["sections"]["b8_greedy"] is None
+    with gzip.open(raw, "rt") as f:  # every row, apart from the committed file
+        assert json.load(f)["sections"]["b1_greedy"]["runs"]["target_only"]["requests"][0]["tokens"] == list(range(10))
+
+
+def test_slim_section_keeps_what_the_docs_read() -> None:
+    sec = _bench_json(50.0) | {"floor": {"arms": {}}, "exactness": {"greedy_identical": True}}
+    slim = e2e.slim_section(sec)
+    assert set(slim) == {"environment", "args", "config", "summaries", "summary", "floor", "exactness",
+                         "bf16_divergence"}
+    assert len(json.dumps(slim)) < len(json.dumps(sec)) / 2
