@@ -21,6 +21,7 @@ import torch
 
 from flashspec_core import Draft, SamplingParams
 from flashspec_core.contracts import DraftContext
+from flashspec_core.ragged import fit_vocab
 from flashspec_core.sampling import filter_logits, probs_from_logits, race
 from flashspec_fast.graphs import GraphCache
 from flashspec_fast.model import Transformer
@@ -29,14 +30,6 @@ from flashspec_fast.target import HostInputs, bucket, catch_up_width, check_room
 
 _TINY = torch.finfo(torch.float32).tiny
 FUSED_CATCH_UP = 16  # widest first forward of the draft loop (tokens per row)
-
-
-def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Cut or pad (with -inf) the last dim to the target's vocab ``vocab``."""
-    have = logits.shape[-1]
-    if have >= vocab:
-        return logits[..., :vocab]
-    return torch.cat([logits, logits.new_full((*logits.shape[:-1], vocab - have), float("-inf"))], dim=-1)
 
 
 class FastDraft:
@@ -49,7 +42,7 @@ class FastDraft:
         self._stage = HostInputs(model.device)
         self.seen: list[int] = []  # per row: slots 0..seen-1 hold the row's sequence
         self._lengths: list[int] = []
-        self._gamma = 0
+        self._fed = 0  # draft tokens the last proposal's loop fed through the model
 
     def reset(self) -> None:
         self.seen = []
@@ -66,6 +59,9 @@ class FastDraft:
         if len(self.seen) != batch:
             self._fit(batch)
             self.seen = [0] * batch
+        if gamma == 0:  # an empty proposal feeds nothing: the rollback after it keeps the cache as it is
+            self._lengths, self._fed = list(self.seen), 0
+            return Draft(tokens=torch.zeros((batch, 0), dtype=torch.long), probs=None)
         check_room(self.model, max(lengths) + gamma, "draft")
         behind = [max(n - 2, 0) for n in lengths]
         starts = [min(s, e) for s, e in zip(self.seen, behind, strict=True)]  # first token the cache lacks
@@ -82,7 +78,7 @@ class FastDraft:
         key = (batch, gamma, sampling, span, width)
         loop = lambda h, e: self._loop(h, e, gamma, sampling, span)  # noqa: E731
         out_tokens, out_probs = self.graphs(key, loop, self._stage(host), noise)
-        self._lengths, self._gamma = list(lengths), gamma
+        self._lengths, self._fed = list(lengths), gamma - 1
         return Draft(tokens=out_tokens, probs=None if sampling.greedy else out_probs)
 
     def _loop(
@@ -150,8 +146,7 @@ class FastDraft:
 
     def rollback(self, num_accepted: Sequence[int]) -> None:
         """The loop fed the row's last token and ``gamma - 1`` drafts: keep the accepted ones."""
-        fed = self._gamma - 1
-        self.seen = [n + min(k, fed) for n, k in zip(self._lengths, num_accepted, strict=True)]
+        self.seen = [n + min(k, self._fed) for n, k in zip(self._lengths, num_accepted, strict=True)]
 
 
 def first_inputs(tokens: torch.Tensor, starts: Sequence[int], lengths: Sequence[int], width: int, scratch: int

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from flashspec_core import Draft, SamplingParams
+from flashspec_core.ragged import fit_vocab
 from flashspec_core.sampling import filter_logits, probs_from_logits, sample
 from flashspec_hf.lm import CachedLM
 
@@ -28,17 +29,6 @@ def check_same_tokenizer(draft_tok: Any, target_tok: Any, draft_name: str) -> No
             f"(vocab sizes {len(dv)} vs {len(tv)}; first differing entries {differ}); "
             "speculative decoding needs identical token ids"
         )
-
-
-def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Cut or pad (with -inf) the last dim to the target's vocab size ``vocab``."""
-    have = logits.shape[-1]
-    if have == vocab:
-        return logits
-    if have > vocab:
-        return logits[..., :vocab]
-    pad = logits.new_full((*logits.shape[:-1], vocab - have), float("-inf"))
-    return torch.cat([logits, pad], dim=-1)
 
 
 class HFDraft:
@@ -63,6 +53,9 @@ class HFDraft:
     ) -> Draft:
         if len(self.lm.seen) != len(lengths):
             self.lm.reset(len(lengths))
+        if gamma == 0:  # an empty proposal feeds nothing: the rollback after it keeps the cache as it is
+            self._fed, self._lengths = 0, list(self.lm.seen)
+            return Draft(tokens=torch.zeros((len(lengths), 0), dtype=torch.long), probs=None)
         logits = self.lm.catch_up(tokens, lengths)[:, -1]  # [B, Vd]
         drafted: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
