@@ -82,38 +82,14 @@ def test_source_and_groups(result: dict[str, Any]) -> None:
     assert all("how" in g for k, g in result.items() if isinstance(g, dict) and k != "source")
 
 
-def test_outside_steps_and_pauses(result: dict[str, Any]) -> None:
-    sec = result["outside_steps"]["sections"]["b1_greedy_warm"]
-    assert sec["target_only_ms_per_request"] == {"min": pytest.approx(4.0), "max": pytest.approx(196.0)}
-    assert sec["pauses"] == [{"system": "target_only", "prompt": 1, "ms": pytest.approx(196.0)}]
-
-
-def test_per_domain_and_step_economics(result: dict[str, Any]) -> None:
+def test_step_economics_and_floor(result: dict[str, Any]) -> None:
     b1 = result["b1_greedy"]
-    assert b1["per_domain"]["tokens_per_s"]["target_only"] == {"code": pytest.approx(300.0), "prose": pytest.approx(10.0)}
-    assert b1["per_domain"]["vs_target_only"]["fixed:draft0.5b-g3"]["prose"] == pytest.approx(10.0)  # 100 against 10
     eco = b1["step_economics"]["arms"]["fixed:draft0.5b-g3"]
     assert eco["draft_ms_per_token"] == pytest.approx(10 / 3 / 3, abs=1e-4)  # mean draft ms 10/3 over gamma 3
     assert eco["step_p50_over_target_only_p50"] == pytest.approx(2.5)  # 5 ms against 2 ms
     assert eco["tokens_per_step"] == pytest.approx(7 / 3, abs=1e-4)
     rows = {r["config"]: r for r in b1["floor"]["rows"]}
     assert rows["fixed:draft0.5b-g3"]["floor_step_ms"] == pytest.approx(1.9)  # 1 + 3 x 0.3
-
-
-def test_catch_up(result: dict[str, Any]) -> None:
-    cu = result["b1_greedy"]["catch_up"]["draft0.5b-g3"]
-    assert cu["after_other"]["steps"] == 1 and cu["after_other"]["draft_ms_median"] == pytest.approx(6.0)
-    assert cu["after_same_draft"]["steps"] == 1 and cu["after_same_draft"]["draft_ms_median"] == pytest.approx(4.2)
-    assert cu["extra_draft_s"] == pytest.approx(0.0018)
-    assert cu["fixed_run"]["draft_ms_median"] == pytest.approx(3.0)
-    mix = result["b1_greedy"]["bandits"]["arm_mix"]["bandit:Thompson"]
-    assert mix["draft_arm_step_share"] == pytest.approx(0.75)
-    assert mix["draft_arm_time_share"] == pytest.approx(20.2 / 22.2, abs=1e-4)
-
-
-def test_bf16_divergence(result: dict[str, Any]) -> None:
-    assert result["bf16_divergence"]["sections"]["b1_greedy_warm"] == {
-        "prompt_runs": 2, "diverged": 1, "prompts": 2, "prompts_diverged": 1, "gap_in_spacings": {"1": 1}}
 
 
 def test_misaligned_steps_are_an_error() -> None:
@@ -153,14 +129,6 @@ def test_repeats_gives_each_repeat_its_own_rate() -> None:
     assert got["target_only"]["spread"] == pytest.approx(100 / 450)
     assert got["bandit:ucb1"]["per_domain"][0] == pytest.approx({"code": 600.0, "prose": 600.0})
     assert ea.repeats({"b8_greedy": once}) is None
-
-
-def test_host_fraction_names_the_largest() -> None:
-    section = {"summaries": {n: _summary(r) for n, r in RUNS.items()}, "runs": RUNS}
-    got = ea.host_fraction({"b8_limited": section})
-    worst = max(RUNS, key=lambda n: section["summaries"][n]["host_fraction"])
-    assert got["max_section"] == "b8_limited" and got["max_system"] == worst
-    assert got["max"] == pytest.approx(section["summaries"][worst]["host_fraction"])
 
 
 def test_arm_rates_by_domain_split_each_runs_steps_by_request_domain_and_arm(result: dict[str, Any]) -> None:
