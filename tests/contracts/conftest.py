@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 from _contract_keys import VOCAB
-from _tiny import perturbed_lm, tiny_lm
+
+from flashspec_core.testing.tiny import perturbed_lm, tiny_lm
 
 
 @pytest.fixture(scope="session")
