@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flashspec_bench.e2e import RAW, cold, floor_table, load_raw
+from flashspec_bench.e2e import RAW, floor_table, load_raw
 from flashspec_bench.provenance import DOCS, provenance, write_json
 
 Json = dict[str, Any]
 
-B1_SECTIONS = ("b1_adaptive", "b1_adaptive_gammas", "b1_gated", "b1_gated_every", "b1_gated_small")
+B1_SECTIONS = ("b1_greedy", "b1_adaptive", "b1_adaptive_gammas", "b1_gated", "b1_gated_every", "b1_gated_small")
 
 
 @dataclass(frozen=True)
@@ -142,15 +142,6 @@ def floor(section: Json) -> Json:
             "draft_over_target_bytes": draft / fl["target_forward_bytes"] if draft else None}
 
 
-def warm_b1(sections: dict[str, Json]) -> str | None:
-    """The batch-1 greedy section timed warm: b1_greedy_warm (a re-run of a cold b1_greedy), or
-    b1_greedy itself when it warmed up on every batch (``--warmup -1``)."""
-    if "b1_greedy_warm" in sections:
-        return "b1_greedy_warm"
-    b1 = sections.get("b1_greedy")
-    return "b1_greedy" if b1 and not cold(b1) else None
-
-
 def batch_b1(section: Json, name: str) -> Json:
     return {"how": f"{name}'s step rows: what a fixed arm's step costs and gives, the bandwidth floor, and each "
                    "run's arms per request domain",
@@ -204,9 +195,7 @@ def rounded(x: Any, digits: int = 6) -> Any:
 
 def analyse(raw: Json) -> Json:
     sections = {k: v for k, v in raw["sections"].items() if v}
-    b1 = warm_b1(sections)
     groups: dict[str, Callable[[], Json | None]] = {
-        "b1_greedy": lambda: batch_b1(sections[b1], b1) if b1 else None,
         **{n: (lambda n=n: batch_b1(sections[n], n) if n in sections else None) for n in B1_SECTIONS},
         "repeats": lambda: repeats(sections),
     }

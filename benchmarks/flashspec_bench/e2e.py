@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +23,7 @@ SECTIONS = ("b1_greedy", "b1_adaptive", "b1_adaptive_gammas", "b1_gated", "b1_ga
             "b2_limited", "b4_limited", "b8_greedy", "b32_greedy", "b8_limited", "b32_limited", "b1_t07", "b1_nf4",
             "synthetic", "workload_interleaved", "workload_blocked", "workload_adaptive", "workload_adaptive_blocked",
             "workload_gated", "workload_gated_blocked", "b1_gated_small", "workload_gated_small",
-            "workload_gated_small_blocked", "workload_gated_small_acc", "b1_greedy_warm")
-# b1_greedy_warm: b1_greedy's FlashSpec systems again (`--bench-extra "--systems flashspec,target_only
-# --exactness 0"`) where the section itself ran with a one-batch warm-up.
+            "workload_gated_small_blocked", "workload_gated_small_acc")
 # sections whose own summary goes into summary[<section>] (b1_greedy's is the summary itself)
 SUMMARIZED = ("b1_adaptive", "b1_adaptive_gammas", "b1_gated", "b1_gated_every", "b1_gated_small", "b2_greedy",
               "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy", "b8_limited", "b32_limited", "b1_t07",
@@ -65,12 +62,6 @@ def slim_section(section: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def cold(section: dict[str, Any]) -> bool:
-    """Timed with a one-batch warm-up (bench before --warmup -1): the capture and compile of a
-    shape first met later ran inside the timed run."""
-    return int(section.get("args", {}).get("warmup", 1)) >= 0
-
-
 def floor_table(bench: dict[str, Any]) -> list[dict[str, Any]]:
     """Measured step time next to the bandwidth-bound one, per configuration.
 
@@ -93,36 +84,6 @@ def floor_table(bench: dict[str, Any]) -> list[dict[str, Any]]:
                      "floor_tokens_per_s": s["mean_accepted_length"] / step * 1e3,
                      "measured_tokens_per_s": s["tokens_per_s"]})
     return rows
-
-
-def warm_b1(warm: dict[str, Any], cold_b1: dict[str, Any]) -> dict[str, Any]:
-    """Batch-1 greedy with every shape captured before timing; HF rates from the cold section
-    (a separate run on the same kind of GPU), over the prompts the HF systems ran."""
-    s, runs = warm["summaries"], warm["runs"]
-    spec = [n for n in s if n.startswith(("fixed:", "bandit:")) and s[n].get("tokens_per_s")]
-    plain = s["target_only"]["tokens_per_s"]
-    best = max(spec, key=lambda n: s[n]["tokens_per_s"])
-    out: dict[str, Any] = {
-        "label": "batch 1, greedy, 128 new tokens, every batch warmed up before timing",
-        "tokens_per_s": {n: v["tokens_per_s"] for n, v in s.items() if v.get("tokens_per_s")},
-        "best_flashspec": best, "best_flashspec_tokens_per_s": s[best]["tokens_per_s"],
-        "speedup_vs_own_target_only": {n: s[n]["tokens_per_s"] / plain for n in spec},
-        "outside_steps_ms_per_request": {n: v.get("outside_steps_ms_per_batch") for n, v in s.items()},
-    }
-    hf = {n: v for n, v in (cold_b1 or {}).get("summaries", {}).items() if n.startswith("hf_") and v.get("tokens_per_s")}
-    if hf:
-        common = {r["prompt"] for r in cold_b1["runs"][next(iter(hf))]["requests"]}
-        mine = {n: summarize_run({"requests": [r for r in runs[n]["requests"] if set(r["batch"]) <= common]})
-                for n in [*spec, "target_only"]}
-        best_tps = max(m["tokens_per_s"] for n, m in mine.items() if n != "target_only")
-        out["hf_cross_run"] = {
-            "prompts": sorted(common),
-            "hf_tokens_per_s": {n: v["tokens_per_s"] for n, v in hf.items()},
-            "flashspec_tokens_per_s_on_those_prompts": {n: m["tokens_per_s"] for n, m in mine.items()},
-            "best_over_hf": {h: best_tps / v["tokens_per_s"] for h, v in hf.items()},
-            "target_only_over_hf": {h: mine["target_only"]["tokens_per_s"] / v["tokens_per_s"] for h, v in hf.items()},
-        }
-    return out
 
 
 def workload_summary(inter: dict[str, Any] | None, blocked: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -224,21 +185,12 @@ def build_summary(sections: dict[str, Any], commit: str, section_commits: dict[s
             w["label"] += label
             summary[key] = w
     every, adaptive = summary.get("workload_gpu"), summary.get("workload_gpu_adaptive")
-    if every and adaptive and adaptive["best_selector"] and not cold(sections["workload_interleaved"]):
+    if every and adaptive and adaptive["best_selector"]:
         adaptive["selector_vs_all_arms_oracle"] = adaptive["best_selector_tps"] / every["oracle_tps"]
         adaptive["selector_vs_all_arms_best_fixed"] = adaptive["best_selector_tps"] / every["best_fixed_tps"]
     summary["bandit_goal"] = bandit_goal(summary)
-    if sections["b1_greedy_warm"]:
-        summary["b1_greedy_warm"] = warm_b1(sections["b1_greedy_warm"], b1)
     ran = {k: v for k, v in sections.items() if v is not None}
-    summary["cold_sections"] = [k for k, v in ran.items() if cold(v)]
-    if summary["cold_sections"]:
-        summary["cold_note"] = ("sections timed after a one-batch warm-up: a capture or compile of a shape first met "
-                                "later fell inside their timed runs; b1_greedy_warm repeats b1_greedy's FlashSpec "
-                                "systems warmed on every batch")
-    warm_b1_ran = bool(sections["b1_greedy"]) and not cold(sections["b1_greedy"])
-    summary["skipped_sections"] = [k for k, v in sections.items()
-                                   if v is None and not (k == "b1_greedy_warm" and warm_b1_ran)]
+    summary["skipped_sections"] = [k for k, v in sections.items() if v is None]
     summary["unfused_sections"] = [k for k, v in ran.items() if not v["args"].get("fuse")]
     summary["measured_at_commit"] = commit
     summary["section_commits"] = {k: section_commits.get(k, commit) for k in ran}
@@ -246,8 +198,8 @@ def build_summary(sections: dict[str, Any], commit: str, section_commits: dict[s
 
 
 def summarize(src: Path, out: Path, commit: str, section_commits: dict[str, str], raw: Path = RAW) -> dict[str, Any]:
-    """Rebuild ``out/e2e-h200.json`` (+ plots) from the sections a ``full`` run left in ``src``;
-    every row goes to ``raw``."""
+    """Rebuild ``out/e2e-h200.json`` from the sections a ``full`` run left in ``src``; every
+    row goes to ``raw``."""
     sections = {k: json.loads((src / k / "bench.json").read_text()) if (src / k / "bench.json").is_file() else None
                 for k in SECTIONS}
     for sec in sections.values():  # recomputed from the raw rows, so newer summary fields appear too
@@ -269,8 +221,6 @@ def summarize(src: Path, out: Path, commit: str, section_commits: dict[str, str]
         "commit_note": "the newest run's commit; each section's own commit is summary.section_commits, its date "
                        "section_dates", "summary": summary,
         "sections": {k: slim_section(v) if v else v for k, v in sections.items()}})
-    for png in sorted((src / "b1_greedy").glob("*.png")):
-        shutil.copy(png, out / f"e2e-h200-{png.name}")
     return summary
 
 

@@ -9,7 +9,7 @@ Systems (each is optional, see ``--systems``):
 
 Everything measured goes to ``<out>/bench.json``: provenance, the config, per-request rows
 (tokens, wall time) and per-step rows (arm, accepted, draft/target/verify device times, host
-time), then a ``summary``. Plots go next to it when matplotlib exists.
+time), then a ``summary``.
 """
 
 from __future__ import annotations
@@ -105,20 +105,23 @@ def plan_systems(pipeline: Any, args: argparse.Namespace) -> list[tuple[str, lis
 def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[int]], args: argparse.Namespace,
                    domains: list[str], record: Record) -> dict[str, Any]:
     """Warm every system up, then time ``args.repeats`` repeats; returns the draft prewarm's record."""
-    arms, selector = list(pipeline.arms), pipeline.selector
+    policy = pipeline.policy
+    arms, selector = list(policy.arms), policy.selector
     prewarm = prewarm_drafts(pipeline, groups, args)
-    reward, limit, first = pipeline.reward, pipeline.speculate_max_batch, pipeline.first
+    reward, settings = policy.reward, policy.settings
+    limit, first = settings.speculate_max_batch, settings.first
     timed: list[tuple[str, list[Any], Any, int | None, int | None, list[dict[str, Any]]]] = []
     for name, use_arms, sel in plan_systems(pipeline, args):  # every system warms up before any is timed
         # A fixed arm runs at every batch size (what the arm itself costs); the bandits keep the
         # config's batch limit, which then shows as the arm "batch_limit" in their steps.
-        pipeline.speculate_max_batch = own_limit = limit if name.startswith("bandit:") else None
-        pipeline.first = own_first = None if name == "target_only" else first  # [selector] first: all but plain
+        own_limit = limit if name.startswith("bandit:") else None
+        own_first = None if name == "target_only" else first  # [selector] first: all but plain
+        policy.settings = attrs.evolve(settings, speculate_max_batch=own_limit, first=own_first)
         # Warm-up on copies of the reward's running state, and for the bandits a tour of their arms
         # instead of their selector: the timed run starts untrained, with every arm's shapes captured.
-        pipeline.arms = use_arms
-        warm = Tour(len(pipeline.choices)) if name.startswith("bandit:") else copy.deepcopy(sel)
-        pipeline.selector, pipeline.reward = warm, copy.deepcopy(reward)
+        policy.arms = use_arms
+        warm = Tour(len(policy.choices)) if name.startswith("bandit:") else copy.deepcopy(sel)
+        policy.selector, policy.reward = warm, copy.deepcopy(reward)
         say(f"{name}: warm-up")
         run_pipeline(pipeline, prompts, warm_groups(groups, args.warmup), args, domains)
         timed.append((name, use_arms, sel, own_limit, own_first, []))
@@ -132,8 +135,8 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
         for j, group in enumerate(groups):
             turn = (rep + j) % len(timed)
             for name, use_arms, _, own_limit, own_first, _ in timed[turn:] + timed[:turn]:
-                pipeline.arms, (pipeline.selector, pipeline.reward) = use_arms, state[name]
-                pipeline.speculate_max_batch, pipeline.first = own_limit, own_first
+                policy.arms, (policy.selector, policy.reward) = use_arms, state[name]
+                policy.settings = attrs.evolve(settings, speculate_max_batch=own_limit, first=own_first)
                 parts[name].append(run_pipeline(pipeline, prompts, [group], args, domains))
         for name, *_, runs in timed:
             run = {"requests": [r for p in parts[name] for r in p["requests"]],
@@ -143,8 +146,7 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
             runs.append(run)
             record(name, {"requests": [r for x in runs for r in x["requests"]],
                           "steps": [s for x in runs for s in x["steps"]]})
-    pipeline.arms, pipeline.selector, pipeline.reward = arms, selector, reward
-    pipeline.speculate_max_batch, pipeline.first = limit, first
+    policy.arms, policy.selector, policy.reward, policy.settings = arms, selector, reward, settings
     return prewarm
 
 
@@ -238,7 +240,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flashspec bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", type=Path, required=True, help="JSONL: {'prompt': ..., 'domain': ...} per line")
     p.add_argument("--config", type=Path, required=True, help="FlashSpec pipeline TOML (its arms and selector)")
-    p.add_argument("--out", type=Path, required=True, help="output folder (bench.json and plots)")
+    p.add_argument("--out", type=Path, required=True, help="output folder (bench.json)")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -332,8 +334,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     result["wall_s"] = time.perf_counter() - start
     out_file.write_text(json.dumps(result, indent=1))
     say(f"wrote {out_file}")
-    if not only_synthetic:
-        plots(result, args.out)
     print(json.dumps(result["summary"], indent=2))
     return 0
 
@@ -365,45 +365,6 @@ def measure(args: argparse.Namespace, result: dict[str, Any], workload: list[dic
         torch.cuda.empty_cache()
     if any(s in HF_SYSTEMS for s in args.systems):
         hf_runs(paths, prompts, domains, eos, args, record, deadline)
-
-
-def plots(result: dict[str, Any], out: Path) -> None:
-    """tokens_per_s.png, acceptance_by_position.png and step_breakdown.png beside bench.json."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        say("matplotlib not installed: no plots")
-        return
-    s = {n: v for n, v in result["summaries"].items() if v.get("tokens_per_s") and not n.startswith("synthetic")}
-    fig, ax = plt.subplots(figsize=(8, 0.4 * len(s) + 1.5))
-    ax.barh(list(s), [v["tokens_per_s"] for v in s.values()])
-    ax.set(xlabel="tokens/s", title=f"{result['environment']['device']}: tokens/s by system")
-    fig.tight_layout()
-    fig.savefig(out / "tokens_per_s.png", dpi=100)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, v in s.items():
-        for arm, a in (v.get("arms") or {}).items():
-            if a["acceptance_by_position"] and name.startswith("fixed"):
-                ax.plot(range(1, len(a["acceptance_by_position"]) + 1), a["acceptance_by_position"], marker="o", label=arm)
-    ax.set(xlabel="draft position", ylabel="P(accepted at or beyond)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "acceptance_by_position.png", dpi=100)
-    fig, ax = plt.subplots(figsize=(8, 0.4 * len(s) + 1.5))
-    names = [n for n in s if s[n].get("breakdown_ms")]
-    left = [0.0] * len(names)
-    for part in ("draft_ms", "target_ms", "verify_ms", "host_ms"):
-        vals = [s[n]["breakdown_ms"][part] for n in names]
-        ax.barh(names, vals, left=left, label=part.removesuffix("_ms"))
-        left = [a + b for a, b in zip(left, vals, strict=True)]
-    ax.set_xlabel("ms per step (mean)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "step_breakdown.png", dpi=100)
-    plt.close("all")
 
 
 if __name__ == "__main__":

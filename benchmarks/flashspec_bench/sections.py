@@ -201,10 +201,9 @@ def plan(args: argparse.Namespace) -> dict[str, list[str]]:
 
 
 def full(args: argparse.Namespace) -> int:
-    runnable = [s for s in SECTIONS if s != "b1_greedy_warm"]  # that one is b1_greedy run again with --bench-extra
-    unknown = set(args.sections.split(",")) - set(runnable) - {"all", "none"}
+    unknown = set(args.sections.split(",")) - set(SECTIONS) - {"all", "none"}
     if unknown:  # before the minutes of GGUF conversion
-        raise SystemExit(f"--sections: unknown {sorted(unknown)}; choose from {', '.join(runnable)}, all, none")
+        raise SystemExit(f"--sections: unknown {sorted(unknown)}; choose from {', '.join(SECTIONS)}, all, none")
     deadline = time.time() + args.budget
     config_of = configs(args, convert(args.gguf, BF16))
     sections: dict[str, Any] = {}
@@ -231,6 +230,7 @@ def smoke(args: argparse.Namespace) -> int:
 
     from flashspec_bench.harness import prewarm_drafts
     from flashspec_core.pipeline import Arm, NoDraft, Pipeline
+    from flashspec_core.policy import StepPolicy
     from flashspec_core.rewards import make_reward
     from flashspec_fast.draft import FastDraft
     from flashspec_fast.options import FastOptions, build_model
@@ -248,7 +248,7 @@ def smoke(args: argparse.Namespace) -> int:
         draft = FastDraft(build_model(dopts)[0], target.vocab, dopts)
         for name, arms, ver in (("target_only", plain, SyntheticVerifier(1.0)),
                                 ("spec_g4_a0.8", [Arm("d", draft, 4)], SyntheticVerifier(0.8))):
-            pipe = Pipeline(target, arms, ver, Always(0, 1), make_reward("acceptance"))
+            pipe = Pipeline(target, ver, StepPolicy(arms, Always(0, 1), make_reward("acceptance")))
             if arms[0].gamma:  # the bench's own prewarm, at the batch size the runs below use (1)
                 res[f"fuse={fuse}:draft_prewarm"] = prewarm_drafts(pipe, [[0], [1]], ns)
             run_pipeline(pipe, prompts, [[0]], ns, ["x", "x"])
@@ -258,7 +258,7 @@ def smoke(args: argparse.Namespace) -> int:
             say(f"fuse={fuse} {name}: {res[f'fuse={fuse}:{name}']}")
         # graphs vs eager on the same random model and shapes: identical greedy tokens
         eager = FastTarget(target.model, None, None, FastOptions(model="shape:qwen2.5-1.5b", compile=False))
-        ta, tb = (Pipeline(t, plain, SyntheticVerifier(1.0), Always(0, 1), make_reward("acceptance"))
+        ta, tb = (Pipeline(t, SyntheticVerifier(1.0), StepPolicy(plain, Always(0, 1), make_reward("acceptance")))
                   .generate([prompts[0]], max_new_tokens=32).token_ids for t in (target, eager))
         res[f"fuse={fuse}:graph_vs_eager_identical"] = ta == tb
         say(f"fuse={fuse} graphs vs eager identical: {ta == tb}")
@@ -312,14 +312,14 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--selectors", default=",".join(MORE_SELECTORS),
                    help="more bandits to run besides the config's Thompson (bench --selectors; '' for none)")
     f.add_argument("--sections", default="b1_greedy,b8_greedy,b32_greedy,b1_t07,b1_nf4,synthetic",
-                   help=f"comma list of {','.join(s for s in SECTIONS if s != 'b1_greedy_warm')}, 'all', or 'none' "
+                   help=f"comma list of {','.join(SECTIONS)}, 'all', or 'none' "
                         "to convert only (split a run over several calls on a warm machine; /tmp/fsbf16 is reused)")
     c = sub.add_parser("convert", help="only convert (e.g. one model in the background while the other travels)")
     c.add_argument("--gguf", type=Path, required=True)
     c.add_argument("--which", default="target,draft", help="comma list of target,draft")
     m = sub.add_parser("summarize", help="rebuild e2e-h200.json from a full run's --out folder")
     m.add_argument("--from", dest="src", type=Path, required=True)
-    m.add_argument("--out", type=Path, required=True, help="folder for e2e-h200.json and its plots")
+    m.add_argument("--out", type=Path, required=True, help="folder for e2e-h200.json")
     m.add_argument("--raw", type=Path, default=RAW, help="the raw rows (git-ignored)")
     m.add_argument("--commit", required=True, help="the commit the run measured (the GPU copy has no .git)")
     m.add_argument("--section-commit", action="append", default=[], metavar="SECTION=SHA",

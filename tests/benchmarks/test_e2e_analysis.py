@@ -69,7 +69,7 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("e2e")
     raw = tmp / "raw.json.gz"
     with gzip.open(raw, "wt") as f:
-        json.dump({"summary": {"measured_at_commit": "abc1234"}, "sections": {"b1_greedy_warm": SECTION, "skipped": None}}, f)
+        json.dump({"summary": {"measured_at_commit": "abc1234"}, "sections": {"b1_greedy": SECTION, "skipped": None}}, f)
     out = tmp / "analysis.json"
     assert ea.main(["--raw", str(raw), "--out", str(out)]) == 0
     return json.loads(out.read_text())
@@ -98,12 +98,6 @@ def test_misaligned_steps_are_an_error() -> None:
         ea.split_batches(run)
     with pytest.raises(ValueError, match="does not line up"):
         ea.split_batches({"requests": run["requests"], "steps": run["steps"][:2]})
-
-
-def test_the_warm_batch1_section_is_b1_greedy_only_when_it_warmed_on_every_batch() -> None:
-    assert ea.warm_b1({"b1_greedy": {"args": {"warmup": -1}}}) == "b1_greedy"
-    assert ea.warm_b1({"b1_greedy": {"args": {"warmup": 1}}}) is None
-    assert ea.warm_b1({"b1_greedy": {"args": {"warmup": 1}}, "b1_greedy_warm": {}}) == "b1_greedy_warm"
 
 
 def test_repeats_gives_each_repeat_its_own_rate() -> None:
