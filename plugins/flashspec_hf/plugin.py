@@ -7,7 +7,7 @@ from collections.abc import Iterable
 import attrs
 
 from flashspec_core import ComponentSpec, DraftProvider, hookimpl
-from flashspec_core.contracts import DraftContext, Target
+from flashspec_core.contracts import DraftContext, HasTokenizer, Target
 from flashspec_hf.draft import HFDraft, check_same_tokenizer
 from flashspec_hf.loading import ModelOptions, load_model
 from flashspec_hf.target import HFTarget
@@ -22,7 +22,8 @@ def make_draft(config: ModelOptions, context: DraftContext) -> HFDraft:
     if config.device == "auto":
         config = attrs.evolve(config, device=str(context.device))
     model, tokenizer = load_model(config)
-    check_same_tokenizer(tokenizer, getattr(context.target, "tokenizer", None), config.model)
+    target_tokenizer = context.target.tokenizer if isinstance(context.target, HasTokenizer) else None
+    check_same_tokenizer(tokenizer, target_tokenizer, config.model)
     return HFDraft(model, context.vocab)
 
 

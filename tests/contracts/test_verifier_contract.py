@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flashspec_core.contracts import SamplingParams, Verifier
+from flashspec_core.contracts import SamplingParams, Verifier, VerifiesWithNoise
 from flashspec_core.testing import verifier_contract as vc
 
 NAMES = vc.verifier_names()
@@ -94,3 +94,21 @@ def test_same_seed_same_verdict(name: str) -> None:
 def test_edge_case(name: str, check: object) -> None:
     verifier: Verifier = vc.load_verifier_or_skip(name, DEVICE, exact=True)
     check(verifier, DEVICE)  # type: ignore[operator]
+
+
+def test_verify_with_noise(name: str) -> None:
+    verifier = vc.load_verifier(name, DEVICE)
+    if not isinstance(verifier, VerifiesWithNoise):
+        pytest.skip(f"verifier {name!r} does not declare VerifiesWithNoise")
+    vc.check_noise_matches_reference(verifier, DEVICE)
+
+
+def test_the_noise_check_catches_a_verifier_that_draws_its_own_noise() -> None:
+    from flashspec_reference.plugin import ReferenceVerifier
+
+    class OwnNoise(ReferenceVerifier):
+        def verify_with_noise(self, target_logits, draft_tokens, draft_probs, sampling, noise):  # type: ignore[no-untyped-def]
+            return self.verify(target_logits, draft_tokens, draft_probs, sampling, torch.Generator().manual_seed(99))
+
+    with pytest.raises(AssertionError, match="the reference's"):
+        vc.check_noise_matches_reference(OwnNoise())
