@@ -52,6 +52,8 @@ import torch
 import triton
 import triton.language as tl
 
+from flashspec_core.ragged import additive_mask, causal_mask
+
 MAX_WIDTH = 16  # query tokens per row up to which a forward uses this kernel (wider: prefill, SDPA)
 BLOCK_M = 16  # query rows per tile, whatever T: the same dot shape for every query
 BLOCK_N = 64  # slots per inner iteration
@@ -222,9 +224,7 @@ def decode_attention_ref(
     batch, width, heads, hd = q.shape
     kv_heads = k_cache.shape[2]
     group = heads // kv_heads
-    keys = torch.arange(span, device=q.device)
-    allowed = keys[None, None, :] <= pos[:, :, None]  # [B, T, span]
-    mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
+    mask = additive_mask(causal_mask(pos, span), q.dtype)  # [B, T, span]
     k = k_cache[:, :span].transpose(1, 2).repeat_interleave(group, dim=1)  # [B, H, span, hd]
     v = v_cache[:, :span].transpose(1, 2).repeat_interleave(group, dim=1)
     o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale)

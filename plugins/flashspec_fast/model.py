@@ -40,6 +40,8 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from flashspec_core.ragged import additive_mask, causal_mask
+
 MIN_SPAN = 128  # fewest slots a forward attends (smaller spans would only add captured graphs)
 
 
@@ -265,11 +267,8 @@ class Transformer:
         """Additive mask [B, 1, G*T, span]: a query at position p sees slots 0..p. The query
         group is folded into the length, so K/V are read once per KV head."""
         batch, width = pos.shape
-        keys = torch.arange(span, device=self.device)
-        allowed = (keys[None, None, :] <= pos[:, :, None])[:, None, None].expand(batch, 1, group, width, span)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(allowed.logical_not(), float("-inf"))
-        return mask.view(batch, 1, group * width, span)
+        allowed = causal_mask(pos, span)[:, None, None].expand(batch, 1, group, width, span)
+        return additive_mask(allowed, self.dtype).view(batch, 1, group * width, span)
 
     @torch.no_grad()
     def forward(

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from flashspec_core.ragged import right_align
 from flashspec_fast.graphs import GraphCache
 from flashspec_fast.model import Transformer
 from flashspec_fast.options import FastOptions, build_model
@@ -64,14 +65,8 @@ def ragged_inputs(tokens: torch.Tensor, starts: Sequence[int], stops: Sequence[i
                   ) -> torch.Tensor:
     """[3, B, width] int64: token ids, positions and cache write slots of ``tokens[b, starts[b]:stops[b]]``,
     right-aligned (each row's last token last); padding is token 0 at position 0 written to ``scratch``."""
-    host = torch.zeros((3, len(starts), width), dtype=torch.long)
-    host[2] = scratch
-    for b, (s, e) in enumerate(zip(starts, stops, strict=True)):
-        if e > s:
-            host[0, b, width - (e - s) :] = tokens[b, s:e]
-            host[1, b, width - (e - s) :] = torch.arange(s, e)
-            host[2, b, width - (e - s) :] = torch.arange(s, e)
-    return host
+    ids, pos = right_align(tokens, starts, stops, width)
+    return torch.stack([ids, pos.clamp_min(0), torch.where(pos >= 0, pos, scratch)])
 
 
 def ragged_forward(

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from flashspec_core.ragged import additive_mask, causal_mask, next_positions, right_align
+
 
 def _cache_kwarg(model: PreTrainedModel) -> str:
     params = inspect.signature(model.forward).parameters
@@ -42,13 +44,13 @@ class CachedLM:
         self.seen = [0] * batch  # real tokens fed, per row
 
     def _mask(self, n: int) -> torch.Tensor:
+        """The last ``n`` slots as queries: causal over slots, valid keys only, and each query
+        sees itself. [B, 1, n, S]"""
         slots = self.valid.shape[1]
-        q = torch.arange(slots - n, slots, device=self.device)[:, None]
-        k = torch.arange(slots, device=self.device)[None, :]
-        allowed = ((k <= q)[None] & self.valid[:, None, :]) | (k == q)[None]
-        neg = torch.finfo(self.mask_dtype).min
-        mask = torch.zeros(allowed.shape, dtype=self.mask_dtype, device=self.device)
-        return mask.masked_fill_(~allowed, neg)[:, None]  # [B, 1, n, S]
+        q = torch.arange(slots - n, slots, device=self.device)[None]  # [1, n]
+        itself = torch.arange(slots, device=self.device)[None, None, :] == q[:, :, None]  # [1, n, S]
+        allowed = (causal_mask(q, slots) & self.valid[:, None, :]) | itself
+        return additive_mask(allowed, self.mask_dtype, torch.finfo(self.mask_dtype).min)[:, None]
 
     @property
     def mask_dtype(self) -> torch.dtype:
@@ -59,7 +61,7 @@ class CachedLM:
         """Append slots and return their logits. ids/valid: [B, n] -> [B, n, V]."""
         ids = ids.to(self.device)
         valid = valid.to(self.device)
-        pos = (self.next_pos[:, None] + valid.long().cumsum(1) - 1).clamp_min(0)
+        pos = next_positions(self.next_pos, valid)
         self.valid = torch.cat([self.valid, valid], dim=1)
         kwargs = {self._kwarg: self.cache}
         out = self.model(
@@ -75,14 +77,9 @@ class CachedLM:
         each row's sequence, then after each extra token. [B, 1+m, V].
         """
         new = [max(length - seen, 0) for length, seen in zip(lengths, self.seen, strict=True)]
-        width = max(max(new), 1)
-        batch = len(lengths)
-        ids = torch.zeros((batch, width), dtype=torch.long)
-        valid = torch.zeros((batch, width), dtype=torch.bool)
-        for b, (k, length) in enumerate(zip(new, lengths, strict=True)):
-            if k:
-                ids[b, width - k :] = tokens[b, length - k : length].cpu()
-                valid[b, width - k :] = True
+        starts = [length - k for length, k in zip(lengths, new, strict=True)]
+        ids, pos = right_align(tokens.cpu(), starts, lengths, max(max(new), 1))
+        valid = pos >= 0
         self.seen = [s + k for s, k in zip(self.seen, new, strict=True)]
         if extra is not None and extra.shape[1]:
             ids = torch.cat([ids, extra.cpu()], dim=1)
