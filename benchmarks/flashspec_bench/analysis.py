@@ -27,6 +27,7 @@ from typing import Any
 
 from flashspec_bench.e2e import RAW, floor_table, load_raw
 from flashspec_bench.provenance import DOCS, provenance, write_json
+from flashspec_bench.runs import by_domain, summarize_run
 
 Json = dict[str, Any]
 
@@ -63,17 +64,7 @@ def split_batches(run: Json) -> list[Batch]:
 
 def tokens_per_s(requests: Iterable[Json]) -> float:
     """New tokens over the wall time of the distinct batches (as ``summarize_run``)."""
-    reqs = list(requests)
-    walls = {r["batch_id"]: r["wall_s"] for r in reqs}
-    return sum(r["new_tokens"] for r in reqs) / sum(walls.values())
-
-
-def per_domain_tps(requests: Iterable[Json]) -> dict[str, float]:
-    """tokens/s per domain at batch 1 (as :func:`flashspec_bench.runs.by_domain`)."""
-    acc: dict[str, list[Json]] = {}
-    for r in requests:
-        acc.setdefault(r["domain"], []).append(r)
-    return {d: tokens_per_s(rs) for d, rs in acc.items()}
+    return summarize_run({"requests": list(requests)})["tokens_per_s"]
 
 
 def spec_names(section: Json) -> list[str]:
@@ -98,7 +89,7 @@ def repeats(sections: dict[str, Json]) -> Json | None:
         for n, rs in runs.items():
             tps = [tokens_per_s(r for r in rs if r.get("repeat") == k) for k in reps]
             by[n] = {"tokens_per_s": tps, "spread": (max(tps) - min(tps)) / statistics.median(tps),
-                     "per_domain": [per_domain_tps(r for r in rs if r.get("repeat") == k) for k in reps]}
+                     "per_domain": [by_domain({"requests": [r for r in rs if r.get("repeat") == k]}) for k in reps]}
         if "target_only" in by:
             plain = by["target_only"]["tokens_per_s"]
             for v in by.values():

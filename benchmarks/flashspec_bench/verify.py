@@ -1,32 +1,25 @@
 """Check and time the Triton verifier against the reference on one CUDA GPU
 (``benchmarks/verify_kernels.py``).
 
-Shapes are timed at the code's defaults (what the engine runs). Writes
-``DIR/verify-kernels-h200.json``: provenance, config, the GPU checks (token equality with
-the reference in exact mode, no host sync under ``torch.cuda.set_sync_debug_mode("error")``,
-CUDA-graph replay), a device-to-device copy bandwidth, and per shape the median times of
+Writes ``DIR/verify-kernels-h200.json``: provenance, the code's launch settings, the GPU
+checks (token equality with the reference in exact mode, no host sync under
+``torch.cuda.set_sync_debug_mode("error")``, CUDA-graph replay), a device-to-device copy
+bandwidth, and per shape, at the code's defaults, the median times of
 
-* ``logits_pass_ms``: the one full pass over the logits (``_lse_partial_kernel``) alone;
+* ``logits_pass_ms``: the one full pass over the logits alone;
 * ``read_floor_ms``: the same bytes read by the simplest streaming kernel (one block per
-  program, one sum; the fastest of three block sizes): what launch latency and the DRAM
-  ramp leave a kernel of this size;
-* ``triton_ms`` / ``triton_exact_ms``: a whole ``TritonVerifier.verify`` step as the
-  engine calls it (noise, the kernels, output allocation), philox and exact noise; the
+  program, one sum; the fastest of three block sizes);
+* ``triton_ms``: a whole philox ``TritonVerifier.verify`` step as the engine calls it; the
   logits stay at one address, as the fast target's output buffer does, so from the second
   call on the step replays a pinned graph (:mod:`flashspec_triton.stepgraphs`);
-* ``triton_unpinned_ms``: the same step with ``graph_pin = false`` (a graph over copies of
-  the inputs up to ``graph_max_bytes``, direct launches above);
-* ``triton_direct_ms``: the same step with ``graph_max_bytes = 0`` (always direct);
-* ``triton_graph_ms``: the philox step replayed from a CUDA graph (no launch gaps);
+* ``triton_graph_ms``: the same step replayed from the caller's CUDA graph;
 * ``reference_ms``: ``ReferenceVerifier.verify`` on the same GPU;
-* ``compile_ms``: ``Noise.draw`` + ``torch.compile(verify_random, dynamic=True)``
-  (compiled once per dtype; only for B >= 8 so that B = 1 does not recompile it).
+* ``compile_ms``: ``Noise.draw`` + ``torch.compile(verify_random, dynamic=True)`` (B >= 8).
 
-Times are ``triton.testing.do_bench`` medians, which clear the L2 (256 MB write)
-before every timed call, so no input is served from the cache and inputs need no
-rotation; ``*_wall_ms`` are host medians of ``step(); synchronize()``.
-``bandwidth_fraction = B*(gamma+1)*V*bytes / logits_pass_ms / copy_bandwidth``;
-``read_floor_fraction`` is the same with ``read_floor_ms``.
+Times are ``triton.testing.do_bench`` medians, which clear the L2 before every timed call;
+``*_wall_ms`` are host medians of ``step(); synchronize()``. ``bandwidth_fraction`` is the
+logits' bytes / ``logits_pass_ms`` / the copy bandwidth; ``read_floor_fraction`` the same
+with ``read_floor_ms``.
 """
 
 from __future__ import annotations
