@@ -18,7 +18,8 @@
 # ~220 s of device time to a pause between start and the first chunk).
 #
 # Every stage writes its log and results under $OUT (res-STAGE.tgz: the sections' bench.json
-# folders); `e2e_h200.py summarize` turns them into docs/benchmarks/e2e-h200.json.
+# folders); `e2e_h200.py summarize` turns them into docs/benchmarks/e2e-h200.json (the raw rows
+# go to the git-ignored benchmarks/.results/).
 set -uo pipefail
 FS=/tmp/fs SITE=/tmp/site MODELS=/tmp/fsmodels RES=/tmp/fsout LOGS=/tmp/fslogs
 CHUNK_MIB=${CHUNK_MIB:-}  # default: what the 64 MiB per call leaves beside the checkout, at most 36 (prep)
@@ -46,9 +47,8 @@ prep() {  # here, at the root of a clean checkout
     python3 - "$gguf" "$CHUNK_MIB" <<'EOF'
 import sys
 from pathlib import Path
+from flashspec_bench.sections import MODELS
 from flashspec_models.weights import KNOWN_MODELS
-sys.path.insert(0, "benchmarks")
-from e2e_h200 import MODELS
 
 gguf, size = Path(sys.argv[1]), int(sys.argv[2]) << 20
 lines, n = [], 0
