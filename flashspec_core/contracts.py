@@ -192,7 +192,11 @@ class DraftProvider(Protocol):
     has seen and catches up on the rest. Providers that are not picked for a
     step are not called; they catch up on their next turn. Arms with equal draft
     tables share one provider (``flashspec_core.build``), so ``gamma`` comes with each
-    call and the state a provider keeps is about the sequences only.
+    call and the state a provider keeps is about the sequences only. ``gamma = 0``
+    gives an empty proposal. Every proposal is followed by a :meth:`rollback` before the
+    next call (after an empty one, the rollback of zeros may come twice: the first arm's
+    empty proposal played as a plain step). :mod:`flashspec_core.testing.draft_contract`
+    checks all of this.
     """
 
     def reset(self) -> None:
