@@ -200,20 +200,11 @@ def run_trace(args: argparse.Namespace) -> int:
         raise SystemExit(f"{args.out} was traced in another dtype or with more tokens; remove it or match them")
     if old and old["max_new_tokens"] < args.max_new_tokens:  # longer cap: continue the earlier traces
         data["config"]["extended_from_max_new_tokens"] = old["max_new_tokens"]
-    data.setdefault("config", {}).update(
-        {
-            "target": TARGET,
-            "draft": DRAFT,
-            "dtype": args.dtype,
-            "device": "cpu",
-            "decoding": "greedy",
-            "max_new_tokens": args.max_new_tokens,
-            "lookup": "flashspec_lookup.lookup, default LookupConfig",
-            "match_lookup": f"flashspec_lookup.lookup, LookupConfig(min_ngram={MATCH_MIN_NGRAM}, fill=False)",
-            "lookup_gamma": LOOKUP_GAMMA,
-            "workload": str(args.workload.relative_to(ROOT)),
-        }
-    )
+    data.setdefault("config", {}).update({
+        "target": TARGET, "draft": DRAFT, "dtype": args.dtype, "device": "cpu", "decoding": "greedy",
+        "max_new_tokens": args.max_new_tokens, "lookup": "flashspec_lookup.lookup, default LookupConfig",
+        "match_lookup": f"flashspec_lookup.lookup, LookupConfig(min_ngram={MATCH_MIN_NGRAM}, fill=False)",
+        "lookup_gamma": LOOKUP_GAMMA, "workload": str(args.workload.relative_to(ROOT))})
     data.setdefault("traces", {})
     tok, target, draft = load_models(args.dtype)
     eos = tok.convert_tokens_to_ids("<|im_end|>")

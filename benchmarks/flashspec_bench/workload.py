@@ -26,8 +26,6 @@ from flashspec_bench.arms import ADAPTIVE, ARMS, SMALL, Arm, load_costs, step_co
 from flashspec_bench.provenance import DOCS, provenance, write_json
 from flashspec_bench.traces import (
     DOMAINS,
-    LOOKUP_GAMMA,
-    MATCH_MIN_NGRAM,
     TRACES,
     WORKLOAD,
     add_match,
@@ -335,17 +333,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         "summary": {"workload": workload},
         "config": {
             "arms": [attrs.asdict(a) for a in ARMS], "seeds": args.seeds,
-            "selectors": "flashspec_selectors defaults (seeded where random; request_thompson told of each prompt by "
-                         "begin_request); [rule] = the same default rule fed horizon = tokens in the run and "
-                         "breakpoints = domain changes in the order (see rule_inputs)",
-            "rewards": "flashspec_core.rewards.make_reward: acceptance = accepted / gamma (0 for gamma 0); "
-                       "throughput = emitted / modelled step s over the running max",
-            "step_cost_s": step_cost_s,
-            "step_cost_s_note": "a list is indexed by the arm's own proposal width (lookup-match: 0..8 tokens); "
-                                "for an arm `a>b` entry 0 is b's step plus the lookup search that found nothing",
-            "match_lookup": f"flashspec_lookup.lookup, LookupConfig(min_ngram={MATCH_MIN_NGRAM}, fill=False), gamma "
-                            f"{LOOKUP_GAMMA}; widths and runs of {derived} of {len(traces)} traces derived from the "
-                            "prompt at simulate time (traces.add_match), the rest recorded by `trace`",
+            "selectors": "defaults ([rule]: horizon and breakpoints from rule_inputs)", "rewards": "make_reward",
+            "step_cost_s": step_cost_s,  # a list: by the arm's own width; for `a>b` entry 0 is b's step + the search
+            "match_derived": f"{derived} of {len(traces)} traces (traces.add_match)",
             "cost_model": costs, "trace_config": data["config"],
         },
         "arm_acceptance": arm_stats(traces),
