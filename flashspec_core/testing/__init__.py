@@ -15,4 +15,5 @@
   (range, rewards, seeds, ``begin_request``); :mod:`~flashspec_core.testing.components`
   builds a registered component from its config keys;
 * :mod:`~flashspec_core.testing.mutants`: planted bugs the gate must catch.
+* ``tree_exactness`` / ``tree_mutants``: the gate and planted bugs for :mod:`flashspec_core.tree`.
 """
