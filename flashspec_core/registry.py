@@ -41,6 +41,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "flashspec_fast.plugin",
 )
 ENTRY_POINT_GROUP = "flashspec"
+DISTRIBUTION = "flashspec-engine"  # ours, that provides the built-ins ("flashspec" on PyPI is another project)
 AUTOLOAD_ENV = "FLASHSPEC_DISABLE_PLUGIN_AUTOLOAD"
 
 _HOOK_OF_KIND: dict[ComponentKind, str] = {
@@ -119,7 +120,7 @@ class Registry:
 
 def _own_version() -> str:
     try:
-        return md.version("flashspec")
+        return md.version(DISTRIBUTION)
     except md.PackageNotFoundError:
         return "0+unknown"
 
@@ -134,7 +135,7 @@ def build_registry(extra_plugins: Iterable[object] = (), autoload: bool | None =
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     dists: dict[str, tuple[str, str]] = {}
-    own = ("flashspec", _own_version())
+    own = (DISTRIBUTION, _own_version())
     for modname in BUILTIN_PLUGINS:
         _register(pm, _import_plugin(modname), modname)
         dists[modname] = own

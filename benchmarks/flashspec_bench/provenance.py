@@ -23,7 +23,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "benchmarks"
 RESULTS = ROOT / "benchmarks" / ".results"
-PACKAGES = ("flashspec", "torch", "transformers", "triton", "numpy", "scipy")
+PACKAGES = ("flashspec-engine", "torch", "transformers", "triton", "numpy", "scipy")
 
 
 def git(*args: str) -> str | None:

@@ -281,7 +281,7 @@ def _fetch_gguf(model: KnownModel, work: Path, progress: bool) -> Path:
 def _require_gguf_support() -> None:
     missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
     if missing:
-        raise WeightsError(f"converting embedded models needs {' and '.join(missing)}: pip install 'flashspec[gguf]'")
+        raise WeightsError(f"converting embedded models needs {' and '.join(missing)}: pip install 'flashspec-engine[gguf]'")
 
 
 @contextlib.contextmanager
@@ -368,7 +368,7 @@ def ensure_model(
     :param dtype: dtype the dense weights are saved in, one of :data:`DTYPES`.
     :param keep_gguf: keep the verified GGUF file next to the checkpoint.
     :returns: the checkpoint directory.
-    :raises WeightsError: unknown name, failed download, missing ``flashspec[gguf]`` extra.
+    :raises WeightsError: unknown name, failed download, missing ``flashspec-engine[gguf]`` extra.
     :raises ChecksumError: the assembled GGUF is not the pinned file; nothing is cached.
     """
     model = _lookup(name)

@@ -169,7 +169,7 @@ def rope_store(
 @functools.cache
 def triton_kernels() -> tuple[ModuleType, ModuleType] | None:
     """:mod:`flashspec_kernels.attention` and :mod:`flashspec_kernels.rope`, or None where
-    triton is not installed (it is an extra: ``pip install 'flashspec[triton]'``), so that the
+    triton is not installed (it is an extra: ``pip install 'flashspec-engine[triton]'``), so that the
     model still loads and decodes through SDPA and torch's ops on such a machine."""
     try:
         from flashspec_kernels import attention, rope
@@ -189,7 +189,7 @@ def decode_kernel(attention: str, head_dim: int, dtype: torch.dtype, device: tor
     kernels = triton_kernels()
     if kernels is None:
         if attention == "triton":
-            raise ValueError("attention = 'triton' needs the triton package: pip install 'flashspec[triton]'")
+            raise ValueError("attention = 'triton' needs the triton package: pip install 'flashspec-engine[triton]'")
         return False
     ok = kernels[0].supported(head_dim, dtype)
     if attention == "sdpa" or (attention == "auto" and not (device.type == "cuda" and ok)):

@@ -31,7 +31,7 @@ def quantize_weights(w: Weights) -> Weights:
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
-        raise RuntimeError("quantization = 'nf4' needs bitsandbytes: pip install 'flashspec[nf4]'") from None
+        raise RuntimeError("quantization = 'nf4' needs bitsandbytes: pip install 'flashspec-engine[nf4]'") from None
     layers: list[Any] = []
     for layer in w.layers:
         layers.append(

@@ -82,7 +82,7 @@ def _nf4_config(compute_dtype: torch.dtype) -> Any:
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
-        raise RuntimeError("quantization = 'nf4' needs bitsandbytes: pip install 'flashspec[nf4]'") from None
+        raise RuntimeError("quantization = 'nf4' needs bitsandbytes: pip install 'flashspec-engine[nf4]'") from None
     from transformers import BitsAndBytesConfig
 
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype)

@@ -125,7 +125,7 @@ def _make(config: Any, device: torch.device | str | None = None) -> Verifier:
         import triton  # noqa: F401
     except ImportError as exc:
         raise RuntimeError(
-            "the 'triton' verifier needs the triton package (pip install 'flashspec[triton]'); "
+            "the 'triton' verifier needs the triton package (pip install 'flashspec-engine[triton]'); "
             "use verifier 'reference' without it"
         ) from exc
     return TritonVerifier(config if config is not None else TritonVerifierConfig(), device)

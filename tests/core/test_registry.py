@@ -36,7 +36,7 @@ def test_third_party_component_is_found() -> None:
 
 
 def test_name_clash_names_both_plugins() -> None:
-    with pytest.raises(PluginError, match=r"'ucb1' is provided by two plugins: 'flashspec_selectors.plugin' \(flashspec\) and 'acme_ucb1'"):
+    with pytest.raises(PluginError, match=r"'ucb1' is provided by two plugins: 'flashspec_selectors.plugin' \(flashspec-engine\) and 'acme_ucb1'"):
         build_registry(extra_plugins=[_plugin("ucb1")])
 
 
@@ -62,7 +62,7 @@ def test_plugins_command_lists_every_component(capsys: pytest.CaptureFixture[str
     rows = json.loads(capsys.readouterr().out)
     names = {(r["kind"], r["name"]) for r in rows}
     assert ("verifier", "reference") in names and ("draft", "prompt_lookup") in names
-    assert all(r["distribution"].startswith("flashspec ") for r in rows)
+    assert all(r["distribution"].startswith("flashspec-engine ") for r in rows)
 
 
 def test_a_misspelled_hookimpl_names_its_plugin() -> None:

@@ -286,7 +286,7 @@ def test_missing_gguf_extra_fails_before_download(fake: Fake, monkeypatch: pytes
     monkeypatch.setattr(weights, "_download", lambda *a: pytest.fail("downloaded without gguf"))
     real_find_spec = weights.importlib.util.find_spec
     monkeypatch.setattr(weights.importlib.util, "find_spec", lambda n: None if n == "gguf" else real_find_spec(n))
-    with pytest.raises(WeightsError, match=r"needs gguf: pip install 'flashspec\[gguf\]'"):
+    with pytest.raises(WeightsError, match=r"needs gguf: pip install 'flashspec-engine\[gguf\]'"):
         ensure_model(fake.model.name, progress=False)
 
 

@@ -438,5 +438,5 @@ def test_attention_triton_without_triton_is_a_clear_error(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(model, "triton_kernels", lambda: None)
     assert model.decode_kernel("auto", 64, torch.float32, torch.device("cpu")) is False
-    with pytest.raises(ValueError, match=r"needs the triton package: pip install 'flashspec\[triton\]'"):
+    with pytest.raises(ValueError, match=r"needs the triton package: pip install 'flashspec-engine\[triton\]'"):
         model.decode_kernel("triton", 64, torch.float32, torch.device("cpu"))
