@@ -285,19 +285,9 @@ def bench(fn, wall: bool = True) -> dict:
     return r
 
 
-def logits_pass_fn(logits: torch.Tensor) -> Callable[[], None]:
-    """The verifier's one full pass over ``logits`` alone, launched as the verifier does.
-    The pass has no public entry point: this reads the kernel module's launch helpers."""
-    block, warps = ops.PASS_CONFIG[logits.element_size()]
-    tile = ops.PASS_TILE[logits.element_size()]
-    b, g1, v = logits.shape
-    nsplit, per = ops._split(b * g1, v, block, ops._programs_wanted(DEV))
-    part = torch.empty((2, b * g1, nsplit), dtype=torch.float32, device=DEV)
-
-    def run() -> None:
-        ops._lse_partial_kernel[(b * g1, nsplit)](logits, part, 1.0, v, per, BLOCK_V=block, TILE=tile, num_warps=warps)
-
-    return run
+def logits_pass_fn(logits: torch.Tensor) -> Callable[[], object]:
+    """The verifier's one full pass over ``logits`` alone, launched as the verifier does."""
+    return ops.logsumexp_pass(logits)
 
 
 @triton.jit

@@ -89,6 +89,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -98,33 +99,22 @@ import triton.language as tl
 from flashspec_core.contracts import SamplingParams, Verdict
 from flashspec_core.sampling import Noise, filter_logits, verify_greedy, verify_random
 
-# Block sizes: the fastest in benchmarks/verify_kernels.py's sweeps on an H200
-# (docs/benchmarks/verify-kernels-h200.json at dcd459a, "pass_sweep" and "race_sweep"; the
-# run's table was timed with these): the pass's best (block, warps, programs per SM) per dtype.
-# full pass: bytes per logit -> (logits per block, warps per program); 2-byte logits take
-# the tile form's pick in benchmarks/pass_variants.py's sweeps (3af83a3, 1024280; at
-# 08a5c7f the good settings all scored within noise: pass-variants-h200-persm.json)
+# Launch settings: the fastest in benchmarks/verify_kernels.py's sweeps on an H200
+# (docs/kernels.md, "Launch settings"; docs/reports/2026-12-03-verify-kernels-investigation.md).
+# full pass: bytes per logit -> (logits per block, warps per program)
 PASS_CONFIG = {2: (4096, 8), 4: (2048, 4)}
-# greedy argmax pass: the per-block pass's config from the dcd459a sweep
+# greedy argmax pass: bytes per logit -> (logits per block, warps per program)
 ARGMAX_CONFIG = {2: (4096, 4), 4: (2048, 4)}
 # full pass: bytes per logit -> logits per tile row (0: one running max per block). One
-# thread loads 16 bytes = 8 bf16 logits, so 8 keeps each tile row's max and sum in-thread.
-# In docs/benchmarks/pass-variants-h200.json (1024280), median over issue 4's bf16 goal
-# band after a read flush, the tile form took 0.909x ("tile8_rs") and this kernel at 8
-# 0.938x ("prod_tile") the per-block form's time ("prod"), each at its own sweep pick; in
-# fp32 the tile form was 1.05x slower ("tile8_rs"), so fp32 stays at 0.
+# thread loads 16 bytes = 8 bf16 logits, so 8 keeps each tile row's max and sum in-thread;
+# in fp32 the tile form was slower, so fp32 keeps one running max per block.
 PASS_TILE = {2: 8, 4: 0}
 RACE_BLOCK_V = 8192  # logits per block in the race (four quarters, one philox call per quad)
 RACE_WARPS = 8
-# Programs the launcher aims for per SM (the pass sweep's pick in both dtypes at dcd459a; the
-# previous default, 4, was 1-12% slower on its bf16 shapes: verify-kernels-h200-analysis.json).
+# Programs the launcher aims for per SM: the pass sweep's pick in both dtypes.
 PROGRAMS_PER_SM = 32
-# The race's own target (docs/benchmarks/verify-kernels-h200-compare.json, pairs
-# race32_vs_ed12466 and current_vs_ed12466). Timed with 32 per SM for every kernel (1024280), a
-# bf16 step spent 12-31% more outside the pass than the ed12466 run, whose sweep had set 16
-# for every kernel, at B = 512 with V >= 128256 and B = 128 with V = 151936 (B = 512,
-# gamma = 4, V = 128256: 386 against 313 us), and about the same elsewhere; with 16 for the
-# race (verify-kernels-h200.json at 5758871) every bf16 shape from B = 128 is within 3%.
+# The race's own target: with 32 per SM a bf16 step at B >= 128 and large vocabularies spent
+# 12-31% more outside the pass than with 16.
 RACE_PROGRAMS_PER_SM = 16
 # Register cap of the race on CUDA (the interpreter ignores it). The one-row race compiled
 # to ~128 registers in philox mode; its [1, N]-tile form compiles to ~167 uncapped, one
@@ -133,10 +123,9 @@ RACE_MAX_REGISTERS = 128
 G_PAD = 32  # >= gamma + 1 for gamma <= 16
 S_PAD = 128  # most slices per row
 NB_PAD = 32  # race blocks per row the finalize's pad covers without recompiling (V <= 262144)
-# Philox mode's two-stage draw, from this many rows and tokens (module doc, "Philox draws"). On
-# the H200 at 631ab87 it took 0.84x-0.96x the one-stage step at B >= 128 with V >= 128256 and
-# 1.2x-1.9x at B <= 32 or V = 32000 (docs/benchmarks/verify-kernels-h200-compare.json,
-# two_stage_vs_current), so the one-stage race stays below these.
+# Philox mode's two-stage draw, from this many rows and tokens (module doc, "Philox draws"): on
+# the H200 it took 0.84x-0.96x the one-stage step at B >= 128 with V >= 128256 and 1.2x-1.9x
+# at B <= 32 or V = 32000, so the one-stage race stays below these.
 TWO_STAGE_MIN_BATCH = 128
 TWO_STAGE_MIN_VOCAB = 100_000
 Draw = Literal["auto", "one_stage", "two_stage"]
@@ -204,7 +193,7 @@ def _lse_partial_kernel(
         # block), the sum stays per lane (reduced once at the end); one exp2 per logit. Maxima
         # are kept in raw-logit units: max(x) * inv_t == max(x * inv_t) exactly, as inv_t > 0.
         # (A per-lane max instead, merged once at the end, was measured 17-23% slower on the H200
-        # at ed12466 and removed: verify-kernels-h200-analysis.json, best_score_by_lane_max.)
+        # and removed.)
         s = tl.zeros((ROWS, BLOCK_V), tl.float32)
         m = tl.full((ROWS,), float("-inf"), tl.float32)
         for blk in range(blocks_per_split):
@@ -671,6 +660,24 @@ def _programs_wanted(device: torch.device) -> int:
     if device.type != "cuda":
         return 1
     return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def logsumexp_pass(logits: torch.Tensor, inverse_temperature: float = 1.0) -> Callable[[], torch.Tensor]:
+    """The verifier's full pass over ``logits`` alone ([B, G, V]), launched as the verifier
+    launches it: returns a callable that runs the pass and returns its per-slice partial
+    (max, sum) pairs, [2, B * G, nsplit] float32. For benchmarks that time the pass alone."""
+    block, warps = PASS_CONFIG[logits.element_size()]
+    tile = PASS_TILE[logits.element_size()]
+    b, g1, v = logits.shape
+    nsplit, per = _split(b * g1, v, block, _programs_wanted(logits.device))
+    part = torch.empty((2, b * g1, nsplit), dtype=torch.float32, device=logits.device)
+
+    def run() -> torch.Tensor:
+        _lse_partial_kernel[(b * g1, nsplit)](logits, part, inverse_temperature, v, per, BLOCK_V=block, TILE=tile,
+                                              num_warps=warps)
+        return part
+
+    return run
 
 
 def two_stage_wanted(batch: int, vocab: int) -> bool:

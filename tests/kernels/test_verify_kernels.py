@@ -484,3 +484,15 @@ def test_step_graphs_pin_by_address(monkeypatch: pytest.MonkeyPatch) -> None:
         check(graphs, logits, drafts())
     assert len(captured) == 1 and captured[0][0] is not logits
     assert (graphs.pinned_replays, graphs.copied_replays) == (0, 3)
+
+
+def test_logsumexp_pass_partials_give_the_logsumexp() -> None:
+    """The public pass launcher (what benchmarks time alone) computes the verifier's partials:
+    merged, they give each row's log-sum-exp, over slices that hit the masked tail (V = 1271)."""
+    logits = torch.randn((2, 3, 1271), generator=torch.Generator().manual_seed(0)) * 3
+    part = ops.logsumexp_pass(logits)()
+    m, s = part[0], part[1]  # [rows, nsplit]: max in logit units and the sum of exp2 at that max
+    top = m.max(dim=1, keepdim=True).values
+    lse = top.squeeze(1) + torch.log((s * torch.exp(m - top)).sum(dim=1))
+    want = torch.logsumexp(logits.reshape(-1, 1271).double(), dim=1)
+    torch.testing.assert_close(lse.double(), want, rtol=1e-5, atol=1e-5)
