@@ -11,7 +11,8 @@ import torch
 from flashspec_core.config import ComponentChoice, PipelineConfig, load_config, parse_config
 from flashspec_core.contracts import DraftContext, DraftProvider, StepRecord, Target, Verifier
 from flashspec_core.logs import run_logger
-from flashspec_core.pipeline import Arm, Pipeline
+from flashspec_core.pipeline import Pipeline
+from flashspec_core.policy import Arm, PolicySettings, StepPolicy
 from flashspec_core.registry import Registry, build_registry
 from flashspec_core.rewards import make_reward
 
@@ -59,9 +60,10 @@ def build_pipeline(
     on_step: Callable[[StepRecord], None] | None = None
     if hook.flashspec_step_end.get_hookimpls():
         on_step = lambda record: hook.flashspec_step_end(record=record)  # noqa: E731
-    first = index[config.first] if config.first is not None else None
-    pipeline = Pipeline(target, arms, verifier, selector, make_reward(config.reward), logger, on_step, config,
-                        config.speculate_max_batch, first, config.draw_ahead)
+    settings = PolicySettings(speculate_max_batch=config.speculate_max_batch, draw_ahead=config.draw_ahead,
+                              first=index[config.first] if config.first is not None else None)
+    policy = StepPolicy(arms, selector, make_reward(config.reward), settings)
+    pipeline = Pipeline(target, verifier, policy, config, logger, on_step)
     hook.flashspec_pipeline_built(pipeline=pipeline)
     return pipeline
 

@@ -1,4 +1,8 @@
-"""The decode loop: select an arm, draft, score, verify, roll back, repeat.
+"""The decode loop: plan, propose, score, verify, commit, repeat.
+
+Each step asks the step policy (:mod:`flashspec_core.policy`) which arm drafts, has the
+target score the draft and the verifier decide, and hands the accepted counts back to
+the policy, which rolls the draft providers back and updates the selector.
 
 One host read per step: the verdict (``num_accepted`` and the emitted tokens) is
 copied to the host once, because the loop must know what was emitted to stop rows
@@ -9,7 +13,6 @@ sync; step timings use CUDA events on a GPU and are read after that one copy.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,30 +20,13 @@ from typing import Any
 import attrs
 import torch
 
-from flashspec_core.contracts import (
-    ArmSelector,
-    Draft,
-    DraftProvider,
-    RequestAware,
-    SamplingParams,
-    StepRecord,
-    Target,
-    Verifier,
-)
-from flashspec_core.rewards import StepReward
+from flashspec_core.contracts import ArmSelector, SamplingParams, StepRecord, Target, Verifier
+from flashspec_core.policy import BATCH_LIMIT, Arm, NoDraft, PolicySettings, StepPolicy
 from flashspec_core.stats import summarize
 
+__all__ = ["BATCH_LIMIT", "Arm", "GenerationResult", "NoDraft", "OnTokens", "Pipeline"]
+
 OnTokens = Callable[[int, list[int]], None]
-BATCH_LIMIT = "batch_limit"  # the arm name of steps that the batch limit ran without drafting
-
-
-@attrs.frozen
-class Arm:
-    name: str
-    provider: DraftProvider
-    gamma: int
-    fallback: int | None = None  # index of the arm that proposes when this one's proposal is empty
-    selectable: bool = True  # False: only another arm's fallback; the selector never picks it
 
 
 @attrs.frozen
@@ -78,41 +64,60 @@ class _Clock:
 
 
 class Pipeline:
-    """Target + draft arms + verifier + selector, assembled by :func:`build_pipeline`."""
+    """Target + verifier + step policy, assembled by :func:`flashspec_core.build.build_pipeline`.
+
+    The policy (:class:`~flashspec_core.policy.StepPolicy`) owns the arms, the selector,
+    the rewards and the ``[selector]`` settings; ``logger`` and ``on_step`` observe each
+    step's record.
+    """
 
     def __init__(
         self,
         target: Target,
-        arms: Sequence[Arm],
         verifier: Verifier,
-        selector: ArmSelector,
-        reward: StepReward,
+        policy: StepPolicy,
+        config: Any = None,  # the PipelineConfig it was built from (None: assembled by hand)
         logger: Any = None,
         on_step: Callable[[StepRecord], None] | None = None,
-        config: Any = None,
-        speculate_max_batch: int | None = None,
-        first: int | None = None,
-        draw_ahead: bool = True,
     ) -> None:
-        self.target, self.arms, self.verifier, self.selector = target, list(arms), verifier, selector
-        self.reward, self.logger, self.on_step, self.config = reward, logger, on_step, config
-        # Above this many live rows a step decodes without drafting and the selector is neither
-        # asked nor updated (vLLM's disable_by_batch_size): at large batches the target forward
-        # is no longer much cheaper per token than a draft's, so speculation costs throughput.
-        self.speculate_max_batch = speculate_max_batch
-        # The first arm (``[selector] first``) proposes before the selector is asked; the selector
-        # chooses, and learns, only at the steps where it proposes nothing (a lookup without a
-        # match): its rewards then compare its arms where the choice made a difference.
-        self.first = first
-        # The next step's choice is drawn while the device runs this step, off the host's critical
-        # path (a Thompson draw cost ~0.1 ms of a 2 ms step on the H200's host at da0f97c). It
-        # then misses this step's reward (feedback one step late), and is dropped unused where
-        # the first arm proposes or a request ends; every played choice is still updated once.
-        self.draw_ahead = draw_ahead
-        self._ahead: int | None = None
-        self._first_reward = copy.deepcopy(reward)
+        self.target, self.verifier, self.policy, self.config = target, verifier, policy, config
+        self.logger, self.on_step = logger, on_step
         self._step = 0
-        self._plain = Arm(name=BATCH_LIMIT, provider=NoDraft(), gamma=0, selectable=False)
+
+    # The policy's parts, for callers that inspect them, or swap arms and selector between requests.
+
+    @property
+    def arms(self) -> list[Arm]:
+        return self.policy.arms
+
+    @arms.setter
+    def arms(self, arms: Sequence[Arm]) -> None:
+        self.policy.arms = list(arms)
+
+    @property
+    def selector(self) -> ArmSelector:
+        return self.policy.selector
+
+    @selector.setter
+    def selector(self, selector: ArmSelector) -> None:
+        self.policy.selector = selector
+
+    @property
+    def settings(self) -> PolicySettings:
+        return self.policy.settings
+
+    @property
+    def first(self) -> int | None:
+        return self.policy.settings.first
+
+    @property
+    def draw_ahead(self) -> bool:
+        return self.policy.settings.draw_ahead
+
+    @property
+    def choices(self) -> list[int]:
+        """Indices of the arms the selector chooses between (its arm ``k`` is ``arms[choices[k]]``)."""
+        return self.policy.choices
 
     def generate(
         self,
@@ -133,7 +138,7 @@ class Pipeline:
         out, steps = self._decode(ids, max_new_tokens, sampling, generator, on_tokens)
         wall = time.perf_counter() - start
         texts = [self.target.decode(o) for o in out]
-        summary = summarize(steps, [a.name for a in self.arms], [len(o) for o in out], wall)
+        summary = summarize(steps, [a.name for a in self.policy.arms], [len(o) for o in out], wall)
         if self.logger is not None:
             self.logger.info("summary", **{k: v for k, v in summary.items() if not isinstance(v, dict | list)})
         return GenerationResult(texts=texts, token_ids=out, steps=steps, summary=summary)
@@ -155,18 +160,14 @@ class Pipeline:
         on_tokens: OnTokens | None,
     ) -> tuple[list[list[int]], list[StepRecord]]:
         batch = len(prompts)
-        longest = max(len(p) for p in prompts) + max_new + max(a.gamma for a in self.arms) + 1
+        longest = max(len(p) for p in prompts) + max_new + max(a.gamma for a in self.policy.arms) + 1
         tokens = torch.zeros((batch, longest), dtype=torch.long)
         for b, p in enumerate(prompts):
             tokens[b, : len(p)] = torch.tensor(p)
         lengths = [len(p) for p in prompts]
         out: list[list[int]] = [[] for _ in prompts]
         active = [True] * batch
-        for arm in self.arms:
-            arm.provider.reset()
-        self._ahead = None  # a choice drawn at the end of the last request is not this one's
-        if isinstance(self.selector, RequestAware):  # before the first select(), so it may keep per-request stats
-            self.selector.begin_request(batch)
+        self.policy.begin(batch)
         self.target.prefill(tokens, lengths)
         # The prefill is queued on the device; without this wait the first step's wall time (and
         # its host share, the wall time its device marks do not cover) would hold the prefill's:
@@ -202,54 +203,28 @@ class Pipeline:
         generator: torch.Generator,
     ) -> tuple[StepRecord, list[list[int]]]:
         rows = [b for b in range(len(active)) if active[b]]
-        limit = self.speculate_max_batch
         clock = _Clock(self.target.device)
         t0 = time.perf_counter()
         clock.mark()
-        choice, draft = None, None
-        ahead, self._ahead = self._ahead, None
-        if limit is not None and len(rows) > limit:
-            index, arm = -1, self._plain
-        elif self.first is not None and not _empty(draft := self._first_proposal(tokens, lengths, sampling, generator)):
-            index, arm = self.first, self.arms[self.first]
-        else:
-            choice = self.selector.select() if ahead is None else ahead
-            index = self.choices[choice]
-            arm = self.arms[index]
-            if index != self.first:  # the first arm chosen again keeps its empty proposal: a plain step
-                draft = None
-        if draft is not None:
-            drafter = arm
-        else:
-            draft, drafter = self._propose(arm, tokens, lengths, sampling, generator)
+        plan = self.policy.plan(rows, tokens, lengths, sampling, generator)
+        draft, drafter = self.policy.propose(plan, tokens, lengths, sampling, generator)
         clock.mark()
         logits = self.target.score(tokens, lengths, draft.tokens.to(self.target.device))
         clock.mark()
         verdict = self.verifier.verify(logits, draft.tokens.to(logits.device), draft.probs, sampling, generator)
         clock.mark()
-        if self.draw_ahead and (limit is None or len(rows) <= limit):  # rows only finish, so the limit holds
-            self._ahead = self.selector.select()
+        self.policy.draw_next()  # while the device runs this step
         host = torch.cat([verdict.num_accepted[:, None], verdict.tokens], dim=1).cpu()  # the one sync
         step_s = time.perf_counter() - t0
         accepted = host[:, 0].tolist()
         self.target.rollback(accepted)
-        drafter.provider.rollback(accepted)
-        if drafter.provider is not arm.provider:  # the arm proposed nothing: none of its tokens entered the sequences
-            arm.provider.rollback([0] * len(accepted))
-        emitted = [host[b, 1 : 2 + n].tolist() for b, n in enumerate(accepted)]
-        acc = tuple(accepted[b] for b in rows)
         width = int(draft.tokens.shape[1])  # the arm's gamma, or fewer (a lookup without a match)
-        # The first arm's steps are scored on a scale of their own: a matched lookup step emits up
-        # to gamma + 1 tokens for one target forward, and on the selector's running scale it would
-        # squeeze the rewards of the steps the selector does choose toward 0.
-        scorer = self._first_reward if choice is None and index >= 0 else self.reward
-        reward = scorer(width, acc, sum(n + 1 for n in acc), max(step_s, 1e-9))
-        if choice is not None:
-            self.selector.update(choice, reward)
+        reward = self.policy.commit(plan, accepted, step_s, drafter, width)
+        acc = tuple(accepted[b] for b in rows)
         record = StepRecord(
             step=self._step,
-            arm=index,
-            arm_name=arm.name,
+            arm=plan.arm,
+            arm_name=self.policy.played(plan).name,
             gamma=width,
             batch_size=len(rows),
             accepted=acc,
@@ -262,34 +237,7 @@ class Pipeline:
         )
         self._step += 1
         self._observe(record)
-        return record, emitted
-
-    @property
-    def choices(self) -> list[int]:
-        """Indices of the arms the selector chooses between (its arm ``k`` is ``arms[choices[k]]``)."""
-        return [i for i, a in enumerate(self.arms) if a.selectable]
-
-    def _first_proposal(self, tokens: torch.Tensor, lengths: list[int], sampling: SamplingParams,
-                        generator: torch.Generator) -> Draft:
-        """The first arm's proposal; when it is empty, its provider is rolled back at once (it
-        proposed nothing, so nothing of it entered the sequences) and the selector's arm drafts."""
-        gate = self.arms[self.first]  # type: ignore[index]
-        draft = _checked(gate.provider.propose(tokens, lengths, gate.gamma, sampling, generator), gate)
-        if _empty(draft):
-            gate.provider.rollback([0] * len(lengths))
-        return draft
-
-    def _propose(
-        self, arm: Arm, tokens: torch.Tensor, lengths: list[int], sampling: SamplingParams, generator: torch.Generator
-    ) -> tuple[Draft, Arm]:
-        """The arm's proposal, or its fallback arm's when the arm's is empty (a lookup
-        without a match): the switch depends on the sequences alone, never on this step's
-        random draws, so it is part of a deterministic arm and keeps the output law."""
-        draft, drafter = arm.provider.propose(tokens, lengths, arm.gamma, sampling, generator), arm
-        if _empty(draft) and arm.fallback is not None:
-            drafter = self.arms[arm.fallback]
-            draft = drafter.provider.propose(tokens, lengths, drafter.gamma, sampling, generator)
-        return _checked(draft, drafter), drafter
+        return record, [host[b, 1 : 2 + n].tolist() for b, n in enumerate(accepted)]
 
     def _observe(self, record: StepRecord) -> None:
         if self.logger is not None:
@@ -298,30 +246,3 @@ class Pipeline:
             self.logger.info("step", **fields)
         if self.on_step is not None:
             self.on_step(record)
-
-
-def _checked(draft: Draft, arm: Arm) -> Draft:
-    """The draft, if its tokens are ``[B, <= arm.gamma]``; a clear error naming the arm if not."""
-    if draft.tokens.dim() != 2 or draft.tokens.shape[1] > arm.gamma:
-        raise RuntimeError(f"arm {arm.name!r}: the draft proposed tokens of shape {tuple(draft.tokens.shape)}, "
-                           f"not [B, <= gamma = {arm.gamma}]")
-    return draft
-
-
-def _empty(draft: Draft) -> bool:
-    """A proposal of no tokens (a lookup without a match, the ``none`` arm)."""
-    return draft.tokens.dim() == 2 and draft.tokens.shape[1] == 0
-
-
-class NoDraft:
-    """No proposal: plain target decoding (the gamma = 0 arm, and the batch limit's steps)."""
-
-    def reset(self) -> None:
-        """Stateless."""
-
-    def propose(self, tokens: torch.Tensor, lengths: Sequence[int], gamma: int, sampling: SamplingParams,
-                generator: torch.Generator | None) -> Draft:
-        return Draft(tokens=torch.zeros((len(lengths), 0), dtype=torch.long), probs=None)
-
-    def rollback(self, num_accepted: Sequence[int]) -> None:
-        """Stateless."""

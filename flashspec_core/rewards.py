@@ -1,8 +1,9 @@
 """Rewards that turn one decode step into a number in ``[0, 1]`` for a selector.
 
-The pipeline computes one after each finished step, so a selector fed with it
-depends on past acceptance alone and the output law stays the target's. Two
-definitions (``[selector] reward = ...``), and why the second is usually right:
+The step policy (:mod:`flashspec_core.policy`) computes one after each finished
+step, so a selector fed with it depends on past acceptance alone and the output law
+stays the target's. Two definitions (``[selector] reward = ...``), and why the
+second is usually right:
 
 * :func:`acceptance_reward` -- the mean fraction of drafted tokens accepted. It
   ignores what the step cost, so between a small cheap draft and a large slow one
@@ -77,7 +78,8 @@ class ThroughputReward:
 
 
 class StepReward(Protocol):
-    """What the pipeline calls after each step."""
+    """What the step policy calls after each step (one instance per scale: see
+    :mod:`flashspec_core.policy`'s first arm)."""
 
     def __call__(self, gamma: int, accepted: Sequence[int], emitted: int, step_s: float) -> float: ...
 

@@ -68,6 +68,7 @@ def synthetic_scaling(args: argparse.Namespace, record: Callable[[str, dict[str,
                       deadline: float) -> list[dict[str, Any]]:
     """LABELLED SYNTHETIC: random weights with Qwen2.5 layer shapes, fixed acceptance."""
     from flashspec_core.pipeline import Arm, NoDraft, Pipeline
+    from flashspec_core.policy import StepPolicy
     from flashspec_core.rewards import make_reward
     from flashspec_fast.draft import FastDraft
     from flashspec_fast.options import FastOptions, build_model
@@ -95,13 +96,13 @@ def synthetic_scaling(args: argparse.Namespace, record: Callable[[str, dict[str,
         tmodel, _ = build_model(topts)
         target = FastTarget(tmodel, None, None, topts)
         draft = FastDraft(draft_model, target.vocab, dopts)
-        base = summarize_run(timed(Pipeline(target, [Arm("none", NoDraft(), 0)], SyntheticVerifier(1.0), Always(0, 1),
-                                            make_reward("acceptance"))))
+        base = summarize_run(timed(Pipeline(target, SyntheticVerifier(1.0),
+                                            StepPolicy([Arm("none", NoDraft(), 0)], Always(0, 1), make_reward("acceptance")))))
         t_floor, d_floor = floor_ms(forward_bytes(tmodel, 1), bandwidth), floor_ms(forward_bytes(draft_model, 1), bandwidth)
         for acc in args.synthetic_acceptance:
             for gamma in args.synthetic_gammas:
-                run = timed(Pipeline(target, [Arm(f"draft-g{gamma}", draft, gamma)], SyntheticVerifier(acc),
-                                     Always(0, 1), make_reward("acceptance")))
+                run = timed(Pipeline(target, SyntheticVerifier(acc),
+                                     StepPolicy([Arm(f"draft-g{gamma}", draft, gamma)], Always(0, 1), make_reward("acceptance"))))
                 s = summarize_run(run)
                 record(f"synthetic:{shape}:a{acc}:g{gamma}", run)
                 table.append({

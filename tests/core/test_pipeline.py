@@ -15,9 +15,13 @@ from transformers import AutoModelForCausalLM
 from flashspec_core import ComponentSpec, hookimpl
 from flashspec_core.build import build_pipeline
 from flashspec_core.config import ConfigError
+from flashspec_core.pipeline import Arm, NoDraft, Pipeline
+from flashspec_core.policy import StepPolicy
 from flashspec_core.registry import build_registry
+from flashspec_core.rewards import make_reward
 from flashspec_lookup.lookup import LookupConfig, PromptLookupDraft
 from flashspec_reference.plugin import ReferenceVerifier
+from flashspec_selectors.selectors import FixedConfig, FixedSelector
 
 
 @pytest.fixture(scope="module")
@@ -441,3 +445,14 @@ def test_the_prefill_is_waited_for_before_the_first_step(models: dict[str, Path]
     pl._wait(torch.device("cpu"))
     pl._wait(torch.device("cuda", 0))
     assert synced == [torch.device("cuda", 0)]
+
+
+def test_a_pipeline_assembled_by_hand(models: dict[str, Path]) -> None:
+    """Target, verifier and a step policy are all a pipeline needs (the benchmarks' synthetic
+    runs assemble theirs so): plain decoding is then the greedy target's output."""
+    built = build_pipeline(pipeline_dict(models["target"], [models["close"]]))
+    policy = StepPolicy([Arm("none", NoDraft(), 0)], FixedSelector(FixedConfig(), 1), make_reward("acceptance"))
+    pipe = Pipeline(built.target, ReferenceVerifier(), policy)
+    result = pipe.generate([PROMPTS[0]], max_new_tokens=8)
+    assert result.token_ids[0] == _greedy_target(models["target"], PROMPTS[0], 8, eos=15)
+    assert {r.arm_name for r in result.steps} == {"none"} and pipe.choices == [0] and pipe.first is None

@@ -1,0 +1,282 @@
+"""Which arm drafts each decode step, and what the selector learns from it.
+
+:class:`StepPolicy` is the one place where a step's arm is chosen. The decode loop
+(:mod:`flashspec_core.pipeline`) asks it three things per step::
+
+    plan = policy.plan(rows, tokens, lengths, sampling, generator)     # which arm
+    draft, drafter = policy.propose(plan, tokens, lengths, sampling, generator)
+    ...  # the target scores the draft, the verifier decides (queued on the device)
+    policy.draw_next()                                                # optional: see draw-ahead
+    reward = policy.commit(plan, accepted, step_s, drafter, width)    # rollbacks, learning
+
+and ``policy.begin(rows)`` once per request. The learning half runs without a model:
+:meth:`StepPolicy.choose` and :meth:`StepPolicy.learn` take only row counts, whether
+the first arm proposed, accepted counts and step times, so a replay of recorded
+acceptance traces drives the same choices, draws and updates as the engine.
+
+Vocabulary:
+
+* *arm* -- a draft provider with a ``gamma`` (tokens it proposes per row), an optional
+  *fallback* arm and a ``selectable`` flag (:class:`Arm`). Arms are indexed by their
+  position; index ``-1`` (:data:`BATCH_LIMIT_ARM`) is the batch limit's plain step.
+* *choice* -- the selector's own arm index ``k``, which plays ``arms[choices[k]]``: the
+  selector sees only the selectable arms.
+* *plan* -- what a step plays, decided before it drafts (:class:`Plan`).
+* *batch limit* -- ``speculate_max_batch``: with more live rows than this a step decodes
+  without drafting, and the selector is neither asked nor updated (vLLM's
+  ``disable_by_batch_size``): at large batches a target forward is no longer much cheaper
+  per token than a draft's, so speculation costs throughput.
+* *first arm* -- ``first`` (``[selector] first``): proposes before the selector is asked.
+  Where its proposal is non-empty it plays and the selector is neither asked nor
+  updated; where it is empty (a lookup without a match) its provider is rolled back at
+  once and the selector chooses, so the selector's rewards compare its arms where the
+  choice made a difference. Its steps are scored on a scale of their own (*first
+  scorer*): a matched lookup step emits up to gamma + 1 tokens for one target forward,
+  and on the selector's running scale it would squeeze the selector's rewards toward 0.
+* *fallback* -- where an arm proposes nothing, its fallback arm proposes instead; the
+  switch depends on the sequences alone, never on the step's random draws, so it is
+  part of a deterministic arm and keeps the output law.
+* *drafter* -- the arm whose proposal a step verifies: the planned arm or its fallback.
+* *draw-ahead* -- ``draw_ahead``: the next step's choice is drawn while the device runs
+  this step (:meth:`StepPolicy.draw_next`), off the host's critical path (a Thompson
+  draw cost ~0.1 ms of a 2 ms step on the H200's host). It then misses this step's
+  reward (feedback one step late), and is dropped unused where the first arm proposes or
+  a request ends; every played choice is still updated once.
+* *reward* -- a number in ``[0, 1]`` from :mod:`flashspec_core.rewards`, computed after
+  the step from its width, accepted counts, emitted tokens and step time.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+from flashspec_core.contracts import ArmSelector, Draft, DraftProvider, RequestAware, SamplingParams
+from flashspec_core.rewards import StepReward
+
+BATCH_LIMIT = "batch_limit"  # the arm name of steps that the batch limit ran without drafting
+BATCH_LIMIT_ARM = -1  # the arm index of those steps
+
+
+@attrs.frozen
+class Arm:
+    name: str
+    provider: DraftProvider
+    gamma: int
+    fallback: int | None = None  # index of the arm that proposes when this one's proposal is empty
+    selectable: bool = True  # False: only another arm's fallback; the selector never picks it
+
+
+@attrs.frozen
+class PolicySettings:
+    """The ``[selector]`` keys that shape the policy; ``first`` names its arm by index."""
+
+    speculate_max_batch: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional([attrs.validators.instance_of(int), attrs.validators.ge(1)]))
+    first: int | None = attrs.field(  # an index into the arms
+        default=None, validator=attrs.validators.optional([attrs.validators.instance_of(int), attrs.validators.ge(0)]))
+    draw_ahead: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+
+
+@attrs.frozen
+class Plan:
+    """What one step plays, decided before it drafts."""
+
+    rows: tuple[int, ...]  # the live rows the step serves
+    arm: int  # index into the policy's arms; BATCH_LIMIT_ARM: the batch limit's plain step
+    choice: int | None = None  # the selector's arm where it chose (arm == choices[choice]); else None
+    # The first arm's proposal, made while planning, where that arm plays: its non-empty
+    # proposal, or its empty one when the selector picks the first arm again (a plain step).
+    draft: Draft | None = attrs.field(default=None, eq=False)
+
+    @property
+    def limited(self) -> bool:
+        """The batch limit runs this step without drafting."""
+        return self.arm == BATCH_LIMIT_ARM
+
+    @property
+    def by_first(self) -> bool:
+        """The first arm proposed, so the selector was not asked."""
+        return self.choice is None and not self.limited
+
+
+class StepPolicy:
+    """Arm choice, fallback, provider rollbacks and learning for the decode loop.
+
+    ``arms``, ``selector``, ``reward`` and ``settings`` may be swapped between requests
+    (the bench harness times several systems on one pipeline); the first scorer, the
+    drawn-ahead choice and the plain arm stay with the policy.
+    """
+
+    def __init__(self, arms: Sequence[Arm], selector: ArmSelector, reward: StepReward,
+                 settings: PolicySettings = PolicySettings()) -> None:
+        self.arms, self.selector, self.reward, self.settings = list(arms), selector, reward, settings
+        _check(self.arms, selector, settings)
+        self.first_reward = copy.deepcopy(reward)  # the first arm's own scale (see the module docstring)
+        self._plain = Arm(name=BATCH_LIMIT, provider=NoDraft(), gamma=0, selectable=False)
+        self._ahead: int | None = None  # the choice drawn ahead for the next step
+        self._due = False  # a draw ahead is due for the step in flight
+
+    @property
+    def choices(self) -> list[int]:
+        """Indices of the arms the selector chooses between (its arm ``k`` is ``arms[choices[k]]``)."""
+        return [i for i, a in enumerate(self.arms) if a.selectable]
+
+    def played(self, plan: Plan) -> Arm:
+        """The arm a plan plays (the batch limit's plain arm for ``BATCH_LIMIT_ARM``)."""
+        return self._plain if plan.limited else self.arms[plan.arm]
+
+    def limited(self, rows: int) -> bool:
+        """Whether ``rows`` live rows exceed the batch limit."""
+        limit = self.settings.speculate_max_batch
+        return limit is not None and rows > limit
+
+    # ------------------------------------------------------------------ the model-free half
+
+    def begin(self, rows: int) -> None:
+        """A new request of ``rows`` prompts: providers forget their sequences, a choice
+        drawn at the end of the last request is dropped, and a :class:`RequestAware`
+        selector is told (before its first ``select()``, so it may keep per-request stats)."""
+        for arm in self.arms:
+            arm.provider.reset()
+        self._ahead, self._due = None, False
+        if isinstance(self.selector, RequestAware):
+            self.selector.begin_request(rows)
+
+    def choose(self, rows: Sequence[int], first_proposes: bool = False) -> Plan:
+        """The plan of a step over live ``rows``, given whether the first arm proposed.
+
+        Takes the choice drawn ahead if there is one, else asks the selector; a drawn
+        choice that goes unplayed (batch limit, first arm) is dropped.
+        """
+        first = self.settings.first
+        if first_proposes and first is None:
+            raise ValueError("first_proposes = True, but the policy has no first arm (settings.first is None)")
+        ahead, self._ahead = self._ahead, None
+        limited = self.limited(len(rows))
+        self._due = self.settings.draw_ahead and not limited  # rows only finish, so the limit holds
+        if limited:
+            return Plan(tuple(rows), BATCH_LIMIT_ARM)
+        if first_proposes and first is not None:
+            return Plan(tuple(rows), first)
+        choice = self.selector.select() if ahead is None else ahead
+        return Plan(tuple(rows), self.choices[choice], choice)
+
+    def draw_next(self) -> None:
+        """Draw the next step's choice now, if draw-ahead is on and this step has not drawn
+        it yet. The pipeline calls it while the device runs the step; :meth:`learn` calls
+        it too, so the selector hears ``select()`` for step t + 1 before ``update()`` for t."""
+        if self._due:
+            self._due = False
+            self._ahead = self.selector.select()
+
+    def learn(self, plan: Plan, width: int, accepted: Sequence[int], step_s: float,
+              emitted: int | None = None) -> float:
+        """Score a finished step and update the selector where it chose; returns the reward.
+
+        :param width: tokens the step proposed per row (the drafter's gamma, or fewer).
+        :param accepted: accepted draft tokens per live row (``plan.rows``' order).
+        :param step_s: the step's wall time in seconds.
+        :param emitted: tokens emitted over the live rows; default ``sum(n + 1)`` over ``accepted``.
+        """
+        self.draw_next()
+        acc = tuple(accepted)
+        emitted = sum(n + 1 for n in acc) if emitted is None else emitted
+        scorer = self.first_reward if plan.by_first else self.reward
+        reward = scorer(width, acc, emitted, max(step_s, 1e-9))
+        if plan.choice is not None:
+            self.selector.update(plan.choice, reward)
+        return reward
+
+    # ------------------------------------------------------------------ the half with providers
+
+    def plan(self, rows: Sequence[int], tokens: torch.Tensor, lengths: Sequence[int], sampling: SamplingParams,
+             generator: torch.Generator) -> Plan:
+        """Choose the step's arm; the first arm (if any, and under the batch limit) proposes first."""
+        first = self.settings.first
+        if first is None or self.limited(len(rows)):
+            return self.choose(rows)
+        draft = self._first_proposal(first, tokens, lengths, sampling, generator)
+        plan = self.choose(rows, first_proposes=not _empty(draft))
+        # The first arm chosen again keeps its empty proposal (a plain step): no second search.
+        return attrs.evolve(plan, draft=draft) if plan.arm == first else plan
+
+    def propose(self, plan: Plan, tokens: torch.Tensor, lengths: Sequence[int], sampling: SamplingParams,
+                generator: torch.Generator) -> tuple[Draft, Arm]:
+        """The step's draft and the arm that drafted it: the planned arm, or its fallback
+        where the arm's proposal is empty (a lookup without a match)."""
+        arm = self.played(plan)
+        if plan.draft is not None:
+            return plan.draft, arm
+        draft, drafter = arm.provider.propose(tokens, lengths, arm.gamma, sampling, generator), arm
+        if _empty(draft) and arm.fallback is not None:
+            drafter = self.arms[arm.fallback]
+            draft = drafter.provider.propose(tokens, lengths, drafter.gamma, sampling, generator)
+        return _checked(draft, drafter), drafter
+
+    def commit(self, plan: Plan, accepted: Sequence[int], step_s: float, drafter: Arm, width: int) -> float:
+        """Roll the draft providers back to the accepted tokens, then :meth:`learn`.
+
+        :param accepted: accepted draft tokens of every row of the batch (B ints; finished rows too).
+        :param drafter: the arm :meth:`propose` returned; ``width`` its draft's width.
+        """
+        arm = self.played(plan)
+        drafter.provider.rollback(accepted)
+        if drafter.provider is not arm.provider:  # the arm proposed nothing: none of its tokens entered the sequences
+            arm.provider.rollback([0] * len(accepted))
+        return self.learn(plan, width, [accepted[b] for b in plan.rows], step_s)
+
+    def _first_proposal(self, first: int, tokens: torch.Tensor, lengths: Sequence[int], sampling: SamplingParams,
+                        generator: torch.Generator) -> Draft:
+        """The first arm's proposal; when it is empty, its provider is rolled back at once (it
+        proposed nothing, so nothing of it entered the sequences) and the selector's arm drafts."""
+        gate = self.arms[first]
+        draft = _checked(gate.provider.propose(tokens, lengths, gate.gamma, sampling, generator), gate)
+        if _empty(draft):
+            gate.provider.rollback([0] * len(lengths))
+        return draft
+
+
+def _check(arms: list[Arm], selector: ArmSelector, settings: PolicySettings) -> None:
+    """Clear errors for arms, fallbacks, the first arm and the selector's width that do not fit."""
+    if not arms:
+        raise ValueError("a policy needs at least one arm")
+    for arm in arms:
+        if arm.fallback is not None and not 0 <= arm.fallback < len(arms):
+            raise ValueError(f"arm {arm.name!r}: fallback {arm.fallback} is not an arm index (0..{len(arms) - 1})")
+    if settings.first is not None and settings.first >= len(arms):
+        raise ValueError(f"first = {settings.first} is not an arm index (0..{len(arms) - 1})")
+    selectable = sum(a.selectable for a in arms)
+    if selector.num_arms != selectable:
+        raise ValueError(f"the selector chooses between {selector.num_arms} arms, "
+                         f"but {selectable} arms are selectable ({[a.name for a in arms if a.selectable]})")
+
+
+def _checked(draft: Draft, arm: Arm) -> Draft:
+    """The draft, if its tokens are ``[B, <= arm.gamma]``; a clear error naming the arm if not."""
+    if draft.tokens.dim() != 2 or draft.tokens.shape[1] > arm.gamma:
+        raise RuntimeError(f"arm {arm.name!r}: the draft proposed tokens of shape {tuple(draft.tokens.shape)}, "
+                           f"not [B, <= gamma = {arm.gamma}]")
+    return draft
+
+
+def _empty(draft: Draft) -> bool:
+    """A proposal of no tokens (a lookup without a match, the ``none`` arm)."""
+    return draft.tokens.dim() == 2 and draft.tokens.shape[1] == 0
+
+
+class NoDraft:
+    """No proposal: plain target decoding (the gamma = 0 arm, and the batch limit's steps)."""
+
+    def reset(self) -> None:
+        """Stateless."""
+
+    def propose(self, tokens: torch.Tensor, lengths: Sequence[int], gamma: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> Draft:
+        return Draft(tokens=torch.zeros((len(lengths), 0), dtype=torch.long), probs=None)
+
+    def rollback(self, num_accepted: Sequence[int]) -> None:
+        """Stateless."""

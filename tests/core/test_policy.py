@@ -1,0 +1,324 @@
+"""The step policy alone, with fake providers, selector and scorers (no model, no verifier)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from flashspec_core.contracts import Draft, SamplingParams
+from flashspec_core.policy import BATCH_LIMIT, BATCH_LIMIT_ARM, Arm, Plan, PolicySettings, StepPolicy
+from flashspec_core.rewards import make_reward
+
+B, L = 3, 16
+TOKENS = torch.zeros((B, L), dtype=torch.long)
+LENGTHS = [4, 5, 6]
+SAMPLING = SamplingParams(temperature=0.0)
+GEN = torch.Generator().manual_seed(0)
+
+
+class FakeProvider:
+    """Proposes ``widths[i]`` tokens at its i-th call (the last width after that); logs every call."""
+
+    def __init__(self, name: str, log: list[tuple[Any, ...]], widths: Sequence[int] = (3,)) -> None:
+        self.name, self.log, self.widths, self.calls = name, log, list(widths), 0
+
+    def reset(self) -> None:
+        self.log.append(("reset", self.name))
+
+    def propose(self, tokens: torch.Tensor, lengths: Sequence[int], gamma: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> Draft:
+        width = min(gamma, self.widths[min(self.calls, len(self.widths) - 1)])
+        self.calls += 1
+        self.log.append(("propose", self.name, gamma))
+        return Draft(tokens=torch.ones((len(lengths), width), dtype=torch.long), probs=None)
+
+    def rollback(self, num_accepted: Sequence[int]) -> None:
+        self.log.append(("rollback", self.name, list(num_accepted)))
+
+
+class FakeSelector:
+    """Plays ``picks`` in turn; logs select() and update()."""
+
+    def __init__(self, num_arms: int, log: list[tuple[Any, ...]], picks: Sequence[int] = (0,)) -> None:
+        self.num_arms, self.log, self.picks, self.drawn = num_arms, log, list(picks), 0
+
+    def select(self) -> int:
+        arm = self.picks[self.drawn % len(self.picks)]
+        self.drawn += 1
+        self.log.append(("select", arm))
+        return arm
+
+    def update(self, arm: int, reward: float) -> None:
+        self.log.append(("update", arm, reward))
+
+
+class AwareSelector(FakeSelector):
+    def begin_request(self, rows: int) -> None:
+        self.log.append(("begin", rows))
+
+
+class FakeReward:
+    """Returns ``value`` and logs each call under the name of the scorer it serves."""
+
+    def __init__(self, log: list[tuple[Any, ...]], value: float = 0.5) -> None:
+        self.log, self.value, self.name = log, value, "main"
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FakeReward:
+        copy = FakeReward(self.log, self.value / 2)
+        copy.name = "first"
+        return copy
+
+    def __call__(self, gamma: int, accepted: Sequence[int], emitted: int, step_s: float) -> float:
+        self.log.append((self.name, gamma, tuple(accepted), emitted, step_s))
+        return self.value
+
+
+def _policy(log: list[tuple[Any, ...]], arms: list[Arm], picks: Sequence[int] = (0,), **settings: Any) -> StepPolicy:
+    selector = FakeSelector(sum(a.selectable for a in arms), log, picks)
+    return StepPolicy(arms, selector, FakeReward(log), PolicySettings(**settings))
+
+
+def _step(policy: StepPolicy, rows: Sequence[int], accepted: Sequence[int], step_s: float = 0.01) -> tuple[Plan, Arm, float]:
+    """One step as the pipeline runs it, with ``accepted`` standing in for the verifier's verdict."""
+    plan = policy.plan(rows, TOKENS, LENGTHS, SAMPLING, GEN)
+    draft, drafter = policy.propose(plan, TOKENS, LENGTHS, SAMPLING, GEN)
+    policy.draw_next()
+    reward = policy.commit(plan, accepted, step_s, drafter, int(draft.tokens.shape[1]))
+    return plan, drafter, reward
+
+
+def _kinds(log: list[tuple[Any, ...]], *kinds: str) -> list[tuple[Any, ...]]:
+    return [entry for entry in log if entry[0] in kinds]
+
+
+def test_batch_limit_plays_plainly_without_the_selector() -> None:
+    """Above speculate_max_batch the step proposes nothing and is scored on the selector's
+    scale, but the selector is neither asked nor updated (not even a draw ahead)."""
+    log: list[tuple[Any, ...]] = []
+    policy = _policy(log, [Arm("d", FakeProvider("d", log), 3)], speculate_max_batch=2)
+    plan, drafter, reward = _step(policy, [0, 1, 2], [0, 0, 0])
+    assert plan.limited and plan.arm == BATCH_LIMIT_ARM and plan.choice is None and not plan.by_first
+    assert drafter.name == BATCH_LIMIT and policy.played(plan).gamma == 0
+    assert _kinds(log, "select", "update", "propose", "rollback") == []
+    assert _kinds(log, "main", "first") == [("main", 0, (0, 0, 0), 3, 0.01)] and reward == 0.5
+    plan, drafter, _ = _step(policy, [0, 2], [2, 0, 3])  # a row finished: under the limit again
+    assert not plan.limited and plan.arm == 0 and plan.choice == 0 and drafter.name == "d"
+    assert _kinds(log, "select", "update") == [("select", 0), ("select", 0), ("update", 0, 0.5)]
+    assert _kinds(log, "main")[-1] == ("main", 3, (2, 3), 7, 0.01)  # the live rows' counts alone
+
+
+def test_first_arm_with_a_match_plays_without_the_selector() -> None:
+    """The first arm's non-empty proposal is the step's draft, drafted once; its reward comes
+    from the first scorer and no selector update follows."""
+    log: list[tuple[Any, ...]] = []
+    arms = [Arm("lookup", FakeProvider("lookup", log, [2]), 4, selectable=False), Arm("d", FakeProvider("d", log), 3)]
+    policy = _policy(log, arms, first=0, draw_ahead=False)
+    plan, drafter, reward = _step(policy, [0, 1, 2], [1, 2, 0])
+    assert plan.arm == 0 and plan.choice is None and plan.by_first and plan.draft is not None
+    assert drafter is arms[0]
+    assert log == [("propose", "lookup", 4), ("rollback", "lookup", [1, 2, 0]), ("first", 2, (1, 2, 0), 6, 0.01)]
+    assert reward == 0.25  # the first scorer's value, not the selector's
+
+
+def test_first_arm_without_a_match_is_rolled_back_and_the_selector_chooses() -> None:
+    log: list[tuple[Any, ...]] = []
+    arms = [Arm("lookup", FakeProvider("lookup", log, [0]), 4, selectable=False), Arm("d", FakeProvider("d", log), 3),
+            Arm("plain", FakeProvider("plain", log, [0]), 0)]
+    policy = _policy(log, arms, picks=[1], first=0, draw_ahead=False)
+    plan, drafter, reward = _step(policy, [0, 2], [0, 0, 0])
+    assert plan.arm == 2 and plan.choice == 1 and not plan.by_first and plan.draft is None and drafter is arms[2]
+    assert log == [
+        ("propose", "lookup", 4),
+        ("rollback", "lookup", [0, 0, 0]),  # at once: none of its tokens entered the sequences
+        ("select", 1),
+        ("propose", "plain", 0),
+        ("rollback", "plain", [0, 0, 0]),
+        ("main", 0, (0, 0), 2, 0.01),
+        ("update", 1, 0.5),
+    ]
+    assert reward == 0.5
+
+
+def test_the_first_arm_chosen_again_keeps_its_empty_proposal() -> None:
+    """A selector that picks the first arm itself gets a plain step without a second search."""
+    log: list[tuple[Any, ...]] = []
+    arms = [Arm("lookup", FakeProvider("lookup", log, [0]), 4), Arm("d", FakeProvider("d", log), 3)]
+    policy = _policy(log, arms, picks=[0], first=0, draw_ahead=False)
+    plan, drafter, _ = _step(policy, [0], [0, 0, 0])
+    assert plan.arm == 0 and plan.choice == 0 and plan.draft is not None and plan.draft.tokens.shape[1] == 0
+    assert drafter is arms[0]
+    assert _kinds(log, "propose", "rollback") == [("propose", "lookup", 4), ("rollback", "lookup", [0, 0, 0]),
+                                                 ("rollback", "lookup", [0, 0, 0])]
+    assert _kinds(log, "main", "first", "update") == [("main", 0, (0,), 1, 0.01), ("update", 0, 0.5)]
+
+
+def test_an_empty_proposal_falls_back_and_both_providers_are_rolled_back() -> None:
+    log: list[tuple[Any, ...]] = []
+    arms = [Arm("lookup", FakeProvider("lookup", log, [0, 2]), 3, fallback=1), Arm("d", FakeProvider("d", log), 3)]
+    policy = _policy(log, arms, picks=[0], draw_ahead=False)
+    plan, drafter, _ = _step(policy, [0, 1, 2], [3, 1, 0])
+    assert plan.arm == 0 and drafter is arms[1]
+    assert _kinds(log, "propose", "rollback", "main") == [
+        ("propose", "lookup", 3),
+        ("propose", "d", 3),
+        ("rollback", "d", [3, 1, 0]),
+        ("rollback", "lookup", [0, 0, 0]),  # the arm proposed nothing: it keeps none of the accepted tokens
+        ("main", 3, (3, 1, 0), 7, 0.01),
+    ]
+    log.clear()
+    plan, drafter, _ = _step(policy, [0, 1, 2], [2, 2, 1])  # now the lookup matches: no fallback
+    assert drafter is arms[0]
+    assert _kinds(log, "propose", "rollback") == [("propose", "lookup", 3), ("rollback", "lookup", [2, 2, 1])]
+
+
+@pytest.mark.parametrize("early", [True, False])
+def test_draw_ahead_feeds_back_one_step_late(early: bool) -> None:
+    """Model-free: select() for step t + 1 comes before update() for step t, and every played
+    choice is the draw made one step earlier; drawn early (as the pipeline does, before its
+    sync) or left to learn() (a replay), the selector hears the same calls."""
+    log: list[tuple[Any, ...]] = []
+    arms = [Arm(n, FakeProvider(n, log), 3) for n in ("a", "b", "c")]
+    policy = _policy(log, arms, picks=[0, 1, 2, 1], draw_ahead=True)
+    played = []
+    for _ in range(4):
+        plan = policy.choose([0])
+        if early:
+            policy.draw_next()
+        policy.learn(plan, 3, [1], 0.01)
+        played.append(plan.choice)
+    calls = _kinds(log, "select", "update")
+    assert [c[:2] for c in calls] == [("select", 0), ("select", 1), ("update", 0), ("select", 2), ("update", 1),
+                                      ("select", 1), ("update", 2), ("select", 0), ("update", 1)]
+    assert played == [0, 1, 2, 1]
+
+
+def test_without_draw_ahead_each_reward_comes_before_the_next_draw() -> None:
+    log: list[tuple[Any, ...]] = []
+    policy = _policy(log, [Arm(n, FakeProvider(n, log), 3) for n in ("a", "b")], picks=[0, 1], draw_ahead=False)
+    for _ in range(3):
+        plan = policy.choose([0, 1])
+        policy.draw_next()  # nothing is due
+        policy.learn(plan, 3, [1, 2], 0.01)
+    assert [c[:2] for c in _kinds(log, "select", "update")] == [("select", 0), ("update", 0), ("select", 1),
+                                                                ("update", 1), ("select", 0), ("update", 0)]
+
+
+def test_a_drawn_choice_is_dropped_where_the_first_arm_proposes_or_a_request_begins() -> None:
+    log: list[tuple[Any, ...]] = []
+    arms = [Arm("lookup", FakeProvider("lookup", log), 3, selectable=False), Arm("d", FakeProvider("d", log), 3),
+            Arm("e", FakeProvider("e", log), 3)]
+    policy = StepPolicy(arms, AwareSelector(2, log, [0, 1]), FakeReward(log), PolicySettings(first=0))
+    policy.begin(1)
+    plan = policy.choose([0])  # selector draws 0 and plays it; draws 1 ahead
+    policy.learn(plan, 3, [3], 0.01)
+    plan = policy.choose([0], first_proposes=True)  # the draw of 1 is dropped; 0 is drawn ahead
+    policy.learn(plan, 3, [3], 0.01)
+    assert plan.by_first and plan.arm == 0
+    plan = policy.choose([0])  # plays the draw made at the first arm's step
+    assert plan.choice == 0
+    policy.learn(plan, 3, [3], 0.01)  # draws 1 ahead
+    policy.begin(1)  # ... which the next request does not play
+    plan = policy.choose([0])
+    assert plan.choice == 0
+    assert [c[:2] for c in _kinds(log, "begin", "select", "update", "reset")] == [
+        ("reset", "lookup"), ("reset", "d"), ("reset", "e"), ("begin", 1),
+        ("select", 0), ("select", 1), ("update", 0),
+        ("select", 0),  # drawn ahead at the first arm's step, no update there
+        ("select", 1), ("update", 0),
+        ("reset", "lookup"), ("reset", "d"), ("reset", "e"), ("begin", 1),
+        ("select", 0),
+    ]
+
+
+def test_a_drawn_choice_is_dropped_where_the_batch_limit_plays() -> None:
+    """Model-free callers may grow the batch (the engine's rows only finish): a choice drawn
+    before a step the batch limit plays is never played later."""
+    log: list[tuple[Any, ...]] = []
+    policy = _policy(log, [Arm(n, FakeProvider(n, log), 3) for n in ("a", "b")], picks=[0, 1], speculate_max_batch=1)
+    policy.learn(policy.choose([0]), 3, [1], 0.01)  # plays 0, draws 1 ahead
+    policy.learn(policy.choose([0, 1]), 0, [0, 0], 0.01)  # limited: the draw of 1 is dropped, none made
+    assert policy.choose([0]).choice == 0  # a fresh draw
+    assert [c[:2] for c in _kinds(log, "select", "update")] == [("select", 0), ("select", 1), ("update", 0),
+                                                                ("select", 0)]
+
+
+def test_rewards_go_to_the_right_scorer_and_the_first_scale_stays_apart() -> None:
+    """With the throughput reward, the first arm's fast steps set only the first scorer's
+    running maximum: the selector's next reward is judged on its own arms' scale."""
+    log: list[tuple[Any, ...]] = []
+    arms = [Arm("lookup", FakeProvider("lookup", log), 4, selectable=False), Arm("d", FakeProvider("d", log), 3)]
+    policy = StepPolicy(arms, FakeSelector(1, log), make_reward("throughput"), PolicySettings(first=0, draw_ahead=False))
+    assert policy.learn(policy.choose([0]), 3, [1], 0.01) == 1.0  # 2 tokens / 10 ms: the selector's best yet
+    assert policy.learn(policy.choose([0], first_proposes=True), 4, [4], 0.001) == 1.0  # 5000 tok/s, first scale
+    assert policy.learn(policy.choose([0]), 3, [0], 0.01) == pytest.approx(0.5)  # 100 / 200 tok/s, not / 5000
+    assert [c[:2] for c in _kinds(log, "update")] == [("update", 0), ("update", 0)]
+
+
+def test_learn_takes_the_emitted_count_of_a_replay() -> None:
+    log: list[tuple[Any, ...]] = []
+    policy = _policy(log, [Arm("d", FakeProvider("d", log), 3)], draw_ahead=False)
+    policy.learn(policy.choose([0, 1]), 3, [3, 1], 0.02, emitted=4)  # the step stopped rows early
+    policy.learn(policy.choose([0, 1]), 3, [3, 1], 0.0)
+    assert _kinds(log, "main") == [("main", 3, (3, 1), 4, 0.02), ("main", 3, (3, 1), 6, 1e-9)]
+
+
+def test_the_model_free_half_replays_the_steps_of_the_provider_half() -> None:
+    """choose/learn fed each step's widths and accepted counts make the same selector calls
+    and rewards as plan/propose/commit over providers that propose those widths."""
+    rows = [[0, 1, 2]] + [[0, 1]] * 3 + [[1]] * 3  # the first step is over the batch limit
+    widths = [None, 2, 0, 0, 3, 0, 1]  # what the first arm proposes (None: not asked)
+    accepted = [[0, 0, 0], [2, 1, 0], [0, 3, 0], [1, 1, 0], [3, 3, 0], [0, 2, 0], [0, 1, 0]]
+    logs: list[list[tuple[Any, ...]]] = [[], []]
+
+    def make(log: list[tuple[Any, ...]]) -> StepPolicy:
+        match = FakeProvider("m", log, [w for w in widths if w is not None])
+        arms = [Arm("m", match, 3, selectable=False), Arm("d", FakeProvider("d", log), 3),
+                Arm("n", FakeProvider("n", log, [0]), 0)]
+        return StepPolicy(arms, FakeSelector(2, log, [1, 0, 0, 1]), make_reward("throughput"),
+                          PolicySettings(first=0, speculate_max_batch=2))
+
+    engine, replay = make(logs[0]), make(logs[1])
+    got, want = [], []
+    for t, (live, width, acc) in enumerate(zip(rows, widths, accepted, strict=True)):
+        if t in (0, 4):  # two requests
+            engine.begin(len(live))
+            replay.begin(len(live))
+        step_s = 0.01 + t * 1e-3
+        got.append(_step(engine, live, acc, step_s)[2])
+        plan = replay.choose(live, first_proposes=bool(width))
+        drafted = width if width else replay.played(plan).gamma
+        want.append(replay.learn(plan, drafted, [acc[b] for b in live], step_s))
+    assert got == want
+    assert _kinds(logs[0], "select", "update") == _kinds(logs[1], "select", "update")
+    assert len(_kinds(logs[0], "update")) == widths.count(0)
+
+
+def test_settings_and_arms_that_do_not_fit_are_clear_errors() -> None:
+    log: list[tuple[Any, ...]] = []
+    arms = [Arm("a", FakeProvider("a", log), 3), Arm("b", FakeProvider("b", log), 3, fallback=5)]
+    with pytest.raises(ValueError, match="arm 'b': fallback 5 is not an arm index"):
+        StepPolicy(arms, FakeSelector(2, log), FakeReward(log))
+    with pytest.raises(ValueError, match="first = 2 is not an arm index"):
+        StepPolicy(arms[:1], FakeSelector(1, log), FakeReward(log), PolicySettings(first=2))
+    with pytest.raises(ValueError, match="chooses between 3 arms, but 1 arms are selectable"):
+        StepPolicy(arms[:1], FakeSelector(3, log), FakeReward(log))
+    with pytest.raises(ValueError, match="speculate_max_batch"):
+        PolicySettings(speculate_max_batch=0)
+    with pytest.raises(TypeError, match="draw_ahead"):
+        PolicySettings(draw_ahead="yes")  # type: ignore[arg-type]
+    policy = StepPolicy(arms[:1], FakeSelector(1, log), FakeReward(log))
+    with pytest.raises(ValueError, match="no first arm"):
+        policy.choose([0], first_proposes=True)
+
+
+def test_a_proposal_wider_than_gamma_names_the_arm() -> None:
+    log: list[tuple[Any, ...]] = []
+    wide = FakeProvider("wide", log, [5])
+    wide.propose = lambda tokens, lengths, gamma, sampling, generator: Draft(  # type: ignore[method-assign]
+        tokens=torch.ones((len(lengths), gamma + 1), dtype=torch.long), probs=None)
+    policy = _policy(log, [Arm("wide", wide, 2)])
+    with pytest.raises(RuntimeError, match=r"arm 'wide'.*gamma = 2"):
+        _step(policy, [0], [0, 0, 0])
