@@ -37,7 +37,7 @@ def _cell(entry: dict[str, Any], digits: int = 1) -> str:
 def render(data: dict[str, Any]) -> str:
     s, cfg = data["summary"], data["config"]
     lines = [
-        f"Source: `docs/benchmarks/bandit-sim.json`, written by `{data['generated_by']}` ({data['device']}, "
+        f"Source: `docs/benchmarks/bandit-sim.json`, written by `{data.get('script') or data['generated_by']}` ({data['device']}, "
         f"{data['date']}); T = {cfg['horizon']}, {len(cfg['seeds'])} seeds, default configs "
         f"(window W = {cfg['sliding_window_ucb_window']}, discount = {cfg['discounted_thompson_discount']}, "
         f"GLR delta = {cfg['glr_thompson_delta']}, forced = {cfg['glr_thompson_forced']:.4f}; "
