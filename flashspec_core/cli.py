@@ -1,4 +1,10 @@
-"""The ``flashspec`` command line."""
+"""The ``flashspec`` command line.
+
+Files it writes (``--log-json``) are written beside their target under a temporary name
+and renamed over it when the run succeeds (or, with ``--append``, added to its end then),
+so a failed or interrupted run leaves an existing file as it was. A target that is also
+an input (the config file) is refused before anything runs.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,10 @@ import argparse
 import contextlib
 import json
 import os
+import stat
 import sys
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata, resources
 from pathlib import Path
 from typing import IO, Any
@@ -26,15 +34,70 @@ def _say(msg: str) -> None:
     print(f"[flashspec] {msg}", file=sys.stderr, flush=True)
 
 
-def _generate(args: argparse.Namespace) -> int:
-    from flashspec_core.build import load_pipeline
+class UsageError(ValueError):
+    """A command-line argument is unusable; the message names the option as typed."""
 
+
+def _output_target(option: str, path: str, inputs: Sequence[Path]) -> Path:
+    """Where ``option``'s file really goes (links followed), refused if it is a directory,
+    lacks its directory, or is one of ``inputs``."""
+    target = Path(os.path.realpath(path))
+    if target.is_dir():
+        raise UsageError(f"{option} {path}: is a directory")
+    if not target.parent.is_dir():
+        raise UsageError(f"{option} {path}: directory {target.parent} does not exist")
+    for source in inputs:
+        if target == Path(os.path.realpath(source)):
+            raise UsageError(f"{option} {path}: is the input file {source}; refusing to overwrite it")
+    return target
+
+
+@contextlib.contextmanager
+def _output(option: str, target: Path, append: bool) -> Iterator[IO[str]]:
+    """A file beside ``target`` that replaces it (or is added to its end) only if the block ends well."""
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as exc:
+        raise UsageError(f"{option} {target}: cannot write in {target.parent} ({exc.strerror})") from None
+    try:
+        with open(fd, "w", encoding="utf-8") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        _commit_output(tmp, target, append)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _commit_output(tmp: Path, target: Path, append: bool) -> None:
+    if append:
+        with tmp.open("rb") as src, target.open("ab") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+        return
+    if target.exists():
+        os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
+    os.replace(tmp, target)
+    dir_fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _generate(args: argparse.Namespace) -> int:
     config = Path(args.config) if args.config else bundled_config(DEFAULT_CONFIG)
+    if args.append and not args.log_json:
+        raise UsageError("--append needs --log-json FILE")
+    log_target = _output_target("--log-json", args.log_json, [config]) if args.log_json else None
     with contextlib.ExitStack() as stack:
-        log_file: IO[str] | None = None
-        if args.log_json:
-            log_file = stack.enter_context(open(args.log_json, "w", encoding="utf-8"))
-        logs.configure("info" if args.verbose else "warning", log_file)
+        log_file = stack.enter_context(_output("--log-json", log_target, args.append)) if log_target else None
+        stack.enter_context(logs.configured("info" if args.verbose else "warning", log_file))
+        from flashspec_core.build import load_pipeline
+
         pipeline = load_pipeline(config, progress=_say)
         gen = pipeline.config.generation
         opts = {
@@ -122,7 +185,11 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, help="0 = off")
     g.add_argument("--top-p", type=float, help="1 = off")
     g.add_argument("--seed", type=int)
-    g.add_argument("--log-json", metavar="FILE", help="write every log line (one per step) as JSON to FILE")
+    g.add_argument(
+        "--log-json", metavar="FILE",
+        help="write every log line (one per step) as JSON to FILE when the run succeeds; a failed run leaves FILE as it was",
+    )
+    g.add_argument("--append", action="store_true", help="add the --log-json lines to the end of FILE instead of replacing it")
     g.add_argument("-v", "--verbose", action="store_true", help="print the per-step log lines on stderr")
     g.set_defaults(run=_generate)
     pl = sub.add_parser("plugins", help="list every component and the plugin that provides it")
@@ -144,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args))
     except KeyboardInterrupt:
         return 130
-    except (ValueError, KeyError, FileNotFoundError, RuntimeError, ImportError) as exc:
+    except (ValueError, KeyError, OSError, RuntimeError, ImportError) as exc:
         if os.environ.get("FLASHSPEC_DEBUG"):
             raise
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc

@@ -1,18 +1,20 @@
 """structlog set-up: one canonical line per decode step, plus a summary line.
 
-Configured once per process by :func:`configure`. Lines go to stderr (JSON when
-stderr is not a TTY, the console renderer when it is) at ``console_level`` and
-above, and every line, whatever its level, to ``json_file`` when one is given.
-Tests read lines with ``structlog.testing.capture_logs()``.
+Configured once per process by :func:`configure` (or for one block by
+:func:`configured`). Lines go to stderr (JSON when stderr is not a TTY, the console
+renderer when it is) at ``console_level`` and above, and every line, whatever its level,
+to ``json_file`` when one is given. Tests read lines with
+``structlog.testing.capture_logs()``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
 import uuid
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from typing import IO, Any
 
 import structlog
@@ -61,6 +63,24 @@ def configure(console_level: str = "warning", json_file: IO[str] | None = None) 
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=False,
     )
+
+
+@contextlib.contextmanager
+def configured(console_level: str = "warning", json_file: IO[str] | None = None) -> Iterator[None]:
+    """:func:`configure` for the length of a block, then the previous set-up again.
+
+    The CLI writes its JSON lines to a file that is closed (and renamed) when the run
+    ends; a sink left configured after that would fail on the next log line.
+    """
+    previous = structlog.get_config() if structlog.is_configured() else None
+    configure(console_level, json_file)
+    try:
+        yield
+    finally:
+        if previous is None:
+            structlog.reset_defaults()
+        else:
+            structlog.configure(**previous)
 
 
 def run_logger(**bound: Any) -> structlog.typing.FilteringBoundLogger:

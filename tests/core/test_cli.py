@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from _tiny import tiny_lm
 
+from flashspec_core import cli
 from flashspec_core.cli import bundled_config, main
 
 
@@ -49,6 +50,96 @@ def test_bad_input_is_one_clear_line(tiny_config: Path, capsys) -> None:
     assert "Traceback" not in err
     assert main(["generate", "t1", "--config", "/nowhere.toml"]) == 2
     assert "/nowhere.toml: [-]: file not found" in capsys.readouterr().err
+
+
+def _run(tiny_config: Path, *extra: str) -> int:
+    return main(["generate", "t1 t2 t3 t1 t2", "--config", str(tiny_config), "--seed", "4", *extra])
+
+
+def _steps(text: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def _absolute(tiny_config: Path, dest: Path) -> Path:
+    """A copy of the tiny config at ``dest`` whose model paths do not depend on its folder."""
+    text = tiny_config.read_text()
+    for model in ("target", "draft"):
+        text = text.replace(f'"{model}"', f'"{tiny_config.parent / model}"')
+    dest.write_text(text)
+    return dest
+
+
+@pytest.mark.parametrize("failure", [KeyboardInterrupt, RuntimeError("device lost")], ids=["interrupt", "error"])
+def test_failed_run_leaves_the_log_as_it_was(
+    tiny_config: Path, tmp_path: Path, monkeypatch, capsys, failure: BaseException
+) -> None:
+    log = tmp_path / "steps.jsonl"
+    log.write_text("an earlier run\n")
+
+    def fail(self: object, row: int, new: list[int]) -> None:
+        raise failure  # after the first step's log line was written
+
+    monkeypatch.setattr(cli._Streamer, "__call__", fail)
+    assert _run(tiny_config, "--log-json", str(log)) == (130 if failure is KeyboardInterrupt else 2)
+    assert log.read_text() == "an earlier run\n" and list(tmp_path.iterdir()) == [log]
+    if failure is not KeyboardInterrupt:
+        assert capsys.readouterr().err.endswith("flashspec: error: device lost\n")
+
+
+def test_bad_config_leaves_the_log_as_it_was(tiny_config: Path, tmp_path: Path, capsys) -> None:
+    log = tmp_path / "steps.jsonl"
+    log.write_text("an earlier run\n")
+    broken = _absolute(tiny_config, tmp_path / "broken.toml")
+    broken.write_text(broken.read_text().replace("max_new_tokens = 12", "max_new_tokens = 0"))
+    assert main(["generate", "t1", "--config", str(broken), "--log-json", str(log)]) == 2
+    assert "[generation] key 'max_new_tokens'" in capsys.readouterr().err
+    assert log.read_text() == "an earlier run\n" and sorted(tmp_path.iterdir()) == [broken, log]
+
+
+def test_log_replaces_the_file_keeping_its_mode(tiny_config: Path, tmp_path: Path) -> None:
+    log = tmp_path / "steps.jsonl"
+    log.write_text("an earlier run\n")
+    log.chmod(0o640)
+    assert _run(tiny_config, "--log-json", str(log)) == 0
+    lines = _steps(log.read_text())
+    assert lines[0]["event"] == "step" and lines[-1]["event"] == "summary"
+    assert log.stat().st_mode & 0o777 == 0o640 and list(tmp_path.iterdir()) == [log]
+
+
+def test_append_adds_a_runs_lines(tiny_config: Path, tmp_path: Path) -> None:
+    log = tmp_path / "steps.jsonl"
+    assert _run(tiny_config, "--log-json", str(log), "--append") == 0  # a missing file is created
+    first = log.read_text()
+    assert _run(tiny_config, "--log-json", str(log), "--append") == 0
+    both = _steps(log.read_text())
+    assert log.read_text().startswith(first) and len(both) == 2 * len(_steps(first))
+    assert len({e["run_id"] for e in both}) == 2 and list(tmp_path.iterdir()) == [log]
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("{config}", "--log-json {config}: is the input file {config}; refusing to overwrite it"),
+        ("{tmp}/link.toml", "--log-json {tmp}/link.toml: is the input file {config}; refusing to overwrite it"),
+        ("{tmp}", "--log-json {tmp}: is a directory"),
+        ("{tmp}/no/such/dir/log.jsonl", "--log-json {tmp}/no/such/dir/log.jsonl: directory {tmp}/no/such/dir does not exist"),
+    ],
+    ids=["the-config", "a-link-to-the-config", "a-directory", "no-directory"],
+)
+def test_unusable_log_path_is_refused_first(tiny_config: Path, tmp_path: Path, capsys, target: str, message: str) -> None:
+    config = _absolute(tiny_config, tmp_path / "tiny.toml")
+    (tmp_path / "link.toml").symlink_to(config)
+    before = config.read_text()
+    fields = {"config": config, "tmp": tmp_path}
+    assert main(["generate", "t1", "--config", str(config), "--log-json", target.format(**fields)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"flashspec: error: {message.format(**fields)}\n"
+    assert config.read_text() == before
+
+
+def test_append_needs_a_log(tiny_config: Path, capsys) -> None:
+    assert main(["generate", "t1", "--config", str(tiny_config), "--append"]) == 2
+    assert capsys.readouterr().err == "flashspec: error: --append needs --log-json FILE\n"
 
 
 def test_help_everywhere() -> None:
