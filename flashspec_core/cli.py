@@ -1,5 +1,11 @@
 """The ``flashspec`` command line.
 
+``generate`` checks its options (with :func:`flashspec_core.config.check_generation`, the
+bounds a config and ``Pipeline.generate`` apply too), its prompt and the plugin-free part
+of its config file before torch, transformers or triton is imported, so a bad input is one
+line naming it as typed (``--top-p``) within a fraction of a second. Component keys are
+checked once the plugins are loaded, still before any model is.
+
 Files it writes (``--log-json``) are written beside their target under a temporary name
 and renamed over it when the run succeeds (or, with ``--append``, added to its end then),
 so a failed or interrupted run leaves an existing file as it was. A target that is also
@@ -21,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from flashspec_core import logs
+from flashspec_core.config import GENERATION_KEYS, check_config_file, check_generation
 
 DEFAULT_CONFIG = "default.toml"
 
@@ -88,8 +95,36 @@ def _commit_output(tmp: Path, target: Path, append: bool) -> None:
         os.close(dir_fd)
 
 
+def _option(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def _number(text: str) -> int | float | str:
+    """The number an option's text spells (an int if it can be); other text as is, for the check to name."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _check_prompt(prompt: str) -> None:
+    """Refuse a prompt that is not UTF-8 (argv bytes that did not decode); control characters pass."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(prompt[exc.start])
+        what = f"byte {code - 0xDC00:#04x}" if 0xDC80 <= code <= 0xDCFF else f"code point U+{code:04X}"
+        raise UsageError(f"the prompt is not valid UTF-8 ({what} at character {exc.start})") from None
+
+
 def _generate(args: argparse.Namespace) -> int:
+    given = {key: _number(value) for key in GENERATION_KEYS if (value := getattr(args, key)) is not None}
+    overrides = check_generation(given, _option)
+    _check_prompt(args.prompt)
     config = Path(args.config) if args.config else bundled_config(DEFAULT_CONFIG)
+    check_config_file(config)
     if args.append and not args.log_json:
         raise UsageError("--append needs --log-json FILE")
     log_target = _output_target("--log-json", args.log_json, [config]) if args.log_json else None
@@ -100,13 +135,7 @@ def _generate(args: argparse.Namespace) -> int:
 
         pipeline = load_pipeline(config, progress=_say)
         gen = pipeline.config.generation
-        opts = {
-            "max_new_tokens": args.max_new_tokens if args.max_new_tokens is not None else gen.max_new_tokens,
-            "temperature": args.temperature if args.temperature is not None else gen.temperature,
-            "top_k": args.top_k if args.top_k is not None else gen.top_k,
-            "top_p": args.top_p if args.top_p is not None else gen.top_p,
-            "seed": args.seed if args.seed is not None else gen.seed,
-        }
+        opts = {key: overrides.get(key, getattr(gen, key)) for key in GENERATION_KEYS}
         _say("generating")
         stream = _Streamer(pipeline.target.decode, sys.stdout)
         result = pipeline.generate([args.prompt], on_tokens=stream, **opts)
@@ -180,11 +209,12 @@ def parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text for one prompt, streaming it as it is accepted")
     g.add_argument("prompt")
     g.add_argument("--config", help=f"pipeline TOML (default: the bundled {DEFAULT_CONFIG}: Qwen2.5-Coder 1.5B + 0.5B)")
-    g.add_argument("--max-new-tokens", type=int)
-    g.add_argument("--temperature", type=float, help="0 = greedy")
-    g.add_argument("--top-k", type=int, help="0 = off")
-    g.add_argument("--top-p", type=float, help="1 = off")
-    g.add_argument("--seed", type=int)
+    # Parsed as text and checked by check_generation, so every bad value reads the same way.
+    g.add_argument("--max-new-tokens", metavar="N", help="an integer >= 1")
+    g.add_argument("--temperature", metavar="T", help="a finite number >= 0; 0 = greedy")
+    g.add_argument("--top-k", metavar="K", help="an integer >= 0; 0 = off")
+    g.add_argument("--top-p", metavar="P", help="a number in (0, 1]; 1 = off")
+    g.add_argument("--seed", metavar="S", help="an integer in [0, 2**64)")
     g.add_argument(
         "--log-json", metavar="FILE",
         help="write every log line (one per step) as JSON to FILE when the run succeeds; a failed run leaves FILE as it was",

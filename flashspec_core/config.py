@@ -22,24 +22,40 @@ that component's config class, so an unknown key or a bad value fails at load ti
     [selector]
     use = "thompson"
     reward = "throughput"
+
+This module imports neither torch nor any plugin, so the command line checks its options
+and a config file in well under a second. :func:`check_config` holds every check that
+needs no plugin: the tables, ``[generation]`` (through :func:`check_generation`, the one
+check of generation settings behind the CLI, a config and ``Pipeline.generate``), the
+``[selector]`` keys the pipeline reads, and each arm's ``gamma``, ``name``, ``fallback``,
+``select`` and ``use`` types. :func:`parse_config` runs it, then resolves components and
+their own keys, and the cross-references (fallback, first), which need the registry and
+so the plugins, which import torch.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import re
+import sys
 import tomllib
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from flashspec_core.contracts import ComponentKind, SamplingParams
-from flashspec_core.registry import Registry
+if TYPE_CHECKING:  # both import torch
+    from flashspec_core.contracts import ComponentKind
+    from flashspec_core.registry import Registry
 
 REWARDS = ("acceptance", "throughput")
 MAX_GAMMA = 64
 _TOP_LEVEL = {"target", "arm", "verifier", "selector", "generation"}
+GENERATION_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
+_FLOAT_MAX = sys.float_info.max  # a finite temperature is at most this: inf is refused
 
 
 class ConfigError(ValueError):
@@ -49,6 +65,71 @@ class ConfigError(ValueError):
         where = f"[{table}]" + (f" key {key!r}" if key else "")
         super().__init__(f"{source}: {where}: {message}")
         self.source, self.table, self.key = source, table, key
+
+
+class BoundsError(ValueError):
+    """A generation setting is out of bounds or of the wrong type; ``key`` names it."""
+
+    def __init__(self, key: str, label: str, rule: str, value: object) -> None:
+        super().__init__(f"{label} {rule}, got {value!r}")
+        self.key = key
+
+
+@attrs.frozen
+class _Bound:
+    rule: str
+    integer: bool
+    low: float
+    high: float
+    low_open: bool = False
+
+    def check(self, value: object) -> int | float | None:
+        """``value`` as an int or float if it is within bounds, else None (NaN never is)."""
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            return None
+        if self.integer:
+            if not isinstance(value, numbers.Integral):
+                return None
+            number: int | float = int(value)
+        else:
+            number = float(value)
+        above = self.low < number if self.low_open else self.low <= number
+        return number if above and number <= self.high else None
+
+
+_BOUNDS = {
+    "max_new_tokens": _Bound("must be an integer >= 1", True, 1, math.inf),
+    "temperature": _Bound("must be a finite number >= 0", False, 0.0, _FLOAT_MAX),
+    "top_k": _Bound("must be an integer >= 0 (0 = off)", True, 0, math.inf),
+    "top_p": _Bound("must be a number in (0, 1]", False, 0.0, 1.0, low_open=True),
+    "seed": _Bound("must be an integer in [0, 2**64)", True, 0, 2**64 - 1),  # torch.Generator.manual_seed's range
+}
+
+
+def check_generation(values: Mapping[str, object], label: Callable[[str], str] = str) -> dict[str, Any]:
+    """Check generation settings against their bounds.
+
+    The one check behind the command line's options, a config's ``[generation]`` table and
+    :meth:`~flashspec_core.pipeline.Pipeline.generate`'s arguments.
+
+    :param values: some of :data:`GENERATION_KEYS` with their values.
+    :param label: how the caller's user names a key (``"--top-p"`` on the command line).
+    :returns: the values, integers as ``int`` and the others as ``float``.
+    :raises BoundsError: for the first value of the wrong type or out of bounds.
+    """
+    checked: dict[str, Any] = {}
+    for key, value in values.items():
+        bound = _BOUNDS[key]
+        number = bound.check(value)
+        if number is None:
+            raise BoundsError(key, label(key), bound.rule, value)
+        checked[key] = number
+    return checked
+
+
+def _float_if_real(value: Any) -> Any:
+    """TOML's ``temperature = 1`` is a float; anything else is left for the check to name."""
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 @attrs.frozen
@@ -68,14 +149,14 @@ class ArmConfig:
 
 @attrs.frozen
 class GenerationDefaults:
-    max_new_tokens: int = attrs.field(default=128, validator=attrs.validators.ge(1))
-    temperature: float = attrs.field(default=0.0, converter=float)
+    max_new_tokens: int = 128
+    temperature: float = attrs.field(default=0.0, converter=_float_if_real)
     top_k: int = 0
-    top_p: float = attrs.field(default=1.0, converter=float)
+    top_p: float = attrs.field(default=1.0, converter=_float_if_real)
     seed: int = 0
 
     def __attrs_post_init__(self) -> None:
-        SamplingParams(self.temperature, self.top_k, self.top_p)  # same checks as at run time
+        check_generation(attrs.asdict(self))  # the same check as the CLI's and Pipeline.generate's
 
 
 @attrs.frozen
@@ -92,27 +173,52 @@ class PipelineConfig:
     draw_ahead: bool = True  # [selector] key: draw the next step's choice while the device runs this one
 
 
-def load_config(path: str | os.PathLike[str], registry: Registry) -> PipelineConfig:
+def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The TOML in a config file; a missing, unreadable or malformed file is a :class:`ConfigError`."""
     source = str(path)
     try:
         with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+            return tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(source, "-", None, "file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(source, "-", None, "is a directory, not a config file") from None
+    except OSError as exc:
+        raise ConfigError(source, "-", None, f"cannot be read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(source, "-", None, f"not valid UTF-8 (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(source, "-", None, f"not valid TOML: {exc}") from None
-    return parse_config(data, registry, source, base_dir=Path(path).parent)
+
+
+def load_config(path: str | os.PathLike[str], registry: Registry) -> PipelineConfig:
+    return parse_config(read_config(path), registry, str(path), base_dir=Path(path).parent)
+
+
+def check_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a config file and run :func:`check_config` on it (no plugin, no torch); return its data."""
+    data = read_config(path)
+    check_config(data, str(path))
+    return data
+
+
+def check_config(data: dict[str, Any], source: str = "<dict>") -> None:
+    """Every check that needs no plugin (see the module docstring); :func:`parse_config` runs it first."""
+    for i, arm in enumerate(_arm_tables(data, source)):
+        _use_type(_arm_keys(arm, source, f"arm.{i}")[4], source, f"arm.{i}")
+    for name in ("target", "verifier"):
+        _use_type(_table(data, name, source), source, name)
+    selector = dict(_table(data, "selector", source))
+    _use_type(selector, source, "selector")
+    _selector_keys(selector, source)
+    _generation(data, source)
 
 
 def parse_config(
     data: dict[str, Any], registry: Registry, source: str = "<dict>", base_dir: Path | None = None
 ) -> PipelineConfig:
-    for key in data:
-        if key not in _TOP_LEVEL:
-            raise ConfigError(source, key, None, f"unknown table; expected one of {sorted(_TOP_LEVEL)}")
-    arms_data = data.get("arm", [])
-    if not isinstance(arms_data, list) or not arms_data:
-        raise ConfigError(source, "arm", None, "at least one [[arm]] table is required")
+    check_config(data, source)
+    arms_data = data["arm"]
     target = _choice(registry, "target", _table(data, "target", source), source, "target", "hf", base_dir)
     arms = tuple(_arm(registry, a, source, f"arm.{i}", base_dir) for i, a in enumerate(arms_data))
     names = [a.name for a in arms]
@@ -148,6 +254,27 @@ def parse_config(
             raise ConfigError(source, f"arm.{i}", "select",
                               f"arm {a.name!r} has select = false and is neither an arm's fallback nor [selector] first, "
                               "so it would never run")
+    reward, limit, draw_ahead = _selector_keys(sel_table, source)
+    selector = _choice(registry, "selector", sel_table, source, "selector", "fixed", base_dir)
+    generation = _generation(data, source)
+    return PipelineConfig(source, target, arms, verifier, selector, reward, generation, limit, first, draw_ahead)
+
+
+def _arm_tables(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
+    for key in data:
+        if key not in _TOP_LEVEL:
+            raise ConfigError(source, key, None, f"unknown table; expected one of {sorted(_TOP_LEVEL)}")
+    arms = data.get("arm", [])
+    if not isinstance(arms, list) or not arms:
+        raise ConfigError(source, "arm", None, "at least one [[arm]] table is required")
+    for i, arm in enumerate(arms):
+        if not isinstance(arm, dict):
+            raise ConfigError(source, f"arm.{i}", None, "each [[arm]] must be a table")
+    return arms
+
+
+def _selector_keys(sel_table: dict[str, Any], source: str) -> tuple[str, int | None, bool]:
+    """Pop and check the [selector] keys the pipeline reads: reward, speculate_max_batch, draw_ahead."""
     reward = sel_table.pop("reward", "acceptance")
     if reward not in REWARDS:
         raise ConfigError(source, "selector", "reward", f"must be one of {REWARDS}, got {reward!r}")
@@ -158,10 +285,18 @@ def parse_config(
     draw_ahead = sel_table.pop("draw_ahead", True)
     if not isinstance(draw_ahead, bool):
         raise ConfigError(source, "selector", "draw_ahead", f"must be true or false, got {draw_ahead!r}")
-    selector = _choice(registry, "selector", sel_table, source, "selector", "fixed", base_dir)
-    gen_table = _table(data, "generation", source)
-    generation = _build(GenerationDefaults, gen_table, source, "generation", "generation settings")
-    return PipelineConfig(source, target, arms, verifier, selector, reward, generation, limit, first, draw_ahead)
+    return reward, limit, draw_ahead
+
+
+def _generation(data: dict[str, Any], source: str) -> GenerationDefaults:
+    table = _table(data, "generation", source)
+    return _build(GenerationDefaults, table, source, "generation", "generation settings")  # type: ignore[no-any-return]
+
+
+def _use_type(table: dict[str, Any], source: str, where: str) -> None:
+    use = table.get("use")
+    if use is not None and not isinstance(use, str):
+        raise ConfigError(source, where, "use", f"must be a component's name (a string), got {use!r}")
 
 
 def _table(data: dict[str, Any], name: str, source: str) -> dict[str, Any]:
@@ -171,9 +306,8 @@ def _table(data: dict[str, Any], name: str, source: str) -> dict[str, Any]:
     return table
 
 
-def _arm(registry: Registry, table: Any, source: str, where: str, base_dir: Path | None) -> ArmConfig:
-    if not isinstance(table, dict):
-        raise ConfigError(source, where, None, "each [[arm]] must be a table")
+def _arm_keys(table: dict[str, Any], source: str, where: str) -> tuple[Any, Any, Any, bool, dict[str, Any]]:
+    """Pop and type-check an arm's own keys: ``(gamma, name, fallback, select, the draft's keys)``."""
     keys = dict(table)
     gamma = keys.pop("gamma", None)
     name = keys.pop("name", None)
@@ -183,11 +317,23 @@ def _arm(registry: Registry, table: Any, source: str, where: str, base_dir: Path
         raise ConfigError(source, where, "select", f"must be true or false, got {select!r}")
     if fallback is not None and not isinstance(fallback, str):
         raise ConfigError(source, where, "fallback", f"must be another arm's name, got {fallback!r}")
+    if gamma is not None and (not isinstance(gamma, int) or isinstance(gamma, bool)):
+        raise ConfigError(source, where, "gamma", f"must be an integer, got {gamma!r}")
+    if name is not None:
+        _check_arm_name(name, source, where)
+    return gamma, name, fallback, select, keys
+
+
+def _check_arm_name(name: Any, source: str, where: str) -> None:
+    if not isinstance(name, str) or not re.fullmatch(r"[\w.\-]+", name):
+        raise ConfigError(source, where, "name", f"must be a word (letters, digits, _ . -), got {name!r}")
+
+
+def _arm(registry: Registry, table: dict[str, Any], source: str, where: str, base_dir: Path | None) -> ArmConfig:
+    gamma, name, fallback, select, keys = _arm_keys(table, source, where)
     draft = _choice(registry, "draft", keys, source, where, None, base_dir)
     if gamma is None:
         gamma = 0 if draft.use == "none" else 4
-    if not isinstance(gamma, int) or isinstance(gamma, bool):
-        raise ConfigError(source, where, "gamma", f"must be an integer, got {gamma!r}")
     if draft.use == "none" and gamma != 0:
         raise ConfigError(source, where, "gamma", f"the 'none' arm drafts nothing: gamma must be 0, got {gamma}")
     if draft.use != "none" and not 1 <= gamma <= MAX_GAMMA:
@@ -198,8 +344,7 @@ def _arm(registry: Registry, table: Any, source: str, where: str, base_dir: Path
     if name is None:
         model = getattr(draft.config, "model", None)
         name = f"{Path(model).name if model else draft.use}-g{gamma}"
-    if not isinstance(name, str) or not re.fullmatch(r"[\w.\-]+", name):
-        raise ConfigError(source, where, "name", f"must be a word (letters, digits, _ . -), got {name!r}")
+        _check_arm_name(name, source, where)
     if fallback is not None and draft.use == "none":
         raise ConfigError(source, where, "fallback", "the 'none' arm's proposal is always empty: give it no fallback")
     return ArmConfig(name=name, draft=draft, gamma=gamma, fallback=fallback, select=select)
@@ -246,6 +391,8 @@ def _build(cls: type, keys: dict[str, Any], source: str, where: str, what: str) 
             raise ConfigError(source, where, key, f"unknown key for {what}; allowed: {', '.join(allowed)}")
     try:
         return cls(**keys)
+    except BoundsError as exc:
+        raise ConfigError(source, where, exc.key, str(exc)) from None
     except TypeError as exc:
         missing = re.findall(r"'(\w+)'", str(exc))
         raise ConfigError(

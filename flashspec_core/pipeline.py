@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 import torch
 
+from flashspec_core.config import check_generation
 from flashspec_core.contracts import ArmSelector, SamplingParams, StepRecord, Target, Verifier
 from flashspec_core.policy import BATCH_LIMIT, Arm, NoDraft, PolicySettings, StepPolicy
 from flashspec_core.stats import summarize
@@ -129,11 +130,12 @@ class Pipeline:
         seed: int = 0,
         on_tokens: OnTokens | None = None,
     ) -> GenerationResult:
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        ok = check_generation(  # the bounds the CLI and a config's [generation] table check too
+            {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
+        )
+        sampling = SamplingParams(temperature=ok["temperature"], top_k=ok["top_k"], top_p=ok["top_p"])
         ids = [self._encode(p) for p in prompts]
-        generator = torch.Generator(device=self.target.device).manual_seed(seed)
+        generator = torch.Generator(device=self.target.device).manual_seed(ok["seed"])
         start = time.perf_counter()
         out, steps = self._decode(ids, max_new_tokens, sampling, generator, on_tokens)
         wall = time.perf_counter() - start

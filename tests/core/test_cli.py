@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,7 @@ def test_generate_streams_text_and_writes_json_log(tiny_config: Path, tmp_path: 
 def test_bad_input_is_one_clear_line(tiny_config: Path, capsys) -> None:
     assert main(["generate", "t1", "--config", str(tiny_config), "--temperature", "-1"]) == 2
     err = capsys.readouterr().err
-    assert "flashspec: error: temperature must be a finite number >= 0, got -1.0" in err
+    assert err == "flashspec: error: --temperature must be a finite number >= 0, got -1\n"
     assert "Traceback" not in err
     assert main(["generate", "t1", "--config", "/nowhere.toml"]) == 2
     assert "/nowhere.toml: [-]: file not found" in capsys.readouterr().err
@@ -140,6 +141,33 @@ def test_unusable_log_path_is_refused_first(tiny_config: Path, tmp_path: Path, c
 def test_append_needs_a_log(tiny_config: Path, capsys) -> None:
     assert main(["generate", "t1", "--config", str(tiny_config), "--append"]) == 2
     assert capsys.readouterr().err == "flashspec: error: --append needs --log-json FILE\n"
+
+
+def test_bad_option_fails_fast_without_torch(tmp_path: Path) -> None:
+    """The acceptance check: an out-of-range option is refused before torch is imported, in < 2 s."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import sys\n"
+        "from flashspec_core import cli\n"
+        "real = cli.check_generation\n"
+        "def spy(values, label=str):\n"
+        "    try:\n"
+        "        return real(values, label)\n"
+        "    finally:\n"
+        "        print('heavy at the check:', sorted({'torch', 'transformers', 'triton'} & set(sys.modules)), file=sys.stderr)\n"
+        "cli.check_generation = spy\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n"
+    )
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, str(probe), "generate", "x", "--top-p", "2"], capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    assert out.returncode == 2 and elapsed < 2.0, (out.returncode, elapsed)
+    assert out.stderr == "heavy at the check: []\nflashspec: error: --top-p must be a number in (0, 1], got 2\n"
+    cmd = [sys.executable, "-X", "importtime", "-m", "flashspec_core.cli", "generate", "x", "--top-p", "2"]
+    trace = subprocess.run(cmd, capture_output=True, text=True)
+    imported = {line.rsplit("|", 1)[-1].strip() for line in trace.stderr.splitlines() if line.startswith("import time:")}
+    assert trace.returncode == 2 and "flashspec_core.config" in imported
+    assert not {"torch", "transformers", "triton"} & imported  # the whole run, not only up to the check
 
 
 def test_help_everywhere() -> None:
