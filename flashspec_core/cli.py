@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from flashspec_core import logs
-from flashspec_core.config import GENERATION_KEYS, check_config_file, check_generation
+from flashspec_core.config import GENERATION_KEYS, check_config_file, check_generation, check_prompt
 
 DEFAULT_CONFIG = "default.toml"
 
@@ -109,20 +109,10 @@ def _number(text: str) -> int | float | str:
     return text
 
 
-def _check_prompt(prompt: str) -> None:
-    """Refuse a prompt that is not UTF-8 (argv bytes that did not decode); control characters pass."""
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        code = ord(prompt[exc.start])
-        what = f"byte {code - 0xDC00:#04x}" if 0xDC80 <= code <= 0xDCFF else f"code point U+{code:04X}"
-        raise UsageError(f"the prompt is not valid UTF-8 ({what} at character {exc.start})") from None
-
-
 def _generate(args: argparse.Namespace) -> int:
     given = {key: _number(value) for key in GENERATION_KEYS if (value := getattr(args, key)) is not None}
     overrides = check_generation(given, _option)
-    _check_prompt(args.prompt)
+    check_prompt(args.prompt)
     config = Path(args.config) if args.config else bundled_config(DEFAULT_CONFIG)
     check_config_file(config)
     if args.append and not args.log_json:
@@ -247,6 +237,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"flashspec: error: {msg}", file=sys.stderr)
         return 2
+    except Exception as exc:  # nobody named it (torch's AssertionError for a CUDA device on a CPU build)
+        if os.environ.get("FLASHSPEC_DEBUG"):
+            raise
+        print(f"flashspec: error: {type(exc).__name__}: {exc} (FLASHSPEC_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

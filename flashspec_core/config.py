@@ -127,6 +127,20 @@ def check_generation(values: Mapping[str, object], label: Callable[[str], str] =
     return checked
 
 
+def check_prompt(prompt: str, label: str = "the prompt") -> None:
+    """Refuse text that is not valid UTF-8: lone surrogates, which is what command-line bytes
+    that were not UTF-8 become. Control characters pass to the tokenizer as they are.
+
+    :raises ValueError: naming the first bad character's position.
+    """
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(prompt[exc.start])
+        what = f"byte {code - 0xDC00:#04x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
+        raise ValueError(f"{label} is not valid UTF-8 ({what} at character {exc.start})") from None
+
+
 def _float_if_real(value: Any) -> Any:
     """TOML's ``temperature = 1`` is a float; anything else is left for the check to name."""
     return float(value) if isinstance(value, int) and not isinstance(value, bool) else value

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from flashspec_core.config import check_prompt
+
 __all__ = ["decode_ids", "encode_prompt", "load_tokenizer"]
 
 _GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
@@ -32,6 +34,7 @@ def load_tokenizer(path: str) -> Any:
 
 def encode_prompt(tokenizer: Any, prompt: str, chat_template: bool) -> list[int]:
     """Token ids of ``prompt``, wrapped as one user turn when the tokenizer has a chat template."""
+    check_prompt(prompt, "prompt")  # the tokenizers library's own error for this names a type, not the text
     if tokenizer is None:
         raise ValueError("this target has no tokenizer: pass prompts as lists of token ids")
     if chat_template and getattr(tokenizer, "chat_template", None):
