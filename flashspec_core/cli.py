@@ -3,7 +3,7 @@
 ``generate`` checks its options (with :func:`flashspec_core.config.check_generation`, the
 bounds a config and ``Pipeline.generate`` apply too), its prompt and the plugin-free part
 of its config file before torch, transformers or triton is imported, so a bad input is one
-line naming it as typed (``--top-p``) within a fraction of a second. Component keys are
+line naming it as typed (``--top-p``) without waiting for torch. Component keys are
 checked once the plugins are loaded, still before any model is.
 
 Files it writes (``--log-json``) are written beside their target under a temporary name
