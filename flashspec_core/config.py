@@ -24,7 +24,7 @@ that component's config class, so an unknown key or a bad value fails at load ti
     reward = "throughput"
 
 This module imports neither torch nor any plugin, so the command line checks its options
-and a config file in well under a second. :func:`check_config` holds every check that
+and a config file without waiting for torch. :func:`check_config` holds every check that
 needs no plugin: the tables, ``[generation]`` (through :func:`check_generation`, the one
 check of generation settings behind the CLI, a config and ``Pipeline.generate``), the
 ``[selector]`` keys the pipeline reads, and each arm's ``gamma``, ``name``, ``fallback``,
