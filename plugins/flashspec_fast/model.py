@@ -272,11 +272,14 @@ class Transformer:
 
     @torch.no_grad()
     def forward(
-        self, tokens: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, last_only: bool = False, span: int = 0
+        self, tokens: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, last_only: bool = False, span: int = 0,
+        depth: int | None = None,
     ) -> torch.Tensor:
         """tokens, pos, write: [B, T] int64 on the device -> logits [B, T or 1, V] (model dtype).
 
-        ``span`` (0: all ``max_len`` slots) must exceed every position in ``pos``."""
+        ``span`` (0: all ``max_len`` slots) must exceed every position in ``pos``. ``depth``
+        runs only the first ``depth`` layers (then the final norm and the LM head), writing
+        the cache of those layers only: the self-speculative draft (:mod:`flashspec_fast.selfdraft`)."""
         a, w, ops = self.args, self.w, self.ops
         batch, width = tokens.shape
         group, hd = a.heads // a.kv_heads, a.head_dim
@@ -291,7 +294,7 @@ class Transformer:
         slots = (torch.arange(batch, device=self.device)[:, None] * self.max_len + write).view(-1)  # [B*T]
         cache = (batch, self.max_len, a.kv_heads, hd)  # a layer's cache rows as [B, S, KV, hd]
         store = kernels[1].rope_store if kernels is not None else ops.rope_store  # one launch, not Inductor's four
-        for i, layer in enumerate(w.layers):
+        for i, layer in enumerate(w.layers[:depth]):
             h = ops.rms_norm(x, layer.attn_norm, a.norm_eps)
             qkv = linear(h, layer.wqkv, layer.bqkv).view(batch, width, a.heads + 2 * a.kv_heads, hd)
             kc = self.k_cache[i, :batch].view(batch * self.max_len, nkv)

@@ -1,4 +1,4 @@
-"""Registers the fast device path: target ``fast``, draft ``fast``, verifier ``synthetic``."""
+"""Registers the fast device path: target ``fast``, drafts ``fast`` and ``self``, verifier ``synthetic``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from flashspec_core import ComponentSpec, DraftProvider, Verifier, hookimpl
 from flashspec_core.contracts import Target
 from flashspec_fast.draft import make_draft
 from flashspec_fast.options import FastOptions
+from flashspec_fast.selfdraft import SelfOptions, make_self_draft
 from flashspec_fast.synthetic import SyntheticOptions, make_synthetic
 from flashspec_fast.target import make_target
 
@@ -34,7 +35,14 @@ def flashspec_draft_providers() -> Iterable[ComponentSpec[DraftProvider]]:
             factory=make_draft,
             config_cls=FastOptions,
             description="own Qwen2/Llama draft: static KV cache, the gamma-token loop as one CUDA graph",
-        )
+        ),
+        ComponentSpec(
+            name="self",
+            kind="draft",
+            factory=make_self_draft,
+            config_cls=SelfOptions,
+            description="self-speculative: the fast target's first `layers` layers draft, on its weights and KV cache",
+        ),
     ]
 
 

@@ -113,7 +113,14 @@ def check_room(model: Transformer, longest: int, what: str) -> None:
 
 
 class FastTarget:
-    """Target over a static KV cache; positions come from ``lengths`` each step."""
+    """Target over a static KV cache; positions come from ``lengths`` each step.
+
+    ``cached[b]``: slots ``0..cached[b]-1`` of row ``b`` hold the keys and values this target
+    computed for the row's sequence, in every layer (its last token is fed by the next
+    :meth:`score`). ``prefills`` counts the requests it started. The self-speculative draft
+    (:mod:`flashspec_fast.selfdraft`) reads both: it drafts on this cache, never writing
+    below ``cached``.
+    """
 
     def __init__(self, model: Transformer, tokenizer: Any, path: str | None, opts: FastOptions) -> None:
         self.model = model
@@ -124,6 +131,16 @@ class FastTarget:
         self.eos_token_ids = eos_ids(path, tokenizer)
         self.graphs = GraphCache(model.device, opts.compile)
         self._stage = HostInputs(model.device)
+        self.cached: list[int] = []
+        self.prefills = 0
+        self._lengths: list[int] = []
+
+    def fit(self, batch: int) -> None:
+        """Make the cache hold ``batch`` rows; a reallocated (zeroed) cache drops the captured
+        graphs and every cached row."""
+        if self.model.allocate(batch):
+            self.graphs.clear()
+            self.cached = []
 
     def encode(self, prompt: str) -> list[int]:
         return encode_prompt(self.tokenizer, prompt, self.chat_template)
@@ -133,15 +150,18 @@ class FastTarget:
 
     def prefill(self, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
         """Write every prompt but its last token into the cache (eager, ragged)."""
-        if self.model.allocate(len(lengths)):
-            self.graphs.clear()
+        self.fit(len(lengths))
         check_room(self.model, max(lengths), "prefill")
+        self.cached = []
         ragged_forward(self.model, tokens, [0] * len(lengths), [n - 1 for n in lengths], self._stage, self.graphs)
+        self.cached = [n - 1 for n in lengths]
+        self.prefills += 1
 
     def score(self, tokens: torch.Tensor, lengths: Sequence[int], draft_tokens: torch.Tensor) -> torch.Tensor:
         """Logits after each row's last token and after each draft token: [B, gamma+1, V]."""
         batch, gamma = draft_tokens.shape
         check_room(self.model, max(lengths) + gamma, "score")
+        self._lengths = list(lengths)
         last = torch.tensor(lengths, dtype=torch.long) - 1
         host = torch.stack([tokens[:, : last.max() + 1].gather(1, last[:, None]).squeeze(1), last], dim=1)  # [B, 2]
         span = self.model.span_for(max(lengths) + gamma)
@@ -155,8 +175,10 @@ class FastTarget:
         return self.model.forward(ids, pos, pos, span=span)
 
     def rollback(self, num_accepted: Sequence[int]) -> None:
-        """Nothing to do: the next :meth:`score` starts each row at ``lengths[b] - 1``,
-        below any rejected slot, and rewrites what it reads (see :mod:`flashspec_fast.model`)."""
+        """Nothing to move: the next :meth:`score` starts each row at ``lengths[b] - 1``,
+        below any rejected slot, and rewrites what it reads (see :mod:`flashspec_fast.model`).
+        Only ``cached`` advances, over the last token and the accepted drafts."""
+        self.cached = [n + k for n, k in zip(self._lengths, num_accepted, strict=True)]
 
 
 def make_target(opts: FastOptions) -> FastTarget:

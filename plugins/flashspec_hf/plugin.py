@@ -1,4 +1,4 @@
-"""Registers the Hugging Face target back-end and causal-LM draft provider."""
+"""Registers the Hugging Face target back-end, its causal-LM draft provider and its self-speculative draft."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from flashspec_core import ComponentSpec, DraftProvider, hookimpl
 from flashspec_core.contracts import DraftContext, HasTokenizer, Target
 from flashspec_hf.draft import HFDraft, check_same_tokenizer
 from flashspec_hf.loading import ModelOptions, load_model
+from flashspec_hf.selfdraft import SelfOptions, make_self_draft
 from flashspec_hf.target import HFTarget
 
 
@@ -49,5 +50,12 @@ def flashspec_draft_providers() -> Iterable[ComponentSpec[DraftProvider]]:
             factory=make_draft,
             config_cls=ModelOptions,
             description="a smaller causal LM with the target's tokenizer, own KV cache",
-        )
+        ),
+        ComponentSpec(
+            name="hf-self",
+            kind="draft",
+            factory=make_self_draft,
+            config_cls=SelfOptions,
+            description="self-speculative: the hf target's first `layers` layers draft, on its weights and KV cache",
+        ),
     ]

@@ -12,7 +12,11 @@ from flashspec_models.tokenizer import decode_ids, encode_prompt
 
 
 class HFTarget:
-    """Target LM with a KV cache over ragged rows (see :mod:`flashspec_hf.lm`)."""
+    """Target LM with a KV cache over ragged rows (see :mod:`flashspec_hf.lm`).
+
+    ``prefills`` counts the requests it started: the self-speculative draft
+    (:mod:`flashspec_hf.selfdraft`) drafts on this cache once the target holds its rows.
+    """
 
     def __init__(self, model: Any, tokenizer: Any, chat_template: bool = True) -> None:
         self.lm = CachedLM(model)
@@ -23,6 +27,7 @@ class HFTarget:
         self.device = self.lm.device
         self._lengths: list[int] = []
         self._gamma = 0
+        self.prefills = 0
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -45,6 +50,7 @@ class HFTarget:
         """Feed every prompt but its last token (which the first step feeds)."""
         self.lm.reset(len(lengths))
         self.lm.catch_up(tokens, [n - 1 for n in lengths])
+        self.prefills += 1
 
     def score(self, tokens: torch.Tensor, lengths: Sequence[int], draft_tokens: torch.Tensor) -> torch.Tensor:
         """Logits at the gamma draft positions and the bonus position: [B, gamma+1, V]."""
@@ -55,3 +61,16 @@ class HFTarget:
     def rollback(self, num_accepted: Sequence[int]) -> None:
         self.lm.drop_last([self._gamma - n for n in num_accepted])
         self.lm.seen = [length + n for length, n in zip(self._lengths, num_accepted, strict=True)]
+
+    def score_tree(
+        self, tokens: torch.Tensor, lengths: Sequence[int], draft_tokens: torch.Tensor, parents: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits after each sequence and after each tree node: [B, N+1, V] (tree attention mask,
+        positions by depth; see :mod:`flashspec_hf.lm`)."""
+        self._lengths = list(lengths)
+        return self.lm.catch_up(tokens, lengths, extra=draft_tokens, tree=[int(a) for a in parents.tolist()])
+
+    def commit_path(self, paths: torch.Tensor) -> None:
+        """Keep the accepted path's KV entries of the last :meth:`score_tree` ([B, D] node ids, -1 padded)."""
+        kept = self.lm.keep_path(paths)  # the tree block holds node n at offset n
+        self.lm.seen = [length + k for length, k in zip(self._lengths, kept, strict=True)]

@@ -28,6 +28,17 @@ def model_keys(backend: str, path: Path) -> dict[str, Any]:
     return keys
 
 
+# Self-speculative drafts run the target's own first layers: the target back-end each one
+# needs (its contract context loads that target) and its keys.
+SELF_DRAFT_TARGETS: dict[str, str] = {"self": "fast", "hf-self": "hf"}
+SELF_DRAFT_KEYS: dict[str, KeysFor] = {name: lambda tiny: {"layers": 1} for name in SELF_DRAFT_TARGETS}
+
+
+def draft_target(name: str) -> str:
+    """The target back-end of draft ``name``'s contract context: ``hf`` unless it drafts with its target's layers."""
+    return SELF_DRAFT_TARGETS.get(name, "hf")
+
+
 def keys_for(kind: ComponentKind, name: str, table: dict[str, KeysFor], tiny: dict[str, Path]) -> Keys:
     """``table[name]`` applied to the checkpoints, or no keys for a component whose keys all
     have defaults; a component that needs keys and has no entry fails, naming this file."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _contract_keys import VOCAB, Keys, KeysFor, keys_for, model_keys
+from _contract_keys import SELF_DRAFT_KEYS, VOCAB, Keys, KeysFor, draft_target, keys_for, model_keys
 
 from flashspec_core.contracts import Draft, DraftContext, DraftProvider, SamplingParams
 from flashspec_core.testing import draft_contract as dc
@@ -16,6 +16,7 @@ from flashspec_core.testing import target_contract as tc
 TINY_KEYS: dict[str, KeysFor] = {
     "hf": lambda tiny: model_keys("hf", tiny["draft"]),
     "fast": lambda tiny: model_keys("fast", tiny["draft"]),
+    **SELF_DRAFT_KEYS,
 }
 # Further configs per draft: a lookup that proposes only what a match gives (often nothing).
 EXTRA_KEYS: dict[str, list[Keys]] = {"prompt_lookup": [{"fill": False, "min_ngram": 2}]}
@@ -24,16 +25,27 @@ CASES = [(name, None) for name in dc.draft_names()] + [
 ]
 
 
-@pytest.fixture(scope="module")
-def context(tiny: dict[str, Path]) -> DraftContext:
-    target = tc.load_target("hf", model_keys("hf", tiny["target"]))
+def _context(backend: str, tiny: dict[str, Path]) -> DraftContext:
+    target = tc.load_target(backend, model_keys(backend, tiny["target"]))
     return DraftContext(target=target, vocab=target.vocab, device=target.device)
 
 
+@pytest.fixture(scope="module")
+def context(tiny: dict[str, Path]) -> DraftContext:
+    return _context("hf", tiny)
+
+
+@pytest.fixture(scope="module")
+def fast_context(tiny: dict[str, Path]) -> DraftContext:
+    """For a draft that runs the fast target's own layers."""
+    return _context("fast", tiny)
+
+
 @pytest.fixture(params=CASES, ids=lambda case: case[0] + ("" if case[1] is None else "-" + str(case[1])))
-def make(request: pytest.FixtureRequest, tiny: dict[str, Path], context: DraftContext) -> Callable[[], DraftProvider]:
+def make(request: pytest.FixtureRequest, tiny: dict[str, Path]) -> Callable[[], DraftProvider]:
     name, extra = request.param
     keys = extra if extra is not None else keys_for("draft", name, TINY_KEYS, tiny)
+    context = request.getfixturevalue("fast_context" if draft_target(name) == "fast" else "context")
     return lambda: dc.load_draft(name, context, keys)
 
 
