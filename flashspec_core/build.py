@@ -54,15 +54,17 @@ def build_pipeline(
         fallback = index[arm.fallback] if arm.fallback is not None else None
         arms.append(Arm(name=arm.name, provider=provider, gamma=arm.gamma, fallback=fallback, selectable=arm.select))
     verifier = _verifier(registry, config.verifier, target.device)
-    selector = registry.get("selector", config.selector.use).factory(config.selector.config, sum(a.selectable for a in arms))
+    selector_spec, choosable = registry.get("selector", config.selector.use), sum(a.selectable for a in arms)
+    make_selector = lambda: selector_spec.factory(config.selector.config, choosable)  # noqa: E731  (one per batch bucket)
     hook = registry.manager.hook
     logger = run_logger(target=_describe(config.target), selector=config.selector.use)
     on_step: Callable[[StepRecord], None] | None = None
     if hook.flashspec_step_end.get_hookimpls():
         on_step = lambda record: hook.flashspec_step_end(record=record)  # noqa: E731
     settings = PolicySettings(speculate_max_batch=config.speculate_max_batch, draw_ahead=config.draw_ahead,
-                              first=index[config.first] if config.first is not None else None)
-    policy = StepPolicy(arms, selector, make_reward(config.reward), settings)
+                              first=index[config.first] if config.first is not None else None,
+                              batch_buckets=config.batch_buckets)
+    policy = StepPolicy(arms, make_selector(), make_reward(config.reward), settings, make_selector)
     pipeline = Pipeline(target, verifier, policy, config, logger, on_step)
     hook.flashspec_pipeline_built(pipeline=pipeline)
     return pipeline

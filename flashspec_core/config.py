@@ -2,7 +2,7 @@
 
 ``use = "name"`` picks a registered component; the table's other keys (besides the
 pipeline's own: ``gamma``, ``name``, ``fallback`` and ``select`` for arms; ``reward``,
-``speculate_max_batch``, ``first`` and ``draw_ahead`` for the selector) go to
+``speculate_max_batch``, ``batch_buckets``, ``first`` and ``draw_ahead`` for the selector) go to
 that component's config class, so an unknown key or a bad value fails at load time.
 
 .. code-block:: toml
@@ -185,6 +185,7 @@ class PipelineConfig:
     speculate_max_batch: int | None = None  # [selector] key: more live rows than this decode without drafting
     first: str | None = None  # [selector] key: an arm tried before the selector; it chooses only when that proposes nothing
     draw_ahead: bool = True  # [selector] key: draw the next step's choice while the device runs this one
+    batch_buckets: tuple[int, ...] = (1,)  # [selector] key: smallest live-row count of each bucket (one selector each)
 
 
 def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -268,10 +269,10 @@ def parse_config(
             raise ConfigError(source, f"arm.{i}", "select",
                               f"arm {a.name!r} has select = false and is neither an arm's fallback nor [selector] first, "
                               "so it would never run")
-    reward, limit, draw_ahead = _selector_keys(sel_table, source)
+    reward, limit, draw_ahead, buckets = _selector_keys(sel_table, source)
     selector = _choice(registry, "selector", sel_table, source, "selector", "fixed", base_dir)
     generation = _generation(data, source)
-    return PipelineConfig(source, target, arms, verifier, selector, reward, generation, limit, first, draw_ahead)
+    return PipelineConfig(source, target, arms, verifier, selector, reward, generation, limit, first, draw_ahead, buckets)
 
 
 def _arm_tables(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
@@ -287,8 +288,9 @@ def _arm_tables(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
     return arms
 
 
-def _selector_keys(sel_table: dict[str, Any], source: str) -> tuple[str, int | None, bool]:
-    """Pop and check the [selector] keys the pipeline reads: reward, speculate_max_batch, draw_ahead."""
+def _selector_keys(sel_table: dict[str, Any], source: str) -> tuple[str, int | None, bool, tuple[int, ...]]:
+    """Pop and check the [selector] keys the pipeline reads: reward, speculate_max_batch, draw_ahead,
+    batch_buckets."""
     reward = sel_table.pop("reward", "acceptance")
     if reward not in REWARDS:
         raise ConfigError(source, "selector", "reward", f"must be one of {REWARDS}, got {reward!r}")
@@ -299,7 +301,25 @@ def _selector_keys(sel_table: dict[str, Any], source: str) -> tuple[str, int | N
     draw_ahead = sel_table.pop("draw_ahead", True)
     if not isinstance(draw_ahead, bool):
         raise ConfigError(source, "selector", "draw_ahead", f"must be true or false, got {draw_ahead!r}")
-    return reward, limit, draw_ahead
+    buckets = sel_table.pop("batch_buckets", [1])
+    problem = batch_buckets_problem(buckets)
+    if problem is not None:
+        raise ConfigError(source, "selector", "batch_buckets", f"{problem}, got {buckets!r}")
+    return reward, limit, draw_ahead, tuple(buckets)
+
+
+def batch_buckets_problem(buckets: object) -> str | None:
+    """What is wrong with ``batch_buckets`` (None: nothing): a non-empty list of increasing
+    integers starting at 1, each the smallest live-row count of its bucket."""
+    if not isinstance(buckets, list | tuple) or not buckets:
+        return "must be a non-empty list of live-row counts, such as [1, 2, 4, 8, 16, 32]"
+    if any(isinstance(b, bool) or not isinstance(b, int) for b in buckets):
+        return "must hold integers (the smallest live-row count of each bucket)"
+    if buckets[0] != 1:
+        return "must start at 1, so that every live-row count has a bucket"
+    if any(a >= b for a, b in zip(buckets, buckets[1:], strict=False)):
+        return "must be strictly increasing"
+    return None
 
 
 def _generation(data: dict[str, Any], source: str) -> GenerationDefaults:

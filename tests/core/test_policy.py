@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -9,8 +10,9 @@ import pytest
 import torch
 
 from flashspec_core.contracts import Draft, SamplingParams
-from flashspec_core.policy import BATCH_LIMIT, BATCH_LIMIT_ARM, Arm, Plan, PolicySettings, StepPolicy
+from flashspec_core.policy import BATCH_LIMIT, BATCH_LIMIT_ARM, Arm, NoDraft, Plan, PolicySettings, StepPolicy
 from flashspec_core.rewards import make_reward
+from flashspec_selectors.selectors import Thompson, ThompsonConfig
 
 B, L = 3, 16
 TOKENS = torch.zeros((B, L), dtype=torch.long)
@@ -322,3 +324,145 @@ def test_a_proposal_wider_than_gamma_names_the_arm() -> None:
     policy = _policy(log, [Arm("wide", wide, 2)])
     with pytest.raises(RuntimeError, match=r"arm 'wide'.*gamma = 2"):
         _step(policy, [0], [0, 0, 0])
+
+
+# ---------------------------------------------------------------------- batch buckets
+
+
+class _Scale:
+    """A throughput-like scorer that logs which instance scored a step."""
+
+    def __init__(self, log: list[tuple[Any, ...]], name: str = "r0") -> None:
+        self.log, self.name, self.copies = log, name, 0
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Scale:
+        self.copies += 1
+        return _Scale(self.log, f"{self.name}.{self.copies}")
+
+    def __call__(self, gamma: int, accepted: Sequence[int], emitted: int, step_s: float) -> float:
+        self.log.append(("score", self.name, len(accepted)))
+        return 0.5
+
+
+def _bucketed(buckets: tuple[int, ...], picks: Sequence[int] = (0,), **settings: Any
+              ) -> tuple[StepPolicy, list[list[tuple[Any, ...]]], list[tuple[Any, ...]]]:
+    """A policy over arms a, b with one FakeSelector per bucket, each logging to its own list."""
+    logs: list[list[tuple[Any, ...]]] = []
+    shared: list[tuple[Any, ...]] = []
+
+    def make() -> FakeSelector:
+        logs.append([])
+        return FakeSelector(2, logs[-1], picks)
+
+    arms = [Arm(n, FakeProvider(n, shared), 3) for n in ("a", "b")]
+    policy = StepPolicy(arms, make(), _Scale(shared), PolicySettings(batch_buckets=buckets, **settings), make)
+    return policy, logs, shared
+
+
+def test_each_bucket_asks_scores_and_updates_its_own_selector() -> None:
+    policy, logs, shared = _bucketed((1, 2, 4), draw_ahead=False)
+    assert len(logs) == 3 and len(policy.selectors) == len(policy.rewards) == len(policy.first_rewards) == 3
+    for rows, bucket in (([0], 0), ([0, 1, 2], 1), ([0, 1], 1), (list(range(9)), 2), ([0], 0)):
+        plan = policy.choose(rows)
+        assert plan.bucket == bucket == policy.settings.bucket(len(rows))
+        policy.learn(plan, 3, [1] * len(rows), 0.01)
+    assert [len(log) for log in logs] == [4, 4, 2]  # a select and an update per step of the bucket
+    assert [e[1] for e in shared if e[0] == "score"] == ["r0", "r0.1", "r0.1", "r0.2", "r0"]
+
+
+def test_a_choice_drawn_ahead_for_another_bucket_is_dropped_unused() -> None:
+    """The draw made during a step comes from that step's bucket; where rows finish and the
+    next step falls into a smaller bucket, the draw is dropped (that bucket's selector never
+    gets an update for it) and the next step's own bucket draws fresh."""
+    policy, logs, _ = _bucketed((1, 4), picks=[1, 0])
+    plan = policy.choose(list(range(5)))  # bucket 1 plays 1, and draws 0 ahead during the step
+    policy.learn(plan, 3, [0] * 5, 0.01)
+    assert logs[1] == [("select", 1), ("select", 0), ("update", 1, 0.5)]
+    plan = policy.choose([0, 3])  # two rows left: bucket 0; the draw of bucket 1 is dropped
+    assert plan.bucket == 0 and plan.choice == 1  # bucket 0's own first pick
+    policy.learn(plan, 3, [0, 0], 0.01)
+    assert logs[1] == [("select", 1), ("select", 0), ("update", 1, 0.5)]  # no update for the dropped draw
+    assert logs[0] == [("select", 1), ("select", 0), ("update", 1, 0.5)]
+    plan = policy.choose([0, 3])  # same bucket: plays the draw made ahead
+    assert plan.choice == 0 and len(logs[0]) == 3
+    policy.learn(plan, 3, [0, 0], 0.01)
+    assert logs[0][3:] == [("select", 1), ("update", 0, 0.5)]
+
+
+def test_a_replay_that_knows_the_next_rows_draws_from_their_bucket() -> None:
+    policy, logs, _ = _bucketed((1, 4), picks=[1, 0])
+    plan = policy.choose(list(range(5)))
+    policy.draw_next(rows=2)  # the replay knows three rows finish in this step
+    policy.learn(plan, 3, [0] * 5, 0.01)
+    assert policy.choose([0, 1]).choice == 1 and logs[0] == [("select", 1)]  # drawn ahead from bucket 0
+    assert logs[1] == [("select", 1), ("update", 1, 0.5)]
+
+
+def test_one_bucket_is_one_selector_and_assignment_spreads_copies() -> None:
+    """The default, one bucket, keeps one selector and scorer for every batch; a selector or
+    reward assigned (the bench harness swaps systems) goes to the first bucket and a copy of
+    it to each other one; settings with other buckets spread the first bucket's."""
+    log: list[tuple[Any, ...]] = []
+    policy = _policy(log, [Arm("a", FakeProvider("a", log), 3)])
+    assert policy.settings.batch_buckets == (1,) and policy.settings.bucket(1000) == 0
+    assert len(policy.selectors) == 1 and policy.choose(list(range(64))).bucket == 0
+    policy.settings = PolicySettings(batch_buckets=[1, 8])
+    assert len(policy.selectors) == len(policy.rewards) == len(policy.first_rewards) == 2
+    other = FakeSelector(1, log)
+    policy.selector = other
+    assert policy.selector is other and policy.selectors[1] is not other
+    assert isinstance(policy.selectors[1], FakeSelector)
+
+
+@pytest.mark.parametrize("buckets", [[], [0, 1], [2, 4], [1, 4, 2], [1, 1], [1, 2.5], [1, True], "1,2", None])
+def test_bad_batch_buckets_are_clear_errors(buckets: Any) -> None:
+    with pytest.raises(ValueError, match="batch_buckets"):
+        PolicySettings(batch_buckets=buckets)
+
+
+def _cost_model(rows: int, gamma: int, rng: random.Random) -> tuple[list[int], float]:
+    """Accepted counts and step seconds of a fake engine where drafting pays at batch 1 and
+    loses at batch 8: each drafted token is accepted w.p. 0.8 (until the first rejection);
+    a plain step costs 10 ms + 0.25 ms per row, a drafting step 16 ms + 4 ms per row after
+    the first (b1: ~185 against ~98 tokens/s; b8: ~535 against ~665)."""
+    accepted = []
+    for _ in range(rows):
+        n = 0
+        while n < gamma and rng.random() < 0.8:
+            n += 1
+        accepted.append(n)
+    base = 0.010 + 0.00025 * rows if gamma == 0 else 0.016 + 0.004 * (rows - 1)
+    return accepted, base * rng.uniform(0.95, 1.05)
+
+
+def _draft_share(buckets: tuple[int, ...], seed: int) -> dict[int, float]:
+    """Requests alternate between 1 and 8 rows, 40 steps each, through the model-free half;
+    returns the share of the draft arm at each batch size over the second half of the run."""
+    make = lambda: Thompson(ThompsonConfig(seed=seed), 2)  # noqa: E731
+    arms = [Arm("draft", NoDraft(), 3), Arm("none", NoDraft(), 0)]
+    policy = StepPolicy(arms, make(), make_reward("throughput"), PolicySettings(batch_buckets=buckets), make)
+    rng = random.Random(seed)
+    played: dict[int, list[bool]] = {1: [], 8: []}
+    for request in range(40):
+        rows = 1 if request % 2 == 0 else 8
+        policy.begin(rows)
+        for _ in range(40):
+            plan = policy.choose(list(range(rows)))
+            gamma = policy.played(plan).gamma
+            accepted, step_s = _cost_model(rows, gamma, rng)
+            policy.learn(plan, gamma, accepted, step_s)
+            if request >= 20:
+                played[rows].append(plan.arm == 0)
+    return {rows: sum(p) / len(p) for rows, p in played.items()}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_per_bucket_selectors_learn_where_drafting_pays(seed: int) -> None:
+    """With a bucket per batch size, the selector of batch 1 settles on the draft and that of
+    batch 8 on no draft; one shared selector (on one throughput scale) cannot tell the
+    batches apart and plays the same arm at both."""
+    bucketed = _draft_share((1, 2, 4, 8), seed)
+    assert bucketed[1] > 0.9 and bucketed[8] < 0.1, bucketed
+    shared = _draft_share((1,), seed)
+    assert not (shared[1] > 0.9 and shared[8] < 0.1), shared
+    assert abs(shared[1] - shared[8]) < 0.2, shared
