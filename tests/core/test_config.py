@@ -125,3 +125,30 @@ def test_padded_draft_vocab_is_accepted(tmp_path: Path, target: Path, registry) 
     pipe = build_pipeline(data, registry)
     result = pipe.generate([[1, 2, 3]], max_new_tokens=6, temperature=1.0)
     assert all(0 <= t < 16 for t in result.token_ids[0])
+
+
+def test_batch_buckets_load_as_a_tuple_and_default_to_one_bucket(tmp_path: Path, target: Path, registry) -> None:
+    text = f'[target]\nmodel = "{target}"\n[[arm]]\nuse = "prompt_lookup"\n[selector]\nuse = "ucb1"\n'
+    assert load_config(_write(tmp_path, text), registry).batch_buckets == (1,)
+    cfg = load_config(_write(tmp_path, text + "batch_buckets = [1, 2, 4, 8, 16, 32]\n"), registry)
+    assert cfg.batch_buckets == (1, 2, 4, 8, 16, 32)
+    assert build_pipeline(cfg, registry).policy.settings.batch_buckets == (1, 2, 4, 8, 16, 32)
+
+
+@pytest.mark.parametrize(("value", "rule"), [
+    ("[]", "must be a non-empty list"),
+    ("4", "must be a non-empty list"),
+    ('"1,2"', "must be a non-empty list"),
+    ("[1, 2.5]", "must hold integers"),
+    ("[1, true]", "must hold integers"),
+    ("[0, 1]", "must start at 1"),
+    ("[2, 4]", "must start at 1"),
+    ("[1, 4, 2]", "must be strictly increasing"),
+    ("[1, 2, 2]", "must be strictly increasing"),
+])
+def test_bad_batch_buckets_name_file_table_key_and_value(tmp_path: Path, target: Path, registry, value: str,
+                                                         rule: str) -> None:
+    path = _write(tmp_path, f'[target]\nmodel = "{target}"\n[[arm]]\nuse = "prompt_lookup"\n'
+                            f'[selector]\nuse = "ucb1"\nbatch_buckets = {value}\n')
+    with pytest.raises(ConfigError, match=r"pipe.toml: \[selector\] key 'batch_buckets': " + rule + ".*, got "):
+        load_config(path, registry)

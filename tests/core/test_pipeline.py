@@ -282,6 +282,32 @@ def test_batch_limit_decodes_plainly_above_it_and_resumes_below(models: dict[str
     assert out.summary["arms"]["batch_limit"]["steps"] == len(limited)
 
 
+PROMPTS_8 = [*PROMPTS, [2, 2, 2], [5, 6, 5, 6, 5], [9, 8, 7, 6], [4, 4, 1, 2], [12, 3, 12, 3, 12, 3]]
+
+
+@pytest.mark.parametrize("selector", ["ucb1", "thompson"])
+def test_batch_buckets_keep_greedy_output_at_batch_1_and_8(models: dict[str, Path], selector: str) -> None:
+    """One selector per bucket of live rows, with a ``none`` arm among its arms: greedy output
+    in float32 is target-only decoding's at batch 1 and at batch 8, and each step's log line
+    names the bucket of its live-row count (rows finish at different steps, so buckets change)."""
+    config = pipeline_dict(models["target"], [models["close"], models["far"]], selector, dtype="float32",
+                           batch_buckets=[1, 2, 4, 8])
+    config["arm"].append({"use": "none", "name": "plain"})
+    pipe = build_pipeline(config)
+    plain = pipeline_dict(models["target"], [], "fixed", dtype="float32")
+    plain["arm"] = [{"use": "none", "name": "plain"}]
+    target_only = build_pipeline(plain)
+    assert len(pipe.policy.selectors) == 4 and pipe.policy.selectors[0] is not pipe.policy.selectors[3]
+    for batch in ([PROMPTS_8[0]], PROMPTS_8):
+        want = target_only.generate(batch, max_new_tokens=24).token_ids
+        with capture_logs() as lines:
+            got = pipe.generate(batch, max_new_tokens=24)
+        assert got.token_ids == want
+        logged = [(line["batch_size"], line["batch_bucket"]) for line in lines if line["event"] == "step"]
+        assert logged == [(r.batch_size, max(b for b in (1, 2, 4, 8) if b <= r.batch_size)) for r in got.steps]
+    assert len({bucket for _, bucket in logged}) > 1
+
+
 @pytest.mark.parametrize("value", [0, -2, 1.5, True, "4"])
 def test_bad_batch_limit_is_a_clear_error(models: dict[str, Path], value: object) -> None:
     config = pipeline_dict(models["target"], [models["close"]], "fixed")
