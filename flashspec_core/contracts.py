@@ -7,7 +7,8 @@ pluggy call (hooks are for discovery and observation only).
 A component may also offer an optional *capability*: a small runtime-checkable
 protocol below (:class:`RequestAware`, :class:`DeclaresExactness`,
 :class:`VerifiesWithNoise`, :class:`HasTokenizer`, :class:`Prewarmable`,
-:class:`CapturesGraphs`, :class:`NamesModel`). Code that uses a capability tests
+:class:`CapturesGraphs`, :class:`NamesModel`, and for draft trees :class:`ProposesTrees`,
+:class:`ScoresTrees`, :class:`VerifiesTrees`). Code that uses a capability tests
 ``isinstance(component, Capability)``, never ``hasattr``, so every capability a caller
 relies on is declared and documented here.
 
@@ -30,6 +31,7 @@ import torch
 
 if TYPE_CHECKING:
     from flashspec_core.sampling import Noise
+    from flashspec_core.tree import TreeVerdict
 
 ComponentKind = Literal["target", "draft", "verifier", "selector"]
 T = TypeVar("T")
@@ -63,12 +65,35 @@ class SamplingParams:
         return self.top_k > 0 or self.top_p < 1.0
 
 
+def _check_tree_parents(draft: Draft, _attr: attrs.Attribute[Any], parents: torch.Tensor | None) -> None:
+    if parents is None:
+        return
+    if parents.dim() != 1 or parents.dtype != torch.int64 or parents.device.type != "cpu":
+        raise ValueError(f"Draft.parents must be a [g] int64 CPU tensor, got {tuple(parents.shape)} "
+                         f"{parents.dtype} on {parents.device}")
+    if parents.shape[0] != draft.tokens.shape[-1]:
+        raise ValueError(f"Draft.parents has {parents.shape[0]} nodes, but tokens are {tuple(draft.tokens.shape)}")
+    for node, parent in enumerate(parents.tolist()):
+        if not -1 <= parent < node:
+            raise ValueError(f"Draft.parents[{node}] = {parent}: must be -1 (the root) or an earlier node")
+
+
 @attrs.frozen
 class Draft:
-    """What a draft provider proposes for one step."""
+    """What a draft provider proposes for one step: a chain, or a tree (``parents``).
 
-    tokens: torch.Tensor  # [B, g] int64, g <= the arm's gamma
+    A tree's nodes are in topological order and its shape is shared by the batch; node
+    ``n``'s token is ``tokens[:, n]`` and ``probs[:, n]`` the distribution it was drawn
+    from (with replacement, see :mod:`flashspec_core.tree`); ``probs = None`` makes every
+    node deterministic (one-hot ``q``). A chain is the tree ``parents = [-1, 0, 1, ...]``,
+    but is proposed with ``parents = None``, and only providers declaring
+    :class:`ProposesTrees` may propose trees.
+    """
+
+    tokens: torch.Tensor  # [B, g] int64, g <= the arm's gamma (nodes of a tree)
     probs: torch.Tensor | None  # [B, g, Vd] float32: q each token was sampled from; None = one-hot
+    parents: torch.Tensor | None = attrs.field(  # [g] int64 CPU, -1 = a child of the root; None = a chain
+        default=None, validator=_check_tree_parents)
 
 
 @attrs.frozen
@@ -345,6 +370,72 @@ class NamesModel(Protocol):
     model: str
 
 
+@runtime_checkable
+class ProposesTrees(Protocol):
+    """Optional extra of a :class:`DraftProvider`: its proposals may be trees (``Draft.parents``).
+
+    ``proposes_trees`` says whether this instance (as configured) does: the pipeline then
+    refuses, when it is built, a target without :class:`ScoresTrees` or a verifier without
+    :class:`VerifiesTrees`. After a tree proposal the pipeline calls ``rollback_path(paths)``
+    instead of :meth:`DraftProvider.rollback`.
+    """
+
+    proposes_trees: bool
+
+    def rollback_path(self, paths: torch.Tensor) -> None:
+        """Keep only the accepted path of the last (tree) proposal.
+
+        :param paths: ``[B, D]`` int64 CPU, row ``b``'s accepted node at depth ``d + 1``,
+            ``-1`` from its accepted count on (:attr:`flashspec_core.tree.TreeVerdict.path`).
+        """
+
+
+@runtime_checkable
+class ScoresTrees(Protocol):
+    """Optional extra of a :class:`Target`: score a draft tree in one forward.
+
+    ``score_tree`` replaces :meth:`Target.score` for a tree step: each node sees the
+    sequence, its ancestors and itself (:func:`flashspec_core.tree.tree_attention_mask`)
+    at the position of its depth (:func:`flashspec_core.tree.tree_positions`), so its
+    logits are those a chain forward of its path would give. ``commit_path`` replaces
+    :meth:`Target.rollback`: the cache keeps exactly the accepted path's entries, as if
+    a chain of those tokens had been scored; nothing of a rejected branch stays.
+    """
+
+    def score_tree(
+        self,
+        tokens: torch.Tensor,  # [B, L] int64
+        lengths: Sequence[int],  # B ints
+        draft_tokens: torch.Tensor,  # [B, N] int64, the nodes
+        parents: torch.Tensor,  # [N] int64 CPU, -1 = a child of the root
+    ) -> torch.Tensor:
+        """Logits after each sequence and after each node: [B, N + 1, V]."""
+
+    def commit_path(self, paths: torch.Tensor) -> None:
+        """Keep the accepted path of the last :meth:`score_tree`: ``paths`` [B, D] int64 CPU,
+        the accepted node at depth ``d + 1``, -1 padded."""
+
+
+@runtime_checkable
+class VerifiesTrees(Protocol):
+    """Optional extra of a :class:`Verifier`: verify a draft tree (:mod:`flashspec_core.tree`).
+
+    Given a generator, the noise is drawn as for a chain of ``N`` tokens
+    (:meth:`flashspec_core.sampling.Noise.draw` with ``gamma = N``), so a width-1 tree gives
+    the chain's tokens.
+    """
+
+    def verify_tree(
+        self,
+        target_logits: torch.Tensor,  # [B, N+1, V] raw target logits (root, then each node)
+        draft_tokens: torch.Tensor,  # [B, N] int64
+        parents: torch.Tensor,  # [N] int64 CPU, -1 = a child of the root
+        draft_probs: torch.Tensor | None,  # [B, N, V] or None (every node deterministic)
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> TreeVerdict: ...
+
+
 # Every optional capability (docs/plugins.md documents each; a test checks it).
 CAPABILITIES: tuple[type, ...] = (
     RequestAware,
@@ -354,6 +445,9 @@ CAPABILITIES: tuple[type, ...] = (
     Prewarmable,
     CapturesGraphs,
     NamesModel,
+    ProposesTrees,
+    ScoresTrees,
+    VerifiesTrees,
 )
 
 

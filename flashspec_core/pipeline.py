@@ -2,7 +2,11 @@
 
 Each step asks the step policy (:mod:`flashspec_core.policy`) which arm drafts, has the
 target score the draft and the verifier decide, and hands the accepted counts back to
-the policy, which rolls the draft providers back and updates the selector.
+the policy, which rolls the draft providers back and updates the selector. A draft tree
+(``Draft.parents``) is scored with ``score_tree``, verified with ``verify_tree`` and its
+accepted path committed with ``commit_path`` (:class:`~flashspec_core.contracts.ScoresTrees`,
+:class:`~flashspec_core.contracts.VerifiesTrees`); the pipeline refuses a tree arm on a
+target or verifier without them when it is built.
 
 One host read per step: the verdict (``num_accepted`` and the emitted tokens) is
 copied to the host once, because the loop must know what was emitted to stop rows
@@ -15,14 +19,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import torch
 
 from flashspec_core.config import check_generation
-from flashspec_core.contracts import ArmSelector, SamplingParams, StepRecord, Target, Verifier
-from flashspec_core.policy import BATCH_LIMIT, Arm, NoDraft, PolicySettings, StepPolicy
+from flashspec_core.contracts import (
+    ArmSelector,
+    Draft,
+    SamplingParams,
+    ScoresTrees,
+    StepRecord,
+    Target,
+    Verdict,
+    Verifier,
+    VerifiesTrees,
+)
+from flashspec_core.policy import BATCH_LIMIT, Arm, NoDraft, PolicySettings, StepPolicy, proposes_trees
 from flashspec_core.stats import summarize
 
 __all__ = ["BATCH_LIMIT", "Arm", "GenerationResult", "NoDraft", "OnTokens", "Pipeline"]
@@ -84,6 +98,7 @@ class Pipeline:
         self.target, self.verifier, self.policy, self.config = target, verifier, policy, config
         self.logger, self.on_step = logger, on_step
         self._step = 0
+        self._check_trees()
 
     # The policy's parts, for callers that inspect them, or swap arms and selector between requests.
 
@@ -94,6 +109,7 @@ class Pipeline:
     @arms.setter
     def arms(self, arms: Sequence[Arm]) -> None:
         self.policy.arms = list(arms)
+        self._check_trees()
 
     @property
     def selector(self) -> ArmSelector:
@@ -211,17 +227,18 @@ class Pipeline:
         plan = self.policy.plan(rows, tokens, lengths, sampling, generator)
         draft, drafter = self.policy.propose(plan, tokens, lengths, sampling, generator)
         clock.mark()
-        logits = self.target.score(tokens, lengths, draft.tokens.to(self.target.device))
+        logits = self._score(tokens, lengths, draft)
         clock.mark()
-        verdict = self.verifier.verify(logits, draft.tokens.to(logits.device), draft.probs, sampling, generator)
+        verdict, path = self._verify(logits, draft, sampling, generator)
         clock.mark()
         self.policy.draw_next()  # while the device runs this step
-        host = torch.cat([verdict.num_accepted[:, None], verdict.tokens], dim=1).cpu()  # the one sync
+        host = torch.cat([verdict.num_accepted[:, None], verdict.tokens, path], dim=1).cpu()  # the one sync
         step_s = time.perf_counter() - t0
         accepted = host[:, 0].tolist()
-        self.target.rollback(accepted)
+        paths = host[:, 1 + verdict.tokens.shape[1] :] if draft.parents is not None else None
+        self._commit(accepted, paths)
         width = int(draft.tokens.shape[1])  # the arm's gamma, or fewer (a lookup without a match)
-        reward = self.policy.commit(plan, accepted, step_s, drafter, width)
+        reward = self.policy.commit(plan, accepted, step_s, drafter, width, paths)
         acc = tuple(accepted[b] for b in rows)
         record = StepRecord(
             step=self._step,
@@ -238,15 +255,53 @@ class Pipeline:
             step_ms=step_s * 1e3,
         )
         self._step += 1
-        self._observe(record, self.policy.settings.batch_buckets[plan.bucket])
+        self._observe(record)
         return record, [host[b, 1 : 2 + n].tolist() for b, n in enumerate(accepted)]
 
-    def _observe(self, record: StepRecord, bucket: int = 1) -> None:
-        """Log the step (with its batch bucket's smallest row count) and hand it to ``on_step``."""
+    def _score(self, tokens: torch.Tensor, lengths: list[int], draft: Draft) -> torch.Tensor:
+        """The target's logits of the draft: [B, g + 1, V] (a tree: one row per node, after the root's)."""
+        ids = draft.tokens.to(self.target.device)
+        if draft.parents is None:
+            return self.target.score(tokens, lengths, ids)
+        return cast(ScoresTrees, self.target).score_tree(tokens, lengths, ids, draft.parents)
+
+    def _verify(self, logits: torch.Tensor, draft: Draft, sampling: SamplingParams,
+                generator: torch.Generator) -> tuple[Verdict, torch.Tensor]:
+        """The verdict and the accepted path ([B, D] node ids, -1 padded; [B, 0] for a chain)."""
+        ids = draft.tokens.to(logits.device)
+        if draft.parents is None:
+            verdict = self.verifier.verify(logits, ids, draft.probs, sampling, generator)
+            return verdict, verdict.num_accepted.new_zeros((ids.shape[0], 0))
+        tree = cast(VerifiesTrees, self.verifier).verify_tree(logits, ids, draft.parents, draft.probs, sampling, generator)
+        return tree.as_verdict(), tree.path
+
+    def _commit(self, accepted: list[int], paths: torch.Tensor | None) -> None:
+        """The target keeps the accepted tokens: a prefix of a chain, or a tree's accepted path."""
+        if paths is None:
+            self.target.rollback(accepted)
+        else:
+            cast(ScoresTrees, self.target).commit_path(paths)
+
+    def _check_trees(self) -> None:
+        """A tree arm needs a target that scores trees and a verifier that verifies them."""
+        drafts = {a.name: a.draft.use for a in getattr(self.config, "arms", ())}
+        target_use = getattr(getattr(self.config, "target", None), "use", type(self.target).__name__)
+        verifier_use = getattr(getattr(self.config, "verifier", None), "use", type(self.verifier).__name__)
+        for arm in self.policy.arms:
+            if not proposes_trees(arm.provider):
+                continue
+            who = f"arm {arm.name!r} ({drafts.get(arm.name, type(arm.provider).__name__)}) proposes draft trees"
+            if not isinstance(self.target, ScoresTrees):
+                raise ValueError(f"{who}, but target {target_use!r} ({type(self.target).__name__}) cannot score "
+                                 "them (it lacks ScoresTrees): use the hf target, or a chain arm")
+            if not isinstance(self.verifier, VerifiesTrees):
+                raise ValueError(f"{who}, but verifier {verifier_use!r} ({type(self.verifier).__name__}) cannot "
+                                 "verify them (it lacks VerifiesTrees): use verifier 'reference', or a chain arm")
+
+    def _observe(self, record: StepRecord) -> None:
         if self.logger is not None:
             fields = attrs.asdict(record)
             fields["accepted"] = list(record.accepted)
-            fields["batch_bucket"] = bucket
             self.logger.info("step", **fields)
         if self.on_step is not None:
             self.on_step(record)

@@ -9,6 +9,12 @@ are invalid in every row, which keeps batch 1 free of holes).
 The mask is an additive 4-D mask ``[B, 1, n, S]`` in which an invalid query slot
 still sees itself, so no softmax row is empty (eager attention would turn an
 empty row into NaN and spread it through the values).
+
+A forward may end with a draft *tree* (``tree = parents``): its nodes see the slots
+before the tree block, their ancestors and themselves, at the position of their depth
+(:func:`flashspec_core.tree.tree_attention_mask`, :func:`~flashspec_core.tree.tree_positions`).
+:meth:`CachedLM.keep_path` then compacts the block to the accepted path, so the cache
+holds what a chain forward of the accepted tokens would have written.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from flashspec_core.ragged import additive_mask, causal_mask, next_positions, right_align
+from flashspec_core.tree import ancestor_matrix, node_depths
 
 
 def _cache_kwarg(model: PreTrainedModel) -> str:
@@ -42,14 +49,18 @@ class CachedLM:
         self.valid = torch.zeros((batch, 0), dtype=torch.bool, device=self.device)  # [B, S]
         self.next_pos = torch.zeros(batch, dtype=torch.long, device=self.device)  # [B]
         self.seen = [0] * batch  # real tokens fed, per row
+        self.tree_start: int | None = None  # first slot of the last forward's tree block
 
-    def _mask(self, n: int) -> torch.Tensor:
+    def _mask(self, n: int, tree: Sequence[int] | None = None) -> torch.Tensor:
         """The last ``n`` slots as queries: causal over slots, valid keys only, and each query
-        sees itself. [B, 1, n, S]"""
+        sees itself; the last ``len(tree)`` queries see only their ancestors (and themselves)
+        inside the tree block. [B, 1, n, S]"""
         slots = self.valid.shape[1]
         q = torch.arange(slots - n, slots, device=self.device)[None]  # [1, n]
         itself = torch.arange(slots, device=self.device)[None, None, :] == q[:, :, None]  # [1, n, S]
         allowed = (causal_mask(q, slots) & self.valid[:, None, :]) | itself
+        if tree:
+            allowed[:, -len(tree) :, -len(tree) :] = ancestor_matrix(tree, self.device)[None]
         return additive_mask(allowed, self.mask_dtype, torch.finfo(self.mask_dtype).min)[:, None]
 
     @property
@@ -57,21 +68,58 @@ class CachedLM:
         return self.dtype if self.dtype.is_floating_point else torch.float32
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """Append slots and return their logits. ids/valid: [B, n] -> [B, n, V]."""
+    def forward(self, ids: torch.Tensor, valid: torch.Tensor, tree: Sequence[int] | None = None) -> torch.Tensor:
+        """Append slots and return their logits. ids/valid: [B, n] -> [B, n, V].
+
+        ``tree``: the last ``len(tree)`` slots (all valid) are a draft tree with these parents
+        (-1: a child of the last slot before the block); ``next_pos`` then stops before them
+        until :meth:`keep_path`.
+        """
         ids = ids.to(self.device)
         valid = valid.to(self.device)
         pos = next_positions(self.next_pos, valid)
+        nodes = len(tree) if tree else 0
+        if tree:
+            start = self.next_pos + valid[:, : valid.shape[1] - nodes].long().sum(1)  # [B]
+            depths = torch.tensor(node_depths(tree), dtype=torch.long, device=self.device)
+            pos[:, -nodes:] = start[:, None] + depths[None] - 1
+            self.tree_start = self.valid.shape[1] + valid.shape[1] - nodes
         self.valid = torch.cat([self.valid, valid], dim=1)
         kwargs = {self._kwarg: self.cache}
         out = self.model(
-            input_ids=ids, attention_mask=self._mask(ids.shape[1]), position_ids=pos, use_cache=True, **kwargs
+            input_ids=ids, attention_mask=self._mask(ids.shape[1], tree), position_ids=pos, use_cache=True, **kwargs
         )
-        self.next_pos += valid.long().sum(1)
+        self.next_pos += valid[:, : valid.shape[1] - nodes].long().sum(1)
         return out.logits
 
-    def catch_up(self, tokens: torch.Tensor, lengths: Sequence[int], extra: torch.Tensor | None = None) -> torch.Tensor:
-        """Feed each row's unseen tokens, right-aligned, then ``extra`` ([B, m], all valid).
+    def keep_path(self, slots: torch.Tensor) -> list[int]:
+        """Compact the tree block of the last forward to each row's accepted path.
+
+        :param slots: ``[B, D]`` int64, row ``b``'s accepted nodes in path order as offsets
+            into the tree block, -1 padded (nothing after the first -1 counts).
+        :returns: the tokens kept per row. The block's other slots (rejected branches) are
+            dropped from the cache, and the kept ones move to the block's first slots.
+        """
+        if self.tree_start is None:
+            raise RuntimeError("keep_path: the last forward scored no tree")
+        start, self.tree_start = self.tree_start, None
+        slots = slots.to(self.device)
+        kept = ((slots >= 0).long().cumprod(1)).sum(1)  # [B]
+        width = int(kept.max()) if kept.numel() else 0  # host arithmetic: slots come from the host
+        index = torch.where(slots[:, :width] >= 0, slots[:, :width] + start, start)  # [B, width]
+        for layer in self.cache.layers:
+            keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+            if isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor) and keys.numel():
+                layer.keys, layer.values = _gather_slots(keys, start, index), _gather_slots(values, start, index)  # type: ignore[union-attr]
+        cols = torch.arange(width, device=self.device)[None]
+        self.valid = torch.cat([self.valid[:, :start], cols < kept[:, None]], dim=1)
+        self.next_pos += kept
+        return [int(k) for k in kept.tolist()]
+
+    def catch_up(self, tokens: torch.Tensor, lengths: Sequence[int], extra: torch.Tensor | None = None,
+                 tree: Sequence[int] | None = None) -> torch.Tensor:
+        """Feed each row's unseen tokens, right-aligned, then ``extra`` ([B, m], all valid;
+        a draft tree with parents ``tree`` if given, see :meth:`forward`).
 
         Returns the logits of the last ``1 + m`` slots: the next-token logits after
         each row's sequence, then after each extra token. [B, 1+m, V].
@@ -85,7 +133,7 @@ class CachedLM:
             ids = torch.cat([ids, extra.cpu()], dim=1)
             valid = torch.cat([valid, torch.ones(extra.shape, dtype=torch.bool)], dim=1)
         m = 0 if extra is None else extra.shape[1]
-        return self.forward(ids, valid)[:, -(1 + m) :]
+        return self.forward(ids, valid, tree if m else None)[:, -(1 + m) :]
 
     def drop_last(self, count: Sequence[int]) -> None:
         """Invalidate each row's last ``count[b]`` slots (a rejected suffix of the last forward)."""
@@ -101,3 +149,9 @@ class CachedLM:
         if keep < self.valid.shape[1]:
             self.cache.crop(keep - self.valid.shape[1])  # negative: drop that many slots
             self.valid = self.valid[:, :keep]
+
+
+def _gather_slots(x: torch.Tensor, start: int, index: torch.Tensor) -> torch.Tensor:
+    """``x`` [B, H, S, D] cut to its first ``start`` slots, then the slots ``index`` [B, w] per row."""
+    picked = x.gather(2, index[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3]))
+    return torch.cat([x[:, :, :start], picked], dim=2)

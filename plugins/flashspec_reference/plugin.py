@@ -1,4 +1,9 @@
-"""Registers the ``reference`` verifier: plain torch, no host sync inside a step."""
+"""Registers the ``reference`` verifier: plain torch, no host sync inside a step.
+
+It verifies chains (:mod:`flashspec_core.sampling`) and draft trees
+(:mod:`flashspec_core.tree`), with the same noise conventions: one uniform per drafted
+token (per node) and one Exp(1) vector per row, drawn in that order from the generator.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,8 @@ from collections.abc import Iterable
 import torch
 
 from flashspec_core import ComponentSpec, SamplingParams, Verdict, Verifier, hookimpl
-from flashspec_core.sampling import Noise, verify_greedy, verify_random
+from flashspec_core.sampling import Noise, filter_logits, probs_from_logits, verify_greedy, verify_random
+from flashspec_core.tree import TreeDraft, TreeVerdict, verify_tree_greedy, verify_tree_random
 
 
 class ReferenceVerifier:
@@ -39,6 +45,40 @@ class ReferenceVerifier:
         if sampling.greedy:
             return verify_greedy(target_logits, draft_tokens, sampling)
         return verify_random(target_logits, draft_tokens, draft_probs, sampling, noise)
+
+    def verify_tree(
+        self,
+        target_logits: torch.Tensor,  # [B, N+1, V]
+        draft_tokens: torch.Tensor,  # [B, N] int64
+        parents: torch.Tensor,  # [N] int64 CPU
+        draft_probs: torch.Tensor | None,  # [B, N, V] or None (deterministic nodes)
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> TreeVerdict:
+        """Multi-draft rejection sampling over the tree (greedy descent at temperature 0)."""
+        batch, nodes = draft_tokens.shape
+        noise = None
+        if not sampling.greedy:
+            noise = Noise.draw(batch, nodes, target_logits.shape[-1], generator, target_logits.device)
+        return self.verify_tree_with_noise(target_logits, draft_tokens, parents, draft_probs, sampling, noise)
+
+    def verify_tree_with_noise(
+        self,
+        target_logits: torch.Tensor,
+        draft_tokens: torch.Tensor,
+        parents: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        sampling: SamplingParams,
+        noise: Noise | None,  # None only when greedy
+    ) -> TreeVerdict:
+        """Same as :meth:`verify_tree` with the noise given (for token-exact comparisons)."""
+        q = None if draft_probs is None else draft_probs.float()
+        tree = TreeDraft(draft_tokens, parents, q)
+        if sampling.greedy:
+            return verify_tree_greedy(filter_logits(target_logits, sampling), tree)
+        if noise is None:
+            raise ValueError("verify_tree_with_noise: sampling is not greedy, so noise is required")
+        return verify_tree_random(probs_from_logits(target_logits, sampling), tree, noise)
 
 
 def _make(config: object, device: torch.device) -> Verifier:
