@@ -255,7 +255,7 @@ class Pipeline:
             step_ms=step_s * 1e3,
         )
         self._step += 1
-        self._observe(record)
+        self._observe(record, self.policy.settings.batch_buckets[plan.bucket])
         return record, [host[b, 1 : 2 + n].tolist() for b, n in enumerate(accepted)]
 
     def _score(self, tokens: torch.Tensor, lengths: list[int], draft: Draft) -> torch.Tensor:
@@ -298,10 +298,12 @@ class Pipeline:
                 raise ValueError(f"{who}, but verifier {verifier_use!r} ({type(self.verifier).__name__}) cannot "
                                  "verify them (it lacks VerifiesTrees): use verifier 'reference', or a chain arm")
 
-    def _observe(self, record: StepRecord) -> None:
+    def _observe(self, record: StepRecord, bucket: int = 1) -> None:
+        """Log the step (with its batch bucket's smallest row count) and hand it to ``on_step``."""
         if self.logger is not None:
             fields = attrs.asdict(record)
             fields["accepted"] = list(record.accepted)
+            fields["batch_bucket"] = bucket
             self.logger.info("step", **fields)
         if self.on_step is not None:
             self.on_step(record)

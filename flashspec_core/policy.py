@@ -26,6 +26,14 @@ Vocabulary:
   without drafting, and the selector is neither asked nor updated (vLLM's
   ``disable_by_batch_size``): at large batches a target forward is no longer much cheaper
   per token than a draft's, so speculation costs throughput.
+* *bucket* -- ``batch_buckets``, the smallest live-row count of each bucket (``(1, 2, 4)``:
+  1, 2-3, 4 and more). The policy keeps one selector, one reward scorer and one first
+  scorer per bucket, and a step asks, scores and updates those of its live-row count's
+  bucket: whether drafting pays, and how many tokens per second a step emits, depend on
+  the batch, so with a ``none`` arm the selector of each bucket learns where speculation
+  pays. The bucket is a function of the sequences (rows finish at EOS or the token
+  limit), never of a step's draws, so the output law stays the target's. One bucket
+  (the default) is one selector for every batch.
 * *first arm* -- ``first`` (``[selector] first``): proposes before the selector is asked.
   Where its proposal is non-empty it plays and the selector is neither asked nor
   updated; where it is empty (a lookup without a match) its provider is rolled back at
@@ -40,25 +48,42 @@ Vocabulary:
 * *draw-ahead* -- ``draw_ahead``: the next step's choice is drawn while the device runs
   this step (:meth:`StepPolicy.draw_next`), off the host's critical path (a Thompson
   draw cost ~0.1 ms of a 2 ms step on the H200's host). It then misses this step's
-  reward (feedback one step late), and is dropped unused where the first arm proposes or
-  a request ends; every played choice is still updated once.
+  reward (feedback one step late), and is dropped unused where the first arm proposes,
+  a request ends or the next step's rows fall into another bucket (the draw comes from
+  this step's bucket; rows only finish, so the next step's bucket is not known yet);
+  every played choice is still updated once, by the bucket it was drawn from.
 * *reward* -- a number in ``[0, 1]`` from :mod:`flashspec_core.rewards`, computed after
   the step from its width, accepted counts, emitted tokens and step time.
 """
 
 from __future__ import annotations
 
+import bisect
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import attrs
 import torch
 
+from flashspec_core.config import batch_buckets_problem
 from flashspec_core.contracts import ArmSelector, Draft, DraftProvider, ProposesTrees, RequestAware, SamplingParams
 from flashspec_core.rewards import StepReward
 
 BATCH_LIMIT = "batch_limit"  # the arm name of steps that the batch limit ran without drafting
 BATCH_LIMIT_ARM = -1  # the arm index of those steps
+T = TypeVar("T")
+
+
+def _buckets(value: Any) -> Any:
+    """A list or tuple of bucket starts as a tuple; anything else is left for the validator."""
+    return tuple(value) if isinstance(value, list | tuple) else value
+
+
+def _check_buckets(_instance: Any, _attribute: Any, value: Any) -> None:
+    problem = batch_buckets_problem(value)
+    if problem is not None:
+        raise ValueError(f"batch_buckets {problem}, got {value!r}")
 
 
 @attrs.frozen
@@ -79,6 +104,12 @@ class PolicySettings:
     first: int | None = attrs.field(  # an index into the arms
         default=None, validator=attrs.validators.optional([attrs.validators.instance_of(int), attrs.validators.ge(0)]))
     draw_ahead: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    # The smallest live-row count of each bucket: (1,) is one bucket for every batch.
+    batch_buckets: tuple[int, ...] = attrs.field(default=(1,), converter=_buckets, validator=_check_buckets)
+
+    def bucket(self, rows: int) -> int:
+        """The index of the bucket of ``rows`` live rows (the last bucket start <= ``rows``)."""
+        return max(bisect.bisect_right(self.batch_buckets, rows) - 1, 0)
 
 
 @attrs.frozen
@@ -91,6 +122,7 @@ class Plan:
     # The first arm's proposal, made while planning, where that arm plays: its non-empty
     # proposal, or its empty one when the selector picks the first arm again (a plain step).
     draft: Draft | None = attrs.field(default=None, eq=False)
+    bucket: int = 0  # index into settings.batch_buckets: the bucket of len(rows)
 
     @property
     def limited(self) -> bool:
@@ -106,19 +138,63 @@ class Plan:
 class StepPolicy:
     """Arm choice, fallback, provider rollbacks and learning for the decode loop.
 
-    ``arms``, ``selector``, ``reward`` and ``settings`` may be swapped between requests
-    (the bench harness times several systems on one pipeline); the first scorer, the
-    drawn-ahead choice and the plain arm stay with the policy.
+    ``selector`` and ``reward`` are the first bucket's; each further bucket of
+    ``settings.batch_buckets`` gets a selector from ``make_selector`` (a copy of
+    ``selector`` without it) and a copy of ``reward``, all untrained. ``arms``,
+    ``selector``, ``reward`` and ``settings`` may be swapped between requests (the bench
+    harness times several systems on one pipeline): a selector or reward assigned goes
+    to the first bucket and a copy of it to each other one, and settings with other
+    buckets spread the first bucket's selector and scorers the same way. The first
+    scorers, the drawn-ahead choice and the plain arm stay with the policy.
     """
 
     def __init__(self, arms: Sequence[Arm], selector: ArmSelector, reward: StepReward,
-                 settings: PolicySettings = PolicySettings()) -> None:
-        self.arms, self.selector, self.reward, self.settings = list(arms), selector, reward, settings
-        _check(self.arms, selector, settings)
-        self.first_reward = copy.deepcopy(reward)  # the first arm's own scale (see the module docstring)
+                 settings: PolicySettings = PolicySettings(),
+                 make_selector: Callable[[], ArmSelector] | None = None) -> None:
+        self.arms, self._settings = list(arms), settings
+        self.selectors = self._spread(selector, make_selector)  # one per bucket
+        for each in self.selectors:
+            _check(self.arms, each, settings)
+        self.rewards = self._spread(reward)  # one per bucket: a bigger batch emits more tokens per step
+        self.first_rewards = self._spread(copy.deepcopy(reward))  # the first arm's own scales (module docstring)
         self._plain = Arm(name=BATCH_LIMIT, provider=NoDraft(), gamma=0, selectable=False)
-        self._ahead: int | None = None  # the choice drawn ahead for the next step
-        self._due = False  # a draw ahead is due for the step in flight
+        self._ahead: tuple[int, int] | None = None  # (bucket, choice) drawn ahead for the next step
+        self._due: int | None = None  # the bucket whose draw ahead is due for the step in flight
+
+    @property
+    def selector(self) -> ArmSelector:
+        """The first bucket's selector (with one bucket: the selector)."""
+        return self.selectors[0]
+
+    @selector.setter
+    def selector(self, selector: ArmSelector) -> None:
+        self.selectors = self._spread(selector)
+
+    @property
+    def reward(self) -> StepReward:
+        """The first bucket's reward scorer."""
+        return self.rewards[0]
+
+    @reward.setter
+    def reward(self, reward: StepReward) -> None:
+        self.rewards = self._spread(reward)
+
+    @property
+    def settings(self) -> PolicySettings:
+        return self._settings
+
+    @settings.setter
+    def settings(self, settings: PolicySettings) -> None:
+        old, self._settings = self._settings, settings
+        if settings.batch_buckets != old.batch_buckets:
+            self.selectors = self._spread(self.selectors[0])
+            self.rewards = self._spread(self.rewards[0])
+            self.first_rewards = self._spread(self.first_rewards[0])
+
+    def _spread(self, first: T, make: Callable[[], T] | None = None) -> list[T]:
+        """``first`` for the first bucket, and for each other one ``make()`` or a copy of ``first``."""
+        more = len(self._settings.batch_buckets) - 1
+        return [first] + [make() if make is not None else copy.deepcopy(first) for _ in range(more)]
 
     @property
     def choices(self) -> list[int]:
@@ -142,36 +218,46 @@ class StepPolicy:
         selector is told (before its first ``select()``, so it may keep per-request stats)."""
         for arm in self.arms:
             arm.provider.reset()
-        self._ahead, self._due = None, False
-        if isinstance(self.selector, RequestAware):
-            self.selector.begin_request(rows)
+        self._ahead, self._due = None, None
+        for selector in self.selectors:
+            if isinstance(selector, RequestAware):
+                selector.begin_request(rows)
 
     def choose(self, rows: Sequence[int], first_proposes: bool = False) -> Plan:
         """The plan of a step over live ``rows``, given whether the first arm proposed.
 
-        Takes the choice drawn ahead if there is one, else asks the selector; a drawn
-        choice that goes unplayed (batch limit, first arm) is dropped.
+        Takes the choice drawn ahead for the bucket of ``len(rows)`` if there is one, else
+        asks that bucket's selector; a drawn choice that goes unplayed (batch limit, first
+        arm, another bucket) is dropped.
         """
         first = self.settings.first
         if first_proposes and first is None:
             raise ValueError("first_proposes = True, but the policy has no first arm (settings.first is None)")
+        bucket = self.settings.bucket(len(rows))
         ahead, self._ahead = self._ahead, None
         limited = self.limited(len(rows))
-        self._due = self.settings.draw_ahead and not limited  # rows only finish, so the limit holds
+        # rows only finish, so the limit holds for the next step; its bucket is checked when it plays
+        self._due = bucket if self.settings.draw_ahead and not limited else None
         if limited:
-            return Plan(tuple(rows), BATCH_LIMIT_ARM)
+            return Plan(tuple(rows), BATCH_LIMIT_ARM, bucket=bucket)
         if first_proposes and first is not None:
-            return Plan(tuple(rows), first)
-        choice = self.selector.select() if ahead is None else ahead
-        return Plan(tuple(rows), self.choices[choice], choice)
+            return Plan(tuple(rows), first, bucket=bucket)
+        choice = ahead[1] if ahead is not None and ahead[0] == bucket else self.selectors[bucket].select()
+        return Plan(tuple(rows), self.choices[choice], choice, bucket=bucket)
 
-    def draw_next(self) -> None:
+    def draw_next(self, rows: int | None = None) -> None:
         """Draw the next step's choice now, if draw-ahead is on and this step has not drawn
         it yet. The pipeline calls it while the device runs the step; :meth:`learn` calls
-        it too, so the selector hears ``select()`` for step t + 1 before ``update()`` for t."""
-        if self._due:
-            self._due = False
-            self._ahead = self.selector.select()
+        it too, so the selector hears ``select()`` for step t + 1 before ``update()`` for t.
+
+        :param rows: the next step's live-row count where the caller knows it (a replay):
+            the draw comes from its bucket. Default: this step's bucket, the pipeline's
+            best guess before it reads which rows finished.
+        """
+        if self._due is not None:
+            bucket = self._due if rows is None else self.settings.bucket(rows)
+            self._due = None
+            self._ahead = (bucket, self.selectors[bucket].select())
 
     def learn(self, plan: Plan, width: int, accepted: Sequence[int], step_s: float,
               emitted: int | None = None) -> float:
@@ -185,10 +271,10 @@ class StepPolicy:
         self.draw_next()
         acc = tuple(accepted)
         emitted = sum(n + 1 for n in acc) if emitted is None else emitted
-        scorer = self.first_reward if plan.by_first else self.reward
+        scorer = (self.first_rewards if plan.by_first else self.rewards)[plan.bucket]
         reward = scorer(width, acc, emitted, max(step_s, 1e-9))
         if plan.choice is not None:
-            self.selector.update(plan.choice, reward)
+            self.selectors[plan.bucket].update(plan.choice, reward)
         return reward
 
     # ------------------------------------------------------------------ the half with providers
