@@ -14,7 +14,7 @@ import json
 from typing import Any, Literal
 
 import attrs
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, ValidationError
 
 from flashspec_core.config import BoundsError, GenerationDefaults, check_generation
 from flashspec_core.contracts import SamplingParams
@@ -46,10 +46,10 @@ class _Body(BaseModel):
     top_p: Any = None
     top_k: Any = None  # not OpenAI's; vLLM's extension, -1 or 0 = off
     seed: Any = None
-    n: int = 1
+    n: StrictInt = 1
     stop: str | list[str] | None = None
-    stream: bool = False
-    stream_options: dict[str, bool] | None = None
+    stream: StrictBool = False
+    stream_options: dict[str, StrictBool] | None = None
     user: str | None = None
     # OpenAI fields served only at their neutral value (see _UNSUPPORTED)
     presence_penalty: float = 0.0
@@ -60,7 +60,7 @@ class _Body(BaseModel):
 
 class CompletionBody(_Body):
     prompt: str | list[int] | list[str] | list[list[int]]
-    echo: bool = False
+    echo: StrictBool = False
     best_of: int | None = None
     suffix: str | None = None
 
