@@ -2,6 +2,13 @@
 
 Deterministic and weightless: the proposal is a function of the context alone, so
 its ``q`` is one-hot and the verifier accepts ``x`` with probability ``p(x)``.
+
+With ``branches = k > 1`` it proposes a draft tree: the continuations of up to ``k``
+earlier matches (most recent first, longest n-gram first), each cut to ``gamma // k``
+tokens, merged into a trie so shared prefixes are one node; the batch shares one tree
+shape, the union of the rows' tries by child index (a row fills a node it lacks with its
+parent's token). Every node stays deterministic, so the tree verifies as one-hot
+siblings and the output law is the target's (``docs/exactness-tree.md``).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ class LookupConfig:
     min_ngram: int = attrs.field(default=1, validator=attrs.validators.ge(1))
     window: int = attrs.field(default=4096, validator=attrs.validators.ge(2))
     fill: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    branches: int = attrs.field(default=1, validator=[attrs.validators.instance_of(int), attrs.validators.ge(1)])
 
     def __attrs_post_init__(self) -> None:
         if self.min_ngram > self.max_ngram:
@@ -55,6 +63,31 @@ def lookup(seq: torch.Tensor, gamma: int, cfg: LookupConfig) -> list[int]:
     return _fit([int(seq[-1])] if length else [0], gamma, cfg) if cfg.fill else []
 
 
+def lookup_branches(seq: torch.Tensor, gamma: int, cfg: LookupConfig) -> list[list[int]]:
+    """Continuations of up to ``cfg.branches`` earlier matches, by a full scan (the reference of
+    :meth:`NgramIndex.propose_branches`): longest suffix n-gram first, most recent match first,
+    distinct continuations of ``max(1, gamma // branches)`` tokens (padded as :func:`lookup` pads).
+    """
+    if gamma == 0:
+        return []
+    seq = seq[-cfg.window :]
+    length, cut = seq.shape[0], max(1, gamma // cfg.branches)
+    found: list[list[int]] = []
+    for n in range(min(cfg.max_ngram, length - 1), cfg.min_ngram - 1, -1):
+        windows = seq[: length - 1].unfold(0, n, 1)
+        hits = (windows == seq[length - n :]).all(dim=1).nonzero().squeeze(1)
+        for start in reversed(hits[hits + n < length].tolist()):
+            _add(found, _fit(seq[start + n : start + n + cut].tolist(), cut, cfg), cfg.branches)
+    if not found and cfg.fill:
+        found.append(_fit([int(seq[-1])] if length else [0], cut, cfg))
+    return found
+
+
+def _add(found: list[list[int]], branch: list[int], most: int) -> None:
+    if len(found) < most and branch not in found:
+        found.append(branch)
+
+
 def _fit(found: list[int], gamma: int, cfg: LookupConfig) -> list[int]:
     """``found`` (non-empty), padded to ``gamma`` by repeating its last token if ``cfg.fill``."""
     return found + [found[-1]] * (gamma - len(found)) if cfg.fill else found
@@ -69,6 +102,7 @@ class NgramIndex:
         self.cfg = cfg
         self.seq: list[int] = []
         self.latest: dict[tuple[int, ...], int] = {}  # n-gram -> its latest start
+        self.recent: dict[tuple[int, ...], list[int]] = {}  # with branches > 1: its latest starts, oldest first
         self._indexed = 0  # n-grams ending before this position are in ``latest``
 
     def extend(self, new: list[int]) -> None:
@@ -76,7 +110,10 @@ class NgramIndex:
         lo, hi = self.cfg.min_ngram, self.cfg.max_ngram
         for end in range(self._indexed, len(self.seq) - 1):  # never the n-grams ending at the last token
             for n in range(lo, min(hi, end + 1) + 1):
-                self.latest[tuple(self.seq[end - n + 1 : end + 1])] = end - n + 1
+                gram = tuple(self.seq[end - n + 1 : end + 1])
+                self.latest[gram] = end - n + 1
+                if self.cfg.branches > 1:
+                    self.recent.setdefault(gram, []).append(end - n + 1)
         self._indexed = max(self._indexed, len(self.seq) - 1)
 
     def propose(self, gamma: int) -> list[int]:
@@ -90,6 +127,22 @@ class NgramIndex:
                 return _fit(seq[start + n : start + n + gamma], gamma, cfg)
         return _fit([seq[-1]] if length else [0], gamma, cfg) if cfg.fill else []
 
+    def propose_branches(self, gamma: int) -> list[list[int]]:
+        """:func:`lookup_branches` of the sequence, from the index."""
+        seq, cfg, length = self.seq, self.cfg, len(self.seq)
+        if gamma == 0:
+            return []
+        first, cut = length - cfg.window, max(1, gamma // cfg.branches)
+        found: list[list[int]] = []
+        for n in range(min(cfg.max_ngram, length - 1), cfg.min_ngram - 1, -1):
+            for start in reversed(self.recent.get(tuple(seq[length - n :]), [])):
+                if start < first or len(found) == cfg.branches:
+                    break
+                _add(found, _fit(seq[start + n : start + n + cut], cut, cfg), cfg.branches)
+        if not found and cfg.fill:
+            found.append(_fit([seq[-1]] if length else [0], cut, cfg))
+        return found
+
 
 class PromptLookupDraft:
     """Draft provider copying n-gram continuations from each row's own context.
@@ -102,6 +155,7 @@ class PromptLookupDraft:
 
     def __init__(self, config: LookupConfig) -> None:
         self.config = config
+        self.proposes_trees = config.branches > 1
         self._rows: list[NgramIndex] = []
 
     def reset(self) -> None:
@@ -118,14 +172,16 @@ class PromptLookupDraft:
         if len(self._rows) != len(lengths):
             self._rows = [NgramIndex(self.config) for _ in lengths]
         ids = tokens.cpu().numpy()  # a view of the CPU ids: slicing it costs far less host time than the tensor's
-        rows = []
         for b, n in enumerate(lengths):
             index = self._rows[b]
             if n < len(index.seq):  # not the sequence this row had: start over
                 index = self._rows[b] = NgramIndex(self.config)
             if n > len(index.seq):
                 index.extend(ids[b, len(index.seq) : n].tolist())
-            rows.append(index.propose(gamma))
+        if self.proposes_trees:
+            branches = [index.propose_branches(gamma) for index in self._rows]
+            return _tree_draft(branches, [int(ids[b, n - 1]) for b, n in enumerate(lengths)], gamma)
+        rows = [index.propose(gamma) for index in self._rows]
         width = max(len(r) for r in rows)  # rows alike: shorter matches repeat their last token
         if width == 0:  # no row matched: a plain step (this runs before every step a lookup gates)
             return Draft(tokens=torch.empty((len(rows), 0), dtype=torch.long), probs=None)
@@ -135,6 +191,69 @@ class PromptLookupDraft:
 
     def rollback(self, num_accepted: Sequence[int]) -> None:
         """Nothing to undo: rejected tokens never enter the sequences it indexes."""
+
+    def rollback_path(self, paths: torch.Tensor) -> None:
+        """Nothing to undo after a tree either."""
+
+
+Trie = list[tuple[int, "Trie"]]  # (token, children), children eldest first
+
+
+def _trie(branches: list[list[int]]) -> Trie:
+    """The branches merged so that shared prefixes are one node (first-seen order)."""
+    root: Trie = []
+    for branch in branches:
+        level = root
+        for token in branch:
+            kid = next((k for k in level if k[0] == token), None)
+            if kid is None:
+                kid = (token, [])
+                level.append(kid)
+            level = kid[1]
+    return root
+
+
+def _shape(tries: list[Trie]) -> list[tuple[int, ...]]:
+    """The union of the tries by child index, as child-index paths in preorder (parents first)."""
+    out: list[tuple[int, ...]] = []
+
+    def walk(levels: list[Trie], prefix: tuple[int, ...]) -> None:
+        for i in range(max((len(t) for t in levels), default=0)):
+            out.append((*prefix, i))
+            walk([t[i][1] for t in levels if i < len(t)], (*prefix, i))
+
+    walk(tries, ())
+    return out
+
+
+def _tree_draft(rows: list[list[list[int]]], last: list[int], gamma: int) -> Draft:
+    """One tree shape for the batch (cut to ``gamma`` nodes in preorder, which keeps parents
+    before children); a chain shape is proposed as a chain."""
+    tries = [_trie(r) for r in rows]
+    shape = _shape(tries)[:gamma]
+    if not shape:
+        return Draft(tokens=torch.empty((len(rows), 0), dtype=torch.long), probs=None)
+    index = {path: n for n, path in enumerate(shape)}
+    parents = [index[path[:-1]] if len(path) > 1 else -1 for path in shape]
+    tokens = torch.empty((len(rows), len(shape)), dtype=torch.long)
+    for b, trie in enumerate(tries):
+        for n, path in enumerate(shape):
+            tokens[b, n] = _token_at(trie, path, tokens[b, parents[n]] if parents[n] >= 0 else last[b])
+    if parents == list(range(-1, len(shape) - 1)):
+        return Draft(tokens=tokens, probs=None)
+    return Draft(tokens=tokens, probs=None, parents=torch.tensor(parents, dtype=torch.long))
+
+
+def _token_at(trie: Trie, path: tuple[int, ...], fill: torch.Tensor | int) -> int:
+    """The row's token at the child-index ``path``, or ``fill`` (its parent's token) where it has none."""
+    level = trie
+    for depth, i in enumerate(path):
+        if i >= len(level):
+            return int(fill)
+        token, level = level[i][0], level[i][1]
+        if depth == len(path) - 1:
+            return token
+    return int(fill)
 
 
 def make(config: LookupConfig, context: Any) -> PromptLookupDraft:

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flashspec_core import SamplingParams
-from flashspec_lookup.lookup import LookupConfig, NoDraft, PromptLookupDraft, lookup
+from flashspec_lookup.lookup import LookupConfig, NgramIndex, NoDraft, PromptLookupDraft, lookup, lookup_branches
 
 
 def _t(xs: list[int]) -> torch.Tensor:
@@ -88,3 +88,51 @@ def test_incremental_index_proposes_what_a_full_scan_does(
         for b, row in enumerate(want):
             assert got[b, : len(row)].tolist() == row
             assert got.shape[1] == max(len(r) for r in want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seq=st.lists(st.integers(0, 3), min_size=1, max_size=40),
+    steps=st.lists(st.tuples(st.integers(1, 5), st.integers(0, 8)), min_size=1, max_size=10),
+    branches=st.integers(2, 4),
+    window=st.sampled_from([3, 8, 4096]),
+    fill=st.booleans(),
+)
+def test_branches_from_the_index_are_those_of_a_full_scan(
+    seq: list[int], steps: list[tuple[int, int]], branches: int, window: int, fill: bool
+) -> None:
+    cfg = LookupConfig(max_ngram=3, window=window, fill=fill, branches=branches)
+    index, n = NgramIndex(cfg), 0
+    for grow, gamma in steps:
+        index.extend(seq[n : n + grow])
+        n = len(index.seq)
+        assert index.propose_branches(gamma) == lookup_branches(_t(seq[:n]), gamma, cfg)
+
+
+def test_branches_are_recent_distinct_matches_cut_to_gamma_over_k() -> None:
+    seq = _t([1, 2, 3, 4, 1, 2, 5, 6, 7, 1, 2, 5, 6, 8, 1, 2])
+    # (1, 2) was followed by 5 6 8, 5 6 7, 3 4 1: most recent first, 6 // 2 = 3 tokens each
+    assert lookup_branches(seq, 6, LookupConfig(branches=2)) == [[5, 6, 8], [5, 6, 7]]
+    assert lookup_branches(seq, 9, LookupConfig(branches=3)) == [[5, 6, 8], [5, 6, 7], [3, 4, 1]]
+    assert lookup_branches(_t([4, 5, 6]), 4, LookupConfig(branches=2, fill=False)) == []
+    assert lookup_branches(_t([4, 5, 6]), 4, LookupConfig(branches=2)) == [[6, 6]]
+
+
+def test_tree_proposal_merges_shared_prefixes_and_shares_one_shape() -> None:
+    draft = PromptLookupDraft(LookupConfig(branches=2))
+    assert draft.proposes_trees and not PromptLookupDraft(LookupConfig()).proposes_trees
+    rows = [[1, 2, 3, 4, 1, 2, 5, 6, 7, 1, 2, 5, 6, 8, 1, 2], [9, 3, 9, 4, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 3, 9]]
+    out = draft.propose(_t(rows), [16, 16], 6, SamplingParams(), None)
+    assert out.probs is None and out.parents is not None
+    # row 0's trie: 5 -> 6 -> {8, 7}; row 1's: {4 -> 9 -> 9, 3 -> 9 -> 9}; their union by child
+    # index has 7 nodes in preorder, cut to gamma = 6; a row fills a node it lacks with its parent's token
+    assert out.parents.tolist() == [-1, 0, 1, 1, -1, 4]
+    assert out.tokens.tolist() == [[5, 6, 8, 7, 2, 2], [4, 9, 9, 9, 3, 9]]
+    narrow = draft.propose(_t(rows), [16, 16], 4, SamplingParams(), None)
+    assert narrow.tokens.shape[1] == 4 and narrow.parents is not None and narrow.parents.tolist() == [-1, 0, -1, 2]
+
+
+def test_a_tree_of_one_branch_in_every_row_is_proposed_as_a_chain() -> None:
+    draft = PromptLookupDraft(LookupConfig(branches=3))
+    out = draft.propose(_t([[1, 2, 3, 1, 2]]), [5], 6, SamplingParams(), None)
+    assert out.parents is None and out.tokens.tolist() == [[3, 1]]
