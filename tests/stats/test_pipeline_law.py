@@ -33,6 +33,27 @@ def test_law_holds_for_every_selector(law_setup: dict[str, Any], selector: str) 
     assert gate(pipe, law_of(law_setup, sampling), sampling) > ALPHA
 
 
+# Buckets across the live-row counts of the gate's batches of 2000 rows (about 1000 to 1900
+# after the first step, as rows finish at EOS or their third token): the count crosses buckets
+# within a batch, so first-step draws for the top bucket are dropped and other buckets choose.
+BUCKETS = [1, 1000, 1250, 1500, 1750, 1950]
+
+
+@pytest.mark.parametrize("selector", ["thompson"])
+def test_law_holds_with_a_selector_per_batch_bucket(law_setup: dict[str, Any], selector: str) -> None:
+    """One selector per bucket of live rows (a none arm among the arms): the choice depends on
+    past rewards and on how many rows are still live, which the sequences decide, so the law
+    is the target's; draws made for a bucket the next step no longer has are dropped."""
+    sampling = SAMPLINGS[0]
+    config = pipeline_dict(law_setup["target"], law_setup["drafts"], selector, dtype="float32", batch_buckets=BUCKETS)
+    config["arm"].append({"use": "none", "name": "plain"})
+    pipe = build_pipeline(config, law_setup["registry"])
+    buckets: set[int] = set()
+    pipe.on_step = lambda record: buckets.add(pipe.policy.settings.bucket(record.batch_size))
+    assert gate(pipe, law_of(law_setup, sampling), sampling) > ALPHA
+    assert len(buckets) >= 4  # the gate crossed buckets
+
+
 @pytest.mark.parametrize("sampling", SAMPLINGS[1:], ids=["top_k", "top_p"])
 def test_law_holds_with_filtering(law_setup: dict[str, Any], sampling: dict[str, Any]) -> None:
     pipe = build_pipeline(pipeline_dict(law_setup["target"], law_setup["drafts"], "alternate_on_rejection", dtype="float32"), law_setup["registry"])
