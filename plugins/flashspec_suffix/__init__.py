@@ -1,1 +1,1 @@
-"""Placeholder: filled in by the restructuring."""
+"""flashspec_suffix plugin: the SuffixDecoding draft (``use = "suffix"``)."""

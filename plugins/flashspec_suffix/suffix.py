@@ -1,0 +1,138 @@
+"""SuffixDecoding (Oliaro et al. 2024): draft from what followed the current suffix before.
+
+One :class:`~flashspec_suffix.tree.SuffixTree` per provider holds the prompts and outputs
+of every request it served (the corpus, kept within ``max_tokens`` by evicting the oldest
+requests' sequences) and, live, the rows of the current batch. Each step a row proposes
+the most frequent continuation of its longest suffix found there (up to ``max_match``
+tokens, at least ``min_match``), token by token, while the product of the continuations'
+count ratios (the score) stays at or above ``min_score``; so a row with little evidence
+proposes fewer tokens or none.
+
+Deterministic and weightless: the proposal is a function of the sequences this provider
+has seen (the batch's and earlier requests'), never of the step's random draws, so its
+``q`` is one-hot and the verifier accepts ``x`` with probability ``p(x)``: the output
+law stays the target's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from flashspec_core import Draft, SamplingParams
+from flashspec_suffix.tree import Row, SuffixTree
+
+MAX_MATCH = 256  # longest allowed max_match: each token a row appends costs O(max_match)
+
+
+def _whole(lo: int, hi: int | None = None) -> Any:
+    """An attrs validator: an integer (not a bool) in ``lo..hi``."""
+
+    def check(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+            span = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
+            raise ValueError(f"{attr.name} must be an integer {span}, got {value!r}")
+
+    return check
+
+
+def _as_float(value: object) -> object:
+    """Ints become floats; anything else is left for the validator to refuse."""
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _score(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, float) or not (0.0 < value <= 1.0) or not math.isfinite(value):
+        raise ValueError(f"{attr.name} must be a number in (0, 1], got {value!r}")
+
+
+@attrs.frozen
+class SuffixConfig:
+    """``max_match``: longest suffix matched (the tree holds ``max_match + 1`` tokens per
+    suffix); ``min_match``: shortest suffix that may start a proposal; ``min_score``: a
+    token is proposed only while the product of the count ratios up to it is at least
+    this; ``max_tokens``: corpus budget in tokens (0: forget each request when the next
+    starts, keeping only the current batch's rows)."""
+
+    max_match: int = attrs.field(default=16, validator=_whole(1, MAX_MATCH))
+    min_match: int = attrs.field(default=2, validator=_whole(1, MAX_MATCH))
+    min_score: float = attrs.field(default=0.1, converter=_as_float, validator=_score)
+    max_tokens: int = attrs.field(default=1 << 20, validator=_whole(0))
+
+    def __attrs_post_init__(self) -> None:
+        if self.min_match > self.max_match:
+            raise ValueError(f"min_match ({self.min_match}) must be <= max_match ({self.max_match})")
+
+
+class SuffixDraft:
+    """Draft provider proposing corpus continuations; see the module docstring.
+
+    Each row of the batch is a live sequence of the tree, fed only the tokens added
+    since the provider last saw it (the sequences passed to :meth:`propose` are the
+    truth: rejected tokens never enter them, and steps other arms played are caught up
+    on), so :meth:`rollback` has nothing to undo. All rows catch up before any row
+    proposes, so rows of a batch read each other's sequences as of this step. A row's
+    sequence enters the corpus for good when the request ends (:meth:`reset`, or a
+    batch of another size): up to the last tokens this provider saw of it, so tokens
+    emitted after its last proposal are not kept.
+    """
+
+    def __init__(self, config: SuffixConfig) -> None:
+        self.config = config
+        self.tree = SuffixTree(config.max_match + 1)
+        self._rows: list[Row] = []
+
+    def reset(self) -> None:
+        for row in self._rows:
+            self.tree.close(row)
+        self._rows = []
+        self.tree.evict(self.config.max_tokens)
+
+    def propose(
+        self,
+        tokens: torch.Tensor,  # [B, L] int64, right-padded
+        lengths: Sequence[int],
+        gamma: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        self._catch_up(tokens, lengths)
+        cfg = self.config
+        rows = [self.tree.propose(row, gamma, cfg.min_match, cfg.min_score) for row in self._rows]
+        width = max((len(r) for r in rows), default=0)
+        if width == 0:  # no row has a continuation it trusts: a plain step
+            return Draft(tokens=torch.empty((len(rows), 0), dtype=torch.long), probs=None)
+        # Rows alike: a shorter proposal repeats its last token (or the row's last one). A
+        # padded token is drafted one-hot like any other, so the verifier keeps the law exact.
+        padded = [r + [r[-1] if r else row.ids[-1]] * (width - len(r)) for r, row in zip(rows, self._rows, strict=True)]
+        return Draft(tokens=torch.tensor(padded, dtype=torch.long), probs=None)
+
+    def rollback(self, num_accepted: Sequence[int]) -> None:
+        """Nothing to undo: proposals never enter the tree, accepted tokens enter it from
+        the sequences at the next :meth:`propose`."""
+
+    def _catch_up(self, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
+        """Feed each row the tokens it gained; a row whose sequence is not the one it had
+        (shorter, or another last token) is finished and starts over."""
+        if len(self._rows) != len(lengths):
+            self.reset()
+            self._rows = [self.tree.open() for _ in lengths]
+        ids = tokens.cpu().numpy()  # a view of the CPU ids: slicing it costs far less host time than the tensor's
+        for b, n in enumerate(lengths):
+            row = self._rows[b]
+            have = len(row.ids)
+            if n < have or (have and int(ids[b, have - 1]) != row.ids[-1]):
+                self.tree.close(row)
+                row = self._rows[b] = self.tree.open()
+                have = 0
+            if n > have:
+                self.tree.append(row, ids[b, have:n].tolist())
+        self.tree.evict(self.config.max_tokens)
+
+
+def make(config: SuffixConfig, context: Any) -> SuffixDraft:
+    return SuffixDraft(config)
