@@ -37,6 +37,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "flashspec_selectors.plugin",
     "flashspec_hf.plugin",
     "flashspec_lookup.plugin",
+    "flashspec_suffix.plugin",
     "flashspec_triton.plugin",
     "flashspec_fast.plugin",
 )
