@@ -52,8 +52,11 @@ class ThroughputReward:
     over every step observed so far, this one included, so the reward lies in
     ``[0, 1]`` and the fastest step yet scores 1. The scale therefore settles
     after the first few steps of each arm: early rewards can be a little high,
-    which only adds early exploration. Keep one instance per selector (per
-    pipeline), and feed it every step, whichever arm was played.
+    which only adds early exploration. Keep one instance per selector, and feed
+    it every step of that selector, whichever arm was played. The step policy
+    keeps one per batch bucket: a step over eight rows emits about eight times
+    the tokens of a step over one, so on one shared maximum the small batches'
+    rewards would all sit near 0 and a selector could not compare arms there.
     """
 
     def __init__(self) -> None:
@@ -79,7 +82,7 @@ class ThroughputReward:
 
 class StepReward(Protocol):
     """What the step policy calls after each step (one instance per scale: see
-    :mod:`flashspec_core.policy`'s first arm)."""
+    :mod:`flashspec_core.policy`'s buckets and first arm)."""
 
     def __call__(self, gamma: int, accepted: Sequence[int], emitted: int, step_s: float) -> float: ...
 
