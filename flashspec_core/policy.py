@@ -140,12 +140,13 @@ class StepPolicy:
 
     ``selector`` and ``reward`` are the first bucket's; each further bucket of
     ``settings.batch_buckets`` gets a selector from ``make_selector`` (a copy of
-    ``selector`` without it) and a copy of ``reward``, all untrained. ``arms``,
-    ``selector``, ``reward`` and ``settings`` may be swapped between requests (the bench
-    harness times several systems on one pipeline): a selector or reward assigned goes
-    to the first bucket and a copy of it to each other one, and settings with other
-    buckets spread the first bucket's selector and scorers the same way. The first
-    scorers, the drawn-ahead choice and the plain arm stay with the policy.
+    ``selector`` without it) and a copy of ``reward``. ``arms``, ``selector``, ``reward``
+    and ``settings`` may be swapped between requests (the bench harness times several
+    systems on one pipeline): a selector or reward assigned goes to the first bucket and
+    a copy of it to each other one, and settings with other buckets spread the first
+    bucket's selector and scorers the same way; to keep every bucket's state across a
+    swap, save and restore the lists ``selectors``, ``rewards`` and ``first_rewards``.
+    The drawn-ahead choice and the plain arm stay with the policy.
     """
 
     def __init__(self, arms: Sequence[Arm], selector: ArmSelector, reward: StepReward,
