@@ -1,16 +1,55 @@
-"""Draft provider backed by any Hugging Face causal LM sharing the target's tokenizer."""
+"""Draft provider backed by any Hugging Face causal LM sharing the target's tokenizer.
+
+With ``tree_width = [w1, w2, ...]`` it proposes a draft tree instead of a chain: the
+root's ``w1`` most likely tokens, each node's ``w2`` most likely next tokens, and so on
+(cut to ``gamma`` nodes in level order), one forward per level with tree attention
+inside the draft. The children are the top-k tokens of the draft's (filtered)
+distribution, a deterministic function of the context, so they are reported as one-hot
+``q`` (``probs = None``), which keeps the output law the target's under sampling too
+(``docs/exactness-tree.md``).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import torch
 
 from flashspec_core import Draft, SamplingParams
 from flashspec_core.ragged import fit_vocab
 from flashspec_core.sampling import filter_logits, probs_from_logits, sample
+from flashspec_core.tree import node_depths
 from flashspec_hf.lm import CachedLM
+from flashspec_hf.loading import ModelOptions
+
+
+def _widths(_inst: object, attr: attrs.Attribute[Any], value: tuple[int, ...]) -> None:
+    if not all(isinstance(w, int) and w >= 1 for w in value):
+        raise ValueError(f"{attr.name} must be a list of integers >= 1 (children per node, per level), got {list(value)}")
+
+
+@attrs.frozen
+class DraftOptions(ModelOptions):
+    """A draft model's keys: those of :class:`~flashspec_hf.loading.ModelOptions` and
+    ``tree_width`` (children per node at each depth; empty: a chain)."""
+
+    tree_width: tuple[int, ...] = attrs.field(default=(), converter=tuple, validator=_widths)
+
+
+def tree_shape(widths: Sequence[int], gamma: int) -> list[int]:
+    """The parents of the tree with ``widths[d]`` children per node at depth ``d + 1``, in
+    level order, cut to ``gamma`` nodes."""
+    parents: list[int] = []
+    level = [-1]
+    for width in widths:
+        start = len(parents)
+        parents += [p for p in level for _ in range(width)][: max(gamma - start, 0)]
+        level = list(range(start, len(parents)))
+        if not level:
+            break
+    return parents
 
 
 class TokenizerMismatch(ValueError):
@@ -34,9 +73,11 @@ def check_same_tokenizer(draft_tok: Any, target_tok: Any, draft_name: str) -> No
 class HFDraft:
     """Autoregressive drafting with its own KV cache, rolled back to the accepted prefix."""
 
-    def __init__(self, model: Any, vocab: int) -> None:
+    def __init__(self, model: Any, vocab: int, tree_width: Sequence[int] = ()) -> None:
         self.lm = CachedLM(model)
         self.vocab = vocab
+        self.tree_width = tuple(tree_width)
+        self.proposes_trees = any(w > 1 for w in self.tree_width)
         self._fed = 0  # draft tokens of the last proposal that went through the model
         self._lengths: list[int] = []
 
@@ -57,6 +98,9 @@ class HFDraft:
             self._fed, self._lengths = 0, list(self.lm.seen)
             return Draft(tokens=torch.zeros((len(lengths), 0), dtype=torch.long), probs=None)
         logits = self.lm.catch_up(tokens, lengths)[:, -1]  # [B, Vd]
+        self._lengths = list(lengths)
+        if self.proposes_trees:
+            return self._propose_tree(fit_vocab(logits, self.vocab), tree_shape(self.tree_width, gamma), sampling)
         drafted: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
         for i in range(gamma):
@@ -82,7 +126,38 @@ class HFDraft:
         q = probs_from_logits(logits, sampling)
         return sample(q, generator), q
 
+    def _propose_tree(self, root: torch.Tensor, parents: list[int], sampling: SamplingParams) -> Draft:
+        """Each node's children: the top-k tokens after it; one forward per level feeds the
+        nodes that have children. root: [B, V] logits after each sequence."""
+        nodes = torch.zeros((root.shape[0], len(parents)), dtype=torch.long, device=root.device)
+        depths = node_depths(parents)
+        levels = [[n for n, d in enumerate(depths) if d == k + 1] for k in range(max(depths, default=0))]
+        after, self._fed = {-1: root}, 0  # node -> the draft's logits after it [B, V]
+        for k, level in enumerate(levels):
+            for parent in dict.fromkeys(parents[n] for n in level):
+                kids = [n for n in level if parents[n] == parent]
+                nodes[:, kids] = torch.topk(filter_logits(after[parent], sampling), len(kids), dim=-1).indices
+            if k + 1 < len(levels):  # the next level needs this one's logits: feed it (nodes in level order)
+                ones = torch.ones_like(nodes[:, level], dtype=torch.bool)
+                fed = self.lm.forward(nodes[:, level], ones, parents[: level[-1] + 1], nodes=len(level))
+                after = {n: fit_vocab(fed[:, i], self.vocab) for i, n in enumerate(level)}
+                self._fed = level[-1] + 1
+        chain = parents == list(range(-1, len(parents) - 1))
+        return Draft(tokens=nodes, probs=None, parents=None if chain else torch.tensor(parents, dtype=torch.long))
+
+    def rollback_path(self, paths: torch.Tensor) -> None:
+        """Keep the accepted nodes the draft fed (those with children), compacted in its cache."""
+        if self._fed == 0:
+            kept = [0] * paths.shape[0]
+        else:
+            kept = self.lm.keep_path(torch.where(paths < self._fed, paths, -1))
+        self._fed = 0
+        self.lm.seen = [length + k for length, k in zip(self._lengths, kept, strict=True)]
+
     def rollback(self, num_accepted: Sequence[int]) -> None:
+        if self.lm.tree_start is not None:  # a tree proposed as a chain: its nodes are re-fed when accepted
+            self.rollback_path(torch.full((len(num_accepted), 0), -1, dtype=torch.long))
+            return
         kept = [min(n, self._fed) for n in num_accepted]
         self.lm.drop_last([self._fed - k for k in kept])
         self.lm.seen = [length + k for length, k in zip(self._lengths, kept, strict=True)]

@@ -51,16 +51,17 @@ class CachedLM:
         self.seen = [0] * batch  # real tokens fed, per row
         self.tree_start: int | None = None  # first slot of the last forward's tree block
 
-    def _mask(self, n: int, tree: Sequence[int] | None = None) -> torch.Tensor:
+    def _mask(self, n: int, tree: Sequence[int] | None = None, nodes: int = 0) -> torch.Tensor:
         """The last ``n`` slots as queries: causal over slots, valid keys only, and each query
-        sees itself; the last ``len(tree)`` queries see only their ancestors (and themselves)
-        inside the tree block. [B, 1, n, S]"""
+        sees itself; the last ``nodes`` queries, the last nodes of the tree block ``tree``
+        (the cache's last ``len(tree)`` slots), see only their ancestors and themselves in it.
+        [B, 1, n, S]"""
         slots = self.valid.shape[1]
         q = torch.arange(slots - n, slots, device=self.device)[None]  # [1, n]
         itself = torch.arange(slots, device=self.device)[None, None, :] == q[:, :, None]  # [1, n, S]
         allowed = (causal_mask(q, slots) & self.valid[:, None, :]) | itself
-        if tree:
-            allowed[:, -len(tree) :, -len(tree) :] = ancestor_matrix(tree, self.device)[None]
+        if tree and nodes:
+            allowed[:, -nodes:, -len(tree) :] = ancestor_matrix(tree, self.device)[-nodes:][None]
         return additive_mask(allowed, self.mask_dtype, torch.finfo(self.mask_dtype).min)[:, None]
 
     @property
@@ -68,28 +69,31 @@ class CachedLM:
         return self.dtype if self.dtype.is_floating_point else torch.float32
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, valid: torch.Tensor, tree: Sequence[int] | None = None) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, valid: torch.Tensor, tree: Sequence[int] | None = None,
+                nodes: int | None = None) -> torch.Tensor:
         """Append slots and return their logits. ids/valid: [B, n] -> [B, n, V].
 
-        ``tree``: the last ``len(tree)`` slots (all valid) are a draft tree with these parents
-        (-1: a child of the last slot before the block); ``next_pos`` then stops before them
-        until :meth:`keep_path`.
+        ``tree``: the parents of the draft tree block (-1: a child of the last slot before
+        it), every node so far; this forward's last ``nodes`` slots (all valid; default
+        ``len(tree)``, which starts the block) are its last nodes. ``next_pos`` stays before
+        the block until :meth:`keep_path`.
         """
         ids = ids.to(self.device)
         valid = valid.to(self.device)
         pos = next_positions(self.next_pos, valid)
-        nodes = len(tree) if tree else 0
-        if tree:
-            start = self.next_pos + valid[:, : valid.shape[1] - nodes].long().sum(1)  # [B]
-            depths = torch.tensor(node_depths(tree), dtype=torch.long, device=self.device)
-            pos[:, -nodes:] = start[:, None] + depths[None] - 1
-            self.tree_start = self.valid.shape[1] + valid.shape[1] - nodes
+        m = (len(tree) if nodes is None else nodes) if tree else 0
+        if tree and m:
+            start = self.next_pos + valid[:, : valid.shape[1] - m].long().sum(1)  # [B]
+            depths = torch.tensor(node_depths(tree)[len(tree) - m :], dtype=torch.long, device=self.device)
+            pos[:, -m:] = start[:, None] + depths[None] - 1
+            if self.tree_start is None:
+                self.tree_start = self.valid.shape[1] + valid.shape[1] - len(tree)
         self.valid = torch.cat([self.valid, valid], dim=1)
         kwargs = {self._kwarg: self.cache}
         out = self.model(
-            input_ids=ids, attention_mask=self._mask(ids.shape[1], tree), position_ids=pos, use_cache=True, **kwargs
+            input_ids=ids, attention_mask=self._mask(ids.shape[1], tree, m), position_ids=pos, use_cache=True, **kwargs
         )
-        self.next_pos += valid[:, : valid.shape[1] - nodes].long().sum(1)
+        self.next_pos += valid[:, : valid.shape[1] - m].long().sum(1)
         return out.logits
 
     def keep_path(self, slots: torch.Tensor) -> list[int]:
@@ -134,6 +138,11 @@ class CachedLM:
             valid = torch.cat([valid, torch.ones(extra.shape, dtype=torch.bool)], dim=1)
         m = 0 if extra is None else extra.shape[1]
         return self.forward(ids, valid, tree if m else None)[:, -(1 + m) :]
+
+    def drop_tree(self) -> None:
+        """Drop the whole tree block of the last forwards (no node kept)."""
+        if self.tree_start is not None:
+            self.keep_path(torch.full((self.valid.shape[0], 0), -1, dtype=torch.long))
 
     def drop_last(self, count: Sequence[int]) -> None:
         """Invalidate each row's last ``count[b]`` slots (a rejected suffix of the last forward)."""

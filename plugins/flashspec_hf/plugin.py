@@ -8,7 +8,7 @@ import attrs
 
 from flashspec_core import ComponentSpec, DraftProvider, hookimpl
 from flashspec_core.contracts import DraftContext, HasTokenizer, Target
-from flashspec_hf.draft import HFDraft, check_same_tokenizer
+from flashspec_hf.draft import DraftOptions, HFDraft, check_same_tokenizer
 from flashspec_hf.loading import ModelOptions, load_model
 from flashspec_hf.selfdraft import SelfOptions, make_self_draft
 from flashspec_hf.target import HFTarget
@@ -19,13 +19,13 @@ def make_target(config: ModelOptions) -> HFTarget:
     return HFTarget(model, tokenizer, chat_template=config.chat_template)
 
 
-def make_draft(config: ModelOptions, context: DraftContext) -> HFDraft:
+def make_draft(config: DraftOptions, context: DraftContext) -> HFDraft:
     if config.device == "auto":
         config = attrs.evolve(config, device=str(context.device))
     model, tokenizer = load_model(config)
     target_tokenizer = context.target.tokenizer if isinstance(context.target, HasTokenizer) else None
     check_same_tokenizer(tokenizer, target_tokenizer, config.model)
-    return HFDraft(model, context.vocab)
+    return HFDraft(model, context.vocab, config.tree_width)
 
 
 @hookimpl
@@ -48,7 +48,7 @@ def flashspec_draft_providers() -> Iterable[ComponentSpec[DraftProvider]]:
             name="hf",
             kind="draft",
             factory=make_draft,
-            config_cls=ModelOptions,
+            config_cls=DraftOptions,
             description="a smaller causal LM with the target's tokenizer, own KV cache",
         ),
         ComponentSpec(
