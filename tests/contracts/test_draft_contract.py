@@ -17,6 +17,9 @@ TINY_KEYS: dict[str, KeysFor] = {
     "hf": lambda tiny: model_keys("hf", tiny["draft"]),
     "fast": lambda tiny: model_keys("fast", tiny["draft"]),
     **SELF_DRAFT_KEYS,
+    # The suffix arm learns from earlier requests on purpose, so its proposals differ from a fresh
+    # provider's; with no corpus budget it keeps only the live rows and the script's comparison holds.
+    "suffix": lambda tiny: {"max_tokens": 0},
 }
 # Further configs per draft: a lookup that proposes only what a match gives (often nothing).
 EXTRA_KEYS: dict[str, list[Keys]] = {"prompt_lookup": [{"fill": False, "min_ngram": 2}]}
