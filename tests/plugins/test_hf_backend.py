@@ -10,7 +10,10 @@ from _tiny import pipeline_dict, tiny_lm
 from transformers import AutoModelForCausalLM
 
 from flashspec_core.build import build_pipeline
+from flashspec_core.tree import path_to
 from flashspec_hf.lm import CachedLM
+from flashspec_hf.loading import ModelOptions, load_model
+from flashspec_hf.target import HFTarget
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +60,32 @@ def test_nf4_target_and_draft_run_on_cpu(target: Path, tmp_path: Path) -> None:
     plain = build_pipeline(config).generate([[1, 2, 3, 4]], max_new_tokens=10)
     assert spec.token_ids == plain.token_ids
     assert spec.summary["arms"]["d0"]["acceptance_rate"] > 0.5  # the draft is the target itself
+
+
+def test_score_tree_equals_chains_and_commit_path_keeps_only_the_accepted_path(target: Path) -> None:
+    """Each node's logits are those of a chain forward of its path; after commit_path the cache
+    scores the next step exactly as a fresh target that never saw the rejected branches."""
+    model, tokenizer = load_model(ModelOptions(model=str(target), dtype="float64", device="cpu"))
+
+    def fresh(tokens: torch.Tensor, lengths: list[int]) -> HFTarget:
+        t = HFTarget(model, tokenizer, chat_template=False)
+        t.prefill(tokens, lengths)
+        return t
+
+    tokens, lengths = torch.zeros((2, 16), dtype=torch.long), [5, 7]
+    tokens[0, :5], tokens[1, :7] = torch.tensor([1, 2, 3, 4, 5]), torch.tensor([3, 4, 5, 6, 7, 8, 9])
+    parents, nodes = torch.tensor([-1, -1, 0, 0, 1, 2]), torch.tensor([[5, 6, 7, 8, 9, 10], [1, 2, 3, 4, 5, 6]])
+    tree = fresh(tokens, lengths)
+    logits = tree.score_tree(tokens, lengths, nodes, parents)
+    for n in range(6):
+        chain = fresh(tokens, lengths).score(tokens, lengths, nodes[:, list(path_to(parents, n))])
+        torch.testing.assert_close(logits[:, n + 1], chain[:, -1], rtol=0, atol=1e-10)
+        torch.testing.assert_close(logits[:, 0], chain[:, 0], rtol=0, atol=1e-10)
+    tree.commit_path(torch.tensor([[0, 2, 5], [1, -1, -1]]))  # row 0 keeps 5 7 10, row 1 keeps 2
+    for b, new in enumerate([[5, 7, 10, 11], [2, 12]]):
+        tokens[b, lengths[b] : lengths[b] + len(new)] = torch.tensor(new)
+        lengths[b] += len(new)
+    after = tree.score(tokens, lengths, torch.tensor([[1, 2], [3, 4]]))
+    want = fresh(tokens, lengths).score(tokens, lengths, torch.tensor([[1, 2], [3, 4]]))
+    torch.testing.assert_close(after, want, rtol=0, atol=1e-10)
+    assert tree.lm.next_pos.tolist() == [lengths[0] + 2, lengths[1] + 2]  # every token and both extras
