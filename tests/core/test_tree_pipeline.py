@@ -13,9 +13,11 @@ from flashspec_core.build import build_pipeline
 from flashspec_core.contracts import Draft, SamplingParams
 from flashspec_core.pipeline import Arm
 from flashspec_core.sampling import Noise
+from flashspec_core.testing import draft_contract as dc
 from flashspec_core.tree import chain_parents
 from flashspec_hf.draft import HFDraft, tree_shape
 from flashspec_hf.loading import ModelOptions, load_model
+from flashspec_lookup.lookup import LookupConfig, PromptLookupDraft
 from flashspec_reference.plugin import ReferenceVerifier
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2], [3, 4], [7, 8, 9, 1, 2, 3, 4, 5, 6, 2, 11]]
@@ -151,3 +153,15 @@ def test_hf_draft_tree_after_rollback_path_proposes_what_a_fresh_draft_does(mode
             kept = [tree.tokens[b, n].item() for n in path if n >= 0] + [11]  # the path, then a recovered token
             tokens[b, lengths[b] : lengths[b] + len(kept)] = torch.tensor(kept)
             lengths[b] += len(kept)
+
+
+@pytest.mark.parametrize("sampling", dc.SAMPLINGS, ids=str)
+@pytest.mark.parametrize("tree", ["lookup", "hf"])
+def test_tree_drafts_keep_the_draft_contract(models: dict[str, Path], tree: str, sampling: SamplingParams) -> None:
+    """The draft suite's history (chain rollbacks, steps elsewhere, empty proposals, reset) on tree proposals."""
+    def make() -> Any:
+        if tree == "lookup":
+            return PromptLookupDraft(LookupConfig(branches=2))
+        return _hf_draft(models, (2, 2))
+
+    dc.check_script(make, vocab=16, sampling=sampling)
