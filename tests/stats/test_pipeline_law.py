@@ -2,8 +2,8 @@
 
 A tiny target (V = 16) makes the law of the first 3 tokens enumerable from the
 target alone; the full pipeline (KV caches, rollback, ragged batches, arms that
-switch mid-sequence) must reproduce it whatever the selector, adversarial ones
-included. Each gate is a chi-square test on N = 12,000 sequences at level
+switch mid-sequence, draft trees) must reproduce it whatever the selector, adversarial
+ones included. Each gate is a chi-square test on N = 12,000 sequences at level
 ALPHA = 1e-3; the same gate must reject the planted pipeline bugs below.
 """
 
@@ -57,4 +57,35 @@ def test_law_holds_with_a_selector_per_batch_bucket(law_setup: dict[str, Any], s
 @pytest.mark.parametrize("sampling", SAMPLINGS[1:], ids=["top_k", "top_p"])
 def test_law_holds_with_filtering(law_setup: dict[str, Any], sampling: dict[str, Any]) -> None:
     pipe = build_pipeline(pipeline_dict(law_setup["target"], law_setup["drafts"], "alternate_on_rejection", dtype="float32"), law_setup["registry"])
+    assert gate(pipe, law_of(law_setup, sampling), sampling) > ALPHA
+
+
+# Draft trees (hf target, reference verifier): prompt lookup with sibling branches, and the
+# close draft's top-k tree; alone (fixed) and among the chain arms (adversarial selector).
+TREE_ARMS = ["lookup-tree", "hf-tree"]
+
+
+def tree_dict(setup: dict[str, Any], selector: str = "fixed", arm: int = 0) -> dict[str, Any]:
+    """pipeline_dict's arms with the two tree arms first (a fixed selector plays ``arm``)."""
+    config = pipeline_dict(setup["target"], setup["drafts"][:1], selector, dtype="float32",
+                           **({"arm": arm} if selector == "fixed" else {}))
+    trees = [{"use": "prompt_lookup", "gamma": 4, "branches": 2, "name": "lookup-tree"},
+             {"use": "hf", "model": str(setup["drafts"][0]), "dtype": "float32", "gamma": 7, "tree_width": [2, 2, 1],
+              "name": "hf-tree"}]
+    return {**config, "arm": trees + config["arm"]}
+
+
+TREE_CASES = [("lookup-tree", SAMPLINGS[0]), ("lookup-tree", SAMPLINGS[2]), ("hf-tree", SAMPLINGS[0]),
+              ("hf-tree", SAMPLINGS[1])]  # each tree arm at T = 1 and under one filter
+
+
+@pytest.mark.parametrize(("arm", "sampling"), TREE_CASES, ids=["lookup-t1", "lookup-top_p", "hf-t1", "hf-top_k"])
+def test_law_holds_for_tree_arms(law_setup: dict[str, Any], arm: str, sampling: dict[str, Any]) -> None:
+    pipe = build_pipeline(tree_dict(law_setup, arm=TREE_ARMS.index(arm)), law_setup["registry"])
+    assert gate(pipe, law_of(law_setup, sampling), sampling) > ALPHA
+
+
+def test_law_holds_with_trees_among_chains(law_setup: dict[str, Any]) -> None:
+    sampling = SAMPLINGS[0]
+    pipe = build_pipeline(tree_dict(law_setup, "alternate_on_rejection"), law_setup["registry"])
     assert gate(pipe, law_of(law_setup, sampling), sampling) > ALPHA
