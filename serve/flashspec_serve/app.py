@@ -231,20 +231,24 @@ def _failed(last: Event) -> APIError | None:
 async def _collect(request: Request, handle: Handle, reply: _Reply) -> dict[str, Any]:
     """The whole response; a client that goes away cancels its request."""
     pieces: list[str] = []
+    checked = time.monotonic()
     while True:
         try:
             event = await asyncio.wait_for(handle.queue.get(), DISCONNECT_POLL_S)
         except TimeoutError:
-            if await request.is_disconnected():
-                handle.cancel()
-                raise APIError(499, "the client closed the request", code="client_closed") from None
-            continue
+            event = None
         except asyncio.CancelledError:
             handle.cancel()
             raise
-        pieces.append(event.text)
-        if event.finish is not None:
-            break
+        if event is not None:
+            pieces.append(event.text)
+            if event.finish is not None:
+                break
+        if time.monotonic() - checked >= DISCONNECT_POLL_S:  # events may come faster than the poll
+            checked = time.monotonic()
+            if await request.is_disconnected():
+                handle.cancel()
+                raise APIError(499, "the client closed the request", code="client_closed")
     failed = _failed(event)
     if failed is not None:
         raise failed
