@@ -20,9 +20,12 @@ class GraphCache:
     """``cache(key, fn, *args)``: run ``fn(*args)`` through the graph captured for ``key``.
 
     All graphs of one cache share a memory pool; they never run concurrently and
-    each one's outputs stay alive (held here), so no graph overwrites another's.
-    A returned output is the graph's own buffer: it is valid until the same key is
-    replayed again.
+    each one's outputs stay alive (held here). A returned output is the graph's own
+    buffer: it is valid until the same key is replayed again, and until any other graph
+    of the cache replays, since a graph captured later may have been given memory that
+    an earlier one uses for its temporaries. Read an output before the next replay of
+    the same cache, or keep the graphs whose outputs must outlive it in a cache of their
+    own (as a draft does beside its target).
     """
 
     def __init__(self, device: torch.device, enabled: bool) -> None:

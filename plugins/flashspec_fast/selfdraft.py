@@ -16,6 +16,11 @@ own keys and values. The target's verify forward then writes every layer at slot
 bit for bit those it computes after any other draft of the same tokens. Rollback is the
 target's: its ``cached`` advances over the accepted tokens, which the verify forward wrote.
 
+The drafting loop is one CUDA graph per (batch, gamma, sampling, span), in a graph cache of
+its own: in the target's, the verify graph's replay could overwrite the draft's output
+before the verifier reads it (see :class:`~flashspec_fast.graphs.GraphCache`). Those graphs
+read the target's cache tensors, so they are dropped when the target allocates new ones.
+
 Rows the target has not cached (a provider driven without its target, as the contract
 suite does, or one reset since the target's last prefill) catch up first through the
 draft's layers, eagerly: that never happens inside a pipeline, whose target prefills
@@ -66,7 +71,8 @@ class FastSelfDraft:
         self.target, self.depth = target, depth
         self.model = target.model
         self.vocab = target.vocab
-        self.graphs: GraphCache = target.graphs  # one cache: a reallocation by either side drops both's graphs
+        self.graphs = GraphCache(self.model.device, target.graphs.enabled)
+        self._over = target.allocations  # the target's cache the graphs were captured over
         self._stage = HostInputs(self.model.device)  # own pinned buffers: the target stages its inputs in the same step
         self._since = target.prefills  # the target's cache serves this draft's rows after its next prefill
 
@@ -84,7 +90,7 @@ class FastSelfDraft:
         batch = len(lengths)
         if gamma == 0:
             return Draft(tokens=torch.zeros((batch, 0), dtype=torch.long), probs=None)
-        self.target.fit(batch)
+        self._fit(batch)
         check_room(self.model, max(lengths) + gamma, "self draft")
         self._catch_up(tokens, lengths)
         last = torch.tensor(lengths, dtype=torch.long) - 1
@@ -95,6 +101,13 @@ class FastSelfDraft:
 
     def rollback(self, num_accepted: Sequence[int]) -> None:
         """Nothing to do: the target's rollback advances ``cached`` over what its verify forward wrote."""
+
+    def _fit(self, batch: int) -> None:
+        """The target's cache holds ``batch`` rows; graphs captured over an older one are dropped."""
+        self.target.fit(batch)
+        if self.target.allocations != self._over:
+            self.graphs.clear()
+            self._over = self.target.allocations
 
     def _cached(self, batch: int) -> list[int]:
         """Slots of each row the target holds, or none where it has not prefilled these rows."""
@@ -156,7 +169,7 @@ class FastSelfDraft:
         if not (self.graphs.enabled or off_gpu):
             return 0
         model, top = self.model, self.model.scratch
-        self.target.fit(batch)
+        self._fit(batch)
         before = len(self.graphs.keys)
         gen = torch.Generator(device=model.device).manual_seed(0)  # the noise is drawn on the device
         for span in sorted({model.span_for(n) for n in range(1, top + 1)}):

@@ -117,9 +117,9 @@ class FastTarget:
 
     ``cached[b]``: slots ``0..cached[b]-1`` of row ``b`` hold the keys and values this target
     computed for the row's sequence, in every layer (its last token is fed by the next
-    :meth:`score`). ``prefills`` counts the requests it started. The self-speculative draft
-    (:mod:`flashspec_fast.selfdraft`) reads both: it drafts on this cache, never writing
-    below ``cached``.
+    :meth:`score`). ``prefills`` counts the requests it started, ``allocations`` the caches
+    it allocated. The self-speculative draft (:mod:`flashspec_fast.selfdraft`) reads them: it
+    drafts on this cache, never writing below ``cached``, and drops its graphs over an old one.
     """
 
     def __init__(self, model: Transformer, tokenizer: Any, path: str | None, opts: FastOptions) -> None:
@@ -133,6 +133,7 @@ class FastTarget:
         self._stage = HostInputs(model.device)
         self.cached: list[int] = []
         self.prefills = 0
+        self.allocations = 0
         self._lengths: list[int] = []
 
     def fit(self, batch: int) -> None:
@@ -141,6 +142,7 @@ class FastTarget:
         if self.model.allocate(batch):
             self.graphs.clear()
             self.cached = []
+            self.allocations += 1
 
     def encode(self, prompt: str) -> list[int]:
         return encode_prompt(self.tokenizer, prompt, self.chat_template)

@@ -191,21 +191,34 @@ def test_each_self_draft_names_the_other_for_the_other_target(target_dir: Path) 
         _pipeline("fast", target_dir, "float32", [_self_arm("hf", 1)])
 
 
-def test_fast_self_draft_shares_the_targets_graphs_and_prewarms_them(target_dir: Path) -> None:
-    """Its graphs are the target's (a reallocation drops both); after prewarm no span a step can
-    reach asks for a new drafting graph."""
+def test_fast_self_draft_prewarms_its_graphs_and_drops_them_with_the_targets_cache(
+    target_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After prewarm no span a step can reach asks for a new drafting graph. The graphs are the
+    draft's own (in the target's pool the verify graph's replay could overwrite the draft's
+    output), captured over the target's cache, so a new cache drops them."""
     target = tc.load_target("fast", _keys("fast", target_dir, "float32", max_len=300))
     context = DraftContext(target=target, vocab=target.vocab, device=target.device)
     draft = dc.load_draft("self", context, {"layers": 2})
     assert isinstance(draft, Prewarmable) and isinstance(draft, CapturesGraphs)
-    assert isinstance(target, CapturesGraphs) and draft.graphs is target.graphs
+    assert isinstance(target, CapturesGraphs) and draft.graphs is not target.graphs
     gamma = 3
     assert draft.prewarm(1, gamma, GREEDY) == 0  # no CUDA graphs here: nothing to capture
     assert draft.prewarm(1, gamma, GREEDY, off_gpu=True) > 0
-    warmed = set(target.graphs.keys)
+    warmed = set(draft.graphs.keys)
     gen = torch.Generator().manual_seed(0)
     top = target.model.scratch
     for length in (2, 17, 125, 126, 127, 128, 129, 200, 253, top - gamma - 1):
         draft.reset()
         draft.propose(torch.randint(0, 16, (1, length + gamma + 1), generator=gen), [length], gamma, GREEDY, gen)
-    assert target.graphs.keys <= warmed, sorted(map(str, target.graphs.keys - warmed))
+    assert draft.graphs.keys <= warmed, sorted(map(str, draft.graphs.keys - warmed))
+    cleared: list[int] = []
+    monkeypatch.setattr(draft.graphs, "clear", lambda: cleared.append(1))
+    tokens = torch.randint(0, 16, (1, 20), generator=gen)
+    draft.propose(tokens, [9], gamma, GREEDY, gen)
+    assert cleared == []
+    assert isinstance(target, FastTarget)
+    target.fit(2)  # more rows than allocated: a new cache
+    draft.propose(tokens, [9], gamma, GREEDY, gen)
+    draft.propose(tokens, [9], gamma, GREEDY, gen)
+    assert cleared == [1]
