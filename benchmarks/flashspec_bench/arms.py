@@ -153,7 +153,7 @@ def h200_costs(e2e: Mapping[str, Any], section: str = "b1_greedy") -> dict[str, 
     def target(w: int) -> float:
         return widths[w] if w in widths else float(icept + slope * w)
 
-    step = {}
+    step: dict[str, float | list[float]] = {}
     parts = [p for a in (*ARMS, *SMALL) for p in ((a.primary, a.fallback) if a.fallback is not None else (a,))]
     for a in dict.fromkeys(parts):  # an arm with a fallback: step_costs derives it from its two arms
         if a.source == "draft":

@@ -2,10 +2,13 @@
 (``benchmarks/bandit_workload.py``).
 
 :mod:`flashspec_bench.traces` records greedy traces of the real pair; :func:`replay` serves
-them with one selector, step by step, each arm's acceptance read off the traces by teacher
-forcing and each step's time from a cost model per arm and proposal width (the H200 run's
-step rows, :func:`h200_costs`). ``simulate`` replays fixed arms, the selectors (acceptance
-and throughput rewards) and the per-domain oracle in both serving orders. Its tokens/s are
+them with one selector, step by step, through the engine's own
+:class:`~flashspec_core.policy.StepPolicy` (arm choice, first arm, fallback, draw-ahead,
+rewards) over draft providers that propose as many tokens as each arm proposes there;
+each arm's acceptance is read off the traces by teacher forcing and each step's time
+comes from a cost model per arm and proposal width (the H200 run's step rows,
+:func:`h200_costs`). ``simulate`` replays fixed arms, the selectors (acceptance and
+throughput rewards) and the per-domain oracle in both serving orders. Its tokens/s are
 *modelled* (emitted tokens / modelled time), never measured end to end. An arm with a
 fallback (``lookup-match>draft0.5b-g3``) runs the matched lookup's step where
 ``match_width[t] > 0``, else the draft's step plus the search that found nothing.
@@ -21,6 +24,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+import torch
 
 from flashspec_bench.arms import ADAPTIVE, ARMS, SMALL, Arm, load_costs, step_costs
 from flashspec_bench.provenance import DOCS, provenance, write_json
@@ -33,6 +37,11 @@ from flashspec_bench.traces import (
     run_trace,
     say,
 )
+from flashspec_core.contracts import ArmSelector, Draft, SamplingParams
+from flashspec_core.policy import Arm as PolicyArm
+from flashspec_core.policy import Plan, PolicySettings, StepPolicy
+from flashspec_core.rewards import make_reward
+from flashspec_selectors import FixedConfig, FixedSelector
 
 RESULT = DOCS / "bandit-workload.json"
 
@@ -64,62 +73,83 @@ def own_width(arm: Arm, trace: Mapping[str, Any], t: int) -> int:
     return int(trace["match_width"][t]) if arm.source == "match" else arm.gamma
 
 
-def acting(arm: Arm, trace: Mapping[str, Any], t: int) -> Arm:
-    """The arm whose proposal a step at ``t`` verifies: the fallback where ``arm`` proposes nothing."""
-    return arm.fallback if arm.fallback is not None and own_width(arm, trace, t) == 0 else arm
+class Traced:
+    """A draft provider that proposes, at the position the :class:`Replay` has reached,
+    as many tokens as ``arm`` proposes there (placeholders: acceptance is read off the trace)."""
+
+    def __init__(self, arm: Arm, replay: Replay) -> None:
+        self.arm, self.replay = arm, replay
+
+    def reset(self) -> None:
+        """The position lives in the replay."""
+
+    def propose(self, tokens: torch.Tensor, lengths: Sequence[int], gamma: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> Draft:
+        return Draft(tokens=self.replay.slots[:, : own_width(self.arm, self.replay.trace, self.replay.t)], probs=None)
+
+    def rollback(self, num_accepted: Sequence[int]) -> None:
+        """Nothing to roll back: the replay moves the position."""
 
 
-def accepted_at(arm: Arm, trace: Mapping[str, Any], t: int) -> int:
-    arm = acting(arm, trace, t)
-    if arm.source == "none":
-        return 0
-    return min(arm.gamma, int(trace[f"{arm.source}_run"][t]))
+_GREEDY = SamplingParams(temperature=0.0)
 
 
-def width_at(arm: Arm, trace: Mapping[str, Any], t: int) -> int:
-    """Tokens the step at position ``t`` proposes (the fallback's where it takes over)."""
-    return own_width(acting(arm, trace, t), trace, t)
+class Replay:
+    """The engine's :class:`StepPolicy` over traced arms (each fallback also listed, unselectable
+    where ``arms`` lacks it), serving one request of one row at position ``t`` of ``trace``."""
+
+    def __init__(self, selector: ArmSelector, reward: str, arms: Sequence[Arm], first: int | None = None,
+                 draw_ahead: bool = False) -> None:
+        listed = list(dict.fromkeys([*arms, *(a.fallback for a in arms if a.fallback is not None)]))
+        self.arms = {a.name: a for a in listed}
+        steps = [PolicyArm(a.name, Traced(a, self), a.gamma, None if a.fallback is None else listed.index(a.fallback),
+                           selectable=i < len(arms)) for i, a in enumerate(listed)]
+        self.policy = StepPolicy(steps, selector, make_reward(reward), PolicySettings(first=first, draw_ahead=draw_ahead))
+        self.slots = torch.zeros((1, max(a.gamma for a in listed)), dtype=torch.long)  # [1, max gamma] placeholders
+        self.trace: Mapping[str, Any] = {}
+        self.t = 0
+        self.gen = torch.Generator()
+
+    def plan(self) -> Plan:
+        """The policy's plan for the step at ``t`` (the first arm, if any, proposes first)."""
+        return self.policy.plan((0,), self.slots[:, :0], [self.t], _GREEDY, self.gen)
+
+    def propose(self, plan: Plan) -> tuple[Arm, int, int]:
+        """The arm whose proposal the step verifies (``plan``'s, or its fallback), its width and accepted tokens."""
+        draft, drafter = self.policy.propose(plan, self.slots[:, :0], [self.t], _GREEDY, self.gen)
+        arm, width = self.arms[drafter.name], int(draft.tokens.shape[1])
+        return arm, width, 0 if arm.source == "none" else min(width, int(self.trace[f"{arm.source}_run"][self.t]))
+
+    def step_of(self, k: int, trace: Mapping[str, Any], t: int) -> tuple[Arm, int, int]:
+        """:meth:`propose` of arm ``k``'s step at position ``t`` of ``trace``, whoever chose it."""
+        self.trace, self.t = trace, t
+        return self.propose(Plan((0,), k, k))
 
 
-def replay(selector: Any, reward: str, traces: Mapping[str, Mapping[str, Any]], order: Sequence[str],
+def replay(selector: ArmSelector, reward: str, traces: Mapping[str, Mapping[str, Any]], order: Sequence[str],
            costs: Sequence[Mapping[int, float]], arms: Sequence[Arm] = ARMS, first: int | None = None,
            draw_ahead: bool = False) -> list[Step]:
-    """Serve every prompt in ``order`` with one selector that keeps its state throughout.
-
-    ``first`` (an index into ``arms``, a ``match`` arm), as the engine's ``[selector] first``:
-    where that arm proposes (``match_width[t] > 0``) its step runs without the selector,
-    recorded with arm ``-1``, and does not feed the selector's reward scale; elsewhere the
-    selector picks and learns. ``draw_ahead``, as the engine's ``[selector] draw_ahead``:
-    every step draws the next step's choice before its own reward is fed (one step late);
-    the draw is dropped where ``first`` proposes or the prompt ends. The tables replay
-    without it (each reward before the next draw); ``sensitivity_draw_ahead`` compares."""
-    from flashspec_core.contracts import RequestAware
-    from flashspec_core.rewards import make_reward
-
-    score = make_reward(reward)  # what the pipeline feeds its selector, one instance per run
+    """Serve every prompt in ``order`` (one request each) with one selector that keeps its
+    state throughout, through the engine's :class:`StepPolicy`: ``first`` (an index into
+    ``arms``) and ``draw_ahead`` as ``[selector] first`` and ``draw_ahead``. A first-arm step
+    is recorded with arm ``-1``. The tables replay without draw-ahead (each reward before the
+    next draw); ``sensitivity_draw_ahead`` compares. A step's cost is keyed by the planned
+    arm's own width (0 where its fallback drafted)."""
+    run = Replay(selector, reward, arms, first, draw_ahead)
     steps = []
     for pid in order:
-        if isinstance(selector, RequestAware):  # as the pipeline does at each generate()
-            selector.begin_request(1)
-        ahead = None  # a draw from the prompt before is not played
-        tr = traces[pid]
-        n, t = len(tr["tokens"]), 0
-        while t < n:
-            if first is not None and (w := own_width(arms[first], tr, t)) > 0:
-                acc = accepted_at(arms[first], tr, t)
-                emitted = min(acc + 1, n - t)
-                steps.append(Step(pid, tr["domain"], -1, w, acc, emitted, costs[first][w]))
-                t += emitted
-                ahead = selector.select() if draw_ahead else None
-                continue
-            k = selector.select() if ahead is None else ahead
-            w, acc = width_at(arms[k], tr, t), accepted_at(arms[k], tr, t)
-            emitted = min(acc + 1, n - t)  # the last step may stop at max_new_tokens / EOS
-            seconds = costs[k][own_width(arms[k], tr, t)]  # a fallback step is keyed 0
-            ahead = selector.select() if draw_ahead else None  # drawn while the device runs this step
-            selector.update(k, score(w, [acc], emitted, seconds))  # the width, as the pipeline does
-            steps.append(Step(pid, tr["domain"], k, w, acc, emitted, seconds))
-            t += emitted
+        run.policy.begin(1)
+        run.trace = tr = traces[pid]
+        n = len(tr["tokens"])
+        run.t = 0
+        while run.t < n:
+            plan = run.plan()
+            drafter, width, acc = run.propose(plan)
+            emitted = min(acc + 1, n - run.t)  # the last step may stop at max_new_tokens / EOS
+            seconds = costs[plan.arm][width if drafter.name == arms[plan.arm].name else 0]
+            run.policy.learn(plan, width, [acc], seconds, emitted)
+            steps.append(Step(pid, tr["domain"], -1 if plan.by_first else plan.arm, width, acc, emitted, seconds))
+            run.t += emitted
     return steps
 
 
@@ -275,17 +305,18 @@ def arm_stats(traces: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     for a in ARMS:
         if a.source == "none":
             continue
+        run = Replay(FixedSelector(FixedConfig(arm=0), 1), "acceptance", (a,))
+        at = [(tr["domain"], t, *run.step_of(0, tr, t)) for tr in traces.values() for t in range(len(tr["tokens"]))]
         out[a.name] = {}
         for d in ("overall", *DOMAINS):
-            pos = [(tr, t) for tr in traces.values() if d in ("overall", tr["domain"]) for t in range(len(tr["tokens"]))]
-            acc = [accepted_at(a, tr, t) for tr, t in pos]
-            width = [width_at(a, tr, t) for tr, t in pos]
+            pos = [p for p in at if d in ("overall", p[0])]
+            acc, width = [p[4] for p in pos], [p[3] for p in pos]
             out[a.name][d] = {"acceptance": sum(acc) / max(1, sum(width)), "mean_accepted": float(np.mean(acc)),
                               "mean_width": float(np.mean(width)),
                               "proposes": float(np.mean([w > 0 for w in width])), "positions": len(acc)}
             if a.fallback is not None:
-                out[a.name][d]["falls_back"] = float(np.mean([acting(a, tr, t) is a.fallback for tr, t in pos]))
-            first = [accepted_at(a, tr, 0) for tr, t in pos if t == 0]  # each request's first decode step
+                out[a.name][d]["falls_back"] = float(np.mean([p[2].name != a.name for p in pos]))
+            first = [p[4] for p in pos if p[1] == 0]  # each request's first decode step
             out[a.name][d]["mean_accepted_first_position"] = float(np.mean(first))
     return out
 
@@ -415,6 +446,7 @@ def _step_boundaries(result: Mapping[str, Any], traces: Mapping[str, Any], pick:
     """Re-derive the step index where each domain starts in the seed-0 blocked replay."""
     order = result["domain_boundaries_blocked"]["order"]
     arms = result["blocked_arm_choices_seed0"][pick]
+    run = Replay(FixedSelector(FixedConfig(arm=0), len(ARMS)), "acceptance", ARMS)
     out, i, seen = [], 0, set()
     for pid in order:
         tr = traces[pid]
@@ -423,7 +455,7 @@ def _step_boundaries(result: Mapping[str, Any], traces: Mapping[str, Any], pick:
             out.append((i, tr["domain"]))
         t = 0
         while t < len(tr["tokens"]):
-            t += min(accepted_at(ARMS[arms[i]], tr, t) + 1, len(tr["tokens"]) - t)
+            t += min(run.step_of(arms[i], tr, t)[2] + 1, len(tr["tokens"]) - t)
             i += 1
     return out
 

@@ -7,7 +7,6 @@ import pytest
 from flashspec_bench.arms import ADAPTIVE, ARMS, step_costs
 from flashspec_bench.traces import DOMAINS, lookup_match, lookup_runs, match_runs
 from flashspec_bench.workload import (
-    accepted_at,
     arm_stats,
     headline,
     order_prompts,
@@ -163,6 +162,8 @@ def test_first_arm_steps_run_without_the_selector():
     no_match = sum(w == 0 for t in TRACES.values() for w in t["match_width"])  # an upper bound on selector steps
 
     class Counting:
+        num_arms = 2
+
         def __init__(self) -> None:
             self.asked = self.told = 0
 
@@ -197,6 +198,8 @@ def test_draw_ahead_replays_the_engines_call_order():
     ids = order_prompts(TRACES, "blocked")
 
     class Logged:
+        num_arms = 2
+
         def __init__(self) -> None:
             self.log: list[tuple[str, int]] = []
 
@@ -222,5 +225,5 @@ def test_draw_ahead_replays_the_engines_call_order():
 def test_first_position_acceptance_is_each_trace_at_t0():
     stats = arm_stats(TRACES)
     draft = next(a for a in ARMS if a.source == "draft")
-    want = sum(accepted_at(draft, t, 0) for t in TRACES.values() if t["domain"] == "code") / 2
+    want = sum(min(draft.gamma, t["draft_run"][0]) for t in TRACES.values() if t["domain"] == "code") / 2
     assert stats[draft.name]["code"]["mean_accepted_first_position"] == want
