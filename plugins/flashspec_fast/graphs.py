@@ -40,6 +40,7 @@ class GraphCache:
 
     def clear(self) -> None:
         self._graphs.clear()
+        self._pool = None  # freed with its last graph: a capture into it would fail an allocator assert
 
     def __call__(self, key: Hashable, fn: Callable[..., Any], *args: torch.Tensor) -> Any:
         if not self.enabled:
