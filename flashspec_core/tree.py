@@ -111,6 +111,20 @@ def chain_parents(n: int) -> torch.Tensor:
     return torch.arange(n, dtype=torch.int64) - 1
 
 
+def tree_shape(widths: Sequence[int], gamma: int) -> list[int]:
+    """The parents of the tree with ``widths[d]`` children per node at depth ``d + 1``, in
+    level order, cut to ``gamma`` nodes (the draft models' ``tree_width`` option)."""
+    parents: list[int] = []
+    level = [ROOT]
+    for width in widths:
+        start = len(parents)
+        parents += [p for p in level for _ in range(width)][: max(gamma - start, 0)]
+        level = list(range(start, len(parents)))
+        if not level:
+            break
+    return parents
+
+
 def _check_tokens(instance: Any, attribute: attrs.Attribute[Any], tokens: torch.Tensor) -> None:
     if tokens.dim() != 2 or tokens.dtype != torch.int64:
         raise ValueError(f"TreeDraft.tokens must be [B, N] int64, got {tuple(tokens.shape)} {tokens.dtype}")
@@ -361,3 +375,19 @@ def accepted_cache_indices(path: torch.Tensor, prefix_len: int = 0) -> torch.Ten
     if path.dtype != torch.int64:
         raise ValueError(f"path must be int64, got {path.dtype}")
     return torch.where(path >= 0, path + prefix_len, -1)
+
+
+MAX_MASK_NODES = 63  # nodes an ancestor bitmask holds (int64 bits, the sign bit unused)
+
+
+def ancestor_bits(parents: Parents) -> list[int]:
+    """Each node's row of :func:`ancestor_matrix` as an integer: bit ``j`` set iff node ``j``
+    is the node or one of its ancestors (at most :data:`MAX_MASK_NODES` nodes), the form a
+    kernel reads as one int64 per query."""
+    plist = check_parents(parents)
+    if len(plist) > MAX_MASK_NODES:
+        raise ValueError(f"a tree of {len(plist)} nodes has no int64 ancestor bitmask (at most {MAX_MASK_NODES})")
+    bits: list[int] = []
+    for node, parent in enumerate(plist):
+        bits.append((1 << node) | (bits[parent] if parent != ROOT else 0))
+    return bits

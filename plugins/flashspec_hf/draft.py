@@ -20,7 +20,7 @@ import torch
 from flashspec_core import Draft, SamplingParams
 from flashspec_core.ragged import fit_vocab
 from flashspec_core.sampling import filter_logits, probs_from_logits, sample
-from flashspec_core.tree import node_depths
+from flashspec_core.tree import node_depths, tree_shape
 from flashspec_hf.lm import CachedLM
 from flashspec_hf.loading import ModelOptions
 
@@ -36,20 +36,6 @@ class DraftOptions(ModelOptions):
     ``tree_width`` (children per node at each depth; empty: a chain)."""
 
     tree_width: tuple[int, ...] = attrs.field(default=(), converter=tuple, validator=_widths)
-
-
-def tree_shape(widths: Sequence[int], gamma: int) -> list[int]:
-    """The parents of the tree with ``widths[d]`` children per node at depth ``d + 1``, in
-    level order, cut to ``gamma`` nodes."""
-    parents: list[int] = []
-    level = [-1]
-    for width in widths:
-        start = len(parents)
-        parents += [p for p in level for _ in range(width)][: max(gamma - start, 0)]
-        level = list(range(start, len(parents)))
-        if not level:
-            break
-    return parents
 
 
 class TokenizerMismatch(ValueError):
