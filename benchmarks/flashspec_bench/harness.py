@@ -106,11 +106,11 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
                    domains: list[str], record: Record) -> dict[str, Any]:
     """Warm every system up, then time ``args.repeats`` repeats; returns the draft prewarm's record."""
     policy = pipeline.policy
-    arms, selector = list(policy.arms), policy.selector
+    arms, selector, kept = list(policy.arms), policy.selector, buckets(policy)
     prewarm = prewarm_drafts(pipeline, groups, args)
     reward, settings = policy.reward, policy.settings
     limit, first = settings.speculate_max_batch, settings.first
-    timed: list[tuple[str, list[Any], Any, int | None, int | None, list[dict[str, Any]]]] = []
+    timed: list[tuple[str, list[Any], Buckets, int | None, int | None, list[dict[str, Any]]]] = []
     for name, use_arms, sel in plan_systems(pipeline, args):  # every system warms up before any is timed
         # A fixed arm runs at every batch size (what the arm itself costs); the bandits keep the
         # config's batch limit, which then shows as the arm "batch_limit" in their steps.
@@ -122,21 +122,26 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
         policy.arms = use_arms
         warm = Tour(len(policy.choices)) if name.startswith("bandit:") else copy.deepcopy(sel)
         policy.selector, policy.reward = warm, copy.deepcopy(reward)
+        policy.first_rewards = [copy.deepcopy(r) for r in kept.first_rewards]
         say(f"{name}: warm-up")
         run_pipeline(pipeline, prompts, warm_groups(groups, args.warmup), args, domains)
-        timed.append((name, use_arms, sel, own_limit, own_first, []))
+        # the config's bandit starts from the policy's own buckets (a selector made per bucket), others from copies
+        copies = [sel, *(copy.deepcopy(sel) for _ in kept.selectors[1:])]
+        start = kept if sel is selector else attrs.evolve(kept, selectors=copies)
+        timed.append((name, use_arms, start, own_limit, own_first, []))
     for rep in range(args.repeats):
         # Systems take turns batch by batch, and the system that goes first rotates with the
         # batch and the repeat: a drift within the run (clocks, heat, allocator) then weighs on
-        # every system alike. Every repeat starts from the untrained selector and reward:
-        # repeats are independent runs; within a repeat each system keeps its own selector.
-        state = {name: (copy.deepcopy(sel), copy.deepcopy(reward)) for name, _, sel, *_ in timed}
+        # every system alike. Every repeat starts from untrained selectors and scorers: repeats
+        # are independent runs; within a repeat each system keeps its own, every bucket's.
+        state = {name: copy.deepcopy(start) for name, _, start, *_ in timed}
         parts: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in timed}
         for j, group in enumerate(groups):
             turn = (rep + j) % len(timed)
             for name, use_arms, _, own_limit, own_first, _ in timed[turn:] + timed[:turn]:
-                policy.arms, (policy.selector, policy.reward) = use_arms, state[name]
+                policy.arms = use_arms
                 policy.settings = attrs.evolve(settings, speculate_max_batch=own_limit, first=own_first)
+                state[name].restore(policy)
                 parts[name].append(run_pipeline(pipeline, prompts, [group], args, domains))
         for name, *_, runs in timed:
             run = {"requests": [r for p in parts[name] for r in p["requests"]],
@@ -146,8 +151,29 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
             runs.append(run)
             record(name, {"requests": [r for x in runs for r in x["requests"]],
                           "steps": [s for x in runs for s in x["steps"]]})
-    policy.arms, policy.selector, policy.reward, policy.settings = arms, selector, reward, settings
+    policy.arms, policy.settings = arms, settings
+    kept.restore(policy)
     return prewarm
+
+
+@attrs.frozen
+class Buckets:
+    """A policy's learning state, one entry per batch bucket: what a system keeps between its
+    batches. The policy's ``selector`` and ``reward`` setters spread one object over every
+    bucket, so saving only those would reset the other buckets at every swap."""
+
+    selectors: list[Any]
+    rewards: list[Any]
+    first_rewards: list[Any]
+
+    def restore(self, policy: Any) -> None:
+        """Put these lists back into ``policy`` (the objects themselves: they go on learning)."""
+        policy.selectors, policy.rewards, policy.first_rewards = self.selectors, self.rewards, self.first_rewards
+
+
+def buckets(policy: Any) -> Buckets:
+    """``policy``'s per-bucket selectors and scorers as they are now (the lists copied, not the objects)."""
+    return Buckets(list(policy.selectors), list(policy.rewards), list(policy.first_rewards))
 
 
 def prewarm_drafts(pipeline: Any, groups: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:

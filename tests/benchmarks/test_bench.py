@@ -294,3 +294,60 @@ def test_prewarm_drafts_asks_every_draft_arm_largest_batch_first_unless_told_not
     calls.clear()
     assert prewarm_drafts(pipe, [[0]], SimpleNamespace(no_prewarm=True, temperature=0.0)) == {"ran": False}
     assert calls == []
+
+
+def test_every_bucket_keeps_its_selector_and_scorers_between_batches(
+    setup: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With batch buckets, a system keeps each bucket's selector, reward scorer and first
+    scorer from batch to batch within a repeat (its own, not another system's), every repeat
+    starts them untrained, and the pipeline gets its own lists back at the end."""
+    from flashspec_core.build import build_pipeline
+    from flashspec_core.policy import Plan
+
+    config = setup["root"] / "buckets.toml"
+    config.write_text(setup["config"].read_text().replace('reward = "throughput"\n',
+                                                          'reward = "throughput"\nbatch_buckets = [1, 2]\n'))
+    args = bench.parser().parse_args(["--workload", str(setup["workload"]), "--config", str(config),
+                                      "--out", str(setup["root"] / "o6"), "--no-fixed-arms", "--repeats", "2"])
+    args.systems = ["target_only", "flashspec"]
+    pipe = build_pipeline(bench.load_config_dict(args.config, args.dtype, args.fuse, args.quantization))
+    policy = pipe.policy
+
+    class Counting:  # a reward scorer that counts the steps it scored
+        steps = 0
+
+        def __call__(self, width: int, accepted: Any, emitted: int, step_s: float) -> float:
+            self.steps += 1
+            return 0.5
+
+    policy.reward, policy.first_rewards = Counting(), [Counting(), Counting()]
+    own = (list(policy.selectors), list(policy.rewards), list(policy.first_rewards))
+    assert len(own[0]) == 2
+    seen: list[tuple[str, int, int, int]] = []
+
+    def fake_run(pipeline: Any, prompts: Any, groups: Any, args: Any, domains: Any) -> dict[str, Any]:
+        p = pipeline.policy
+        name = "plain" if len(p.arms) == 1 else "bandit"
+        # one step in bucket 0, two in bucket 1, one by the first arm (its own scale) in bucket 1
+        for rows, n in (((0,), 1), ((0, 1), 2)):
+            for _ in range(n):
+                p.learn(p.choose(rows), 1, [1] * len(rows), 0.01)
+        p.learn(Plan((0, 1), 0, bucket=1), 1, [1, 1], 0.01)
+        if groups != ["warm"]:
+            seen.append((name, p.selectors[1].t if name == "bandit" else -1, p.rewards[1].steps,
+                         p.first_rewards[1].steps))
+        return {"requests": [{"new_tokens": 1, "prompt": g[0]} for g in groups], "steps": []}
+
+    monkeypatch.setattr(bench, "run_pipeline", fake_run)
+    monkeypatch.setattr(bench, "warm_groups", lambda groups, warmup: ["warm"])
+    bench.flashspec_runs(pipe, [[1], [2], [3]], [[0], [1], [2]], args, ["code"] * 3, lambda n, r: None)
+    for rep in range(2):
+        timed = seen[6 * rep: 6 * rep + 6]
+        bandit = [x for x in timed if x[0] == "bandit"]
+        plain = [x for x in timed if x[0] == "plain"]
+        # bucket 1's selector: 2 updates a batch, carried over (a reset to bucket 0's copy would give 2, 3, 4)
+        assert [x[1] for x in bandit] == [2, 4, 6]
+        assert [x[2:] for x in bandit] == [x[2:] for x in plain] == [(2, 1), (4, 2), (6, 3)]
+    assert (policy.selectors, policy.rewards, policy.first_rewards) == own
+    assert policy.selectors[1].t == 0 and policy.first_rewards[1].steps == 0
