@@ -391,3 +391,26 @@ def ancestor_bits(parents: Parents) -> list[int]:
     for node, parent in enumerate(plist):
         bits.append((1 << node) | (bits[parent] if parent != ROOT else 0))
     return bits
+
+
+def tree_causal_mask(
+    pos: torch.Tensor,  # [B, T] int64 query positions
+    span: int,
+    start: torch.Tensor,  # [B] int64 first slot of each row's tree block
+    bits: torch.Tensor,  # [B, T] int64 ancestor bits of each query over the block (0: not a node)
+    nodes: int,
+) -> torch.Tensor:
+    """Which of ``span`` cache slots each query sees when a static-cache forward holds a tree
+    block at slots ``start .. start + nodes - 1``: a slot below the block iff it is at most the
+    query's position (the chain rule), a block slot ``start + j`` iff bit ``j`` of the query's
+    ``bits`` is set (:func:`ancestor_bits`), nothing above the block. [B, T, span] bool.
+
+    It is :func:`tree_attention_mask` with the nodes at their cache slots, in a form computed
+    on the device from tensors a captured graph can be fed anew each step.
+    """
+    slots = torch.arange(span, device=pos.device)
+    off = slots[None, :] - start[:, None]  # [B, span] offset into the block
+    in_tree = (off >= 0) & (off < nodes)
+    bit = (bits[:, :, None] >> off.clamp(0, MAX_MASK_NODES - 1)[:, None, :]) & 1  # [B, T, span]
+    before = (slots[None, None, :] <= pos[:, :, None]) & (off < 0)[:, None, :]
+    return torch.where(in_tree[:, None, :], bit != 0, before)

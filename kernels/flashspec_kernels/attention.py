@@ -20,6 +20,12 @@ for a few hundred kilobytes of keys and values. Here, split-KV ("flash-decoding"
    ``o[b, t, head]``, the ``[B, T, H, hd]`` layout the output projection reads, so no
    permute copy follows.
 
+A *tree block* (:class:`TreeBlock`: a draft tree scored or drafted in one forward, its
+nodes at consecutive slots ``start .. start + nodes - 1`` of each row, positioned by depth)
+changes only the mask: a block slot is seen iff its bit is set in the query's int64
+ancestor bitmask, slots below the block follow the position rule, none above it is seen
+(:func:`flashspec_core.tree.tree_causal_mask`), and the loop runs to the block's end.
+
 With one split (``chunk >= span``) the first kernel normalises and writes the output
 itself. ``chunk`` depends on ``B * KV`` alone (``BLOCK_N`` slots per split at batch 1,
 more as the batch grows, so a large batch does not write partial sums it does not need).
@@ -48,11 +54,13 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import torch
 import triton
 import triton.language as tl
 
 from flashspec_core.ragged import additive_mask, causal_mask
+from flashspec_core.tree import MAX_MASK_NODES, tree_causal_mask
 
 MAX_WIDTH = 16  # query tokens per row up to which a forward uses this kernel (wider: prefill, SDPA)
 BLOCK_M = 16  # query rows per tile, whatever T: the same dot shape for every query
@@ -63,10 +71,10 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _decode_attn_split(
-    q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, ml_ptr, acc_ptr,
-    slots, kv_heads, chunk, qk_scale,
+    q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, ml_ptr, acc_ptr, tstart_ptr, bits_ptr,
+    slots, kv_heads, chunk, qk_scale, tree_n,
     T: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr, ROWS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, IEEE: tl.constexpr, TREE: tl.constexpr,
 ):
     bkv = tl.program_id(0)
     split = tl.program_id(1)
@@ -85,6 +93,10 @@ def _decode_attn_split(
     q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=live[:, None] & dm[None, :], other=0.0)
     p_row = tl.load(pos_ptr + b * T + t, mask=live, other=-1)  # [BLOCK_M] positions; -1: padding rows
     last = tl.max(p_row, axis=0)
+    if TREE:  # a tree block at slots ts .. ts + tree_n - 1; bits: each query's ancestors in it
+        ts = tl.load(tstart_ptr + b)
+        bits = tl.load(bits_ptr + b * T + t, mask=live, other=0)
+        last = tl.maximum(last, ts + tree_n - 1)
     start = split * chunk
     stop = tl.minimum(start + chunk, last + 1)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -102,6 +114,11 @@ def _decode_attn_split(
             s = tl.dot(q, tl.trans(k))
         s = s.to(tl.float32) * qk_scale  # log2 units
         seen = (n[None, :] <= p_row[:, None]) & in_range[None, :]
+        if TREE:
+            off = n - ts  # [BLOCK_N] offset into the tree block
+            in_tree = (off >= 0) & (off < tree_n)
+            bit = (bits[:, None] >> tl.where(in_tree, off, 0).to(tl.int64)[None, :]) & 1
+            seen = tl.where(in_tree[None, :], bit != 0, seen & (off < 0)[None, :]) & in_range[None, :]
         s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet
@@ -155,6 +172,26 @@ def _decode_attn_combine(
     tl.store(o_ptr + ((b * T + t) * (kv_heads * G) + h * G + g) * HD + d, out.to(o_ptr.dtype.element_ty), mask=d < HD)
 
 
+@attrs.frozen
+class TreeBlock:
+    """A draft tree's block of cache slots in a forward: row ``b``'s nodes ``0 .. nodes - 1``
+    sit at slots ``start[b] + j``; query ``(b, t)`` sees block slot ``start[b] + j`` iff bit ``j``
+    of ``bits[b, t]`` is set (:func:`flashspec_core.tree.ancestor_bits`; 0 for a query that is
+    no node), and below the block the slots up to its position."""
+
+    start: torch.Tensor  # [B] int64, on the device
+    bits: torch.Tensor  # [B, T] int64, on the device
+    nodes: int  # <= MAX_MASK_NODES
+
+    def check(self, batch: int, width: int) -> None:
+        if (tuple(self.start.shape) != (batch,) or tuple(self.bits.shape) != (batch, width)
+                or self.start.dtype != torch.int64 or self.bits.dtype != torch.int64
+                or not 1 <= self.nodes <= MAX_MASK_NODES):
+            raise ValueError(f"TreeBlock: start {tuple(self.start.shape)} {self.start.dtype} must be [B] = [{batch}], "
+                             f"bits {tuple(self.bits.shape)} {self.bits.dtype} [B, T] = [{batch}, {width}], both "
+                             f"int64; nodes {self.nodes} in 1..{MAX_MASK_NODES}")
+
+
 def supported(head_dim: int, dtype: torch.dtype) -> bool:
     """Head dims and dtypes the kernel takes (head dims up to 256; padded to a power of two >= 16)."""
     return dtype in DTYPES and 1 <= head_dim <= 256
@@ -170,7 +207,7 @@ def _chunk(batch: int, kv_heads: int) -> int:
 
 def decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, span: int,
-    scale: float | None = None,
+    scale: float | None = None, tree: TreeBlock | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``T`` new tokens per row over a static cache.
 
@@ -178,6 +215,9 @@ def decode_attention(
     keys and values already written); pos: ``[B, T]`` integer positions (a query at ``p``
     sees slots ``0..p``; every position below ``span <= S``). Returns ``[B, T, H, hd]`` in
     q's dtype. No host sync: the positions are read on the device.
+
+    ``tree``: a draft tree block in each row's cache (:class:`TreeBlock`); the mask is then
+    :func:`flashspec_core.tree.tree_causal_mask` (the block must end below ``span``).
     """
     batch, width, heads, hd = q.shape
     _, slots, kv_heads, hd_k = k_cache.shape
@@ -190,6 +230,8 @@ def decode_attention(
     if not supported(hd, q.dtype) or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         raise ValueError(f"decode_attention: head dim {hd} / dtypes {q.dtype}, {k_cache.dtype} not supported")
     q, pos = q.contiguous(), pos.contiguous()
+    if tree is not None:
+        tree.check(batch, width)
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("decode_attention: the caches must be contiguous [B, S, KV, hd] views")
     group = heads // kv_heads
@@ -203,10 +245,12 @@ def decode_attention(
     ml = torch.empty((1,) if direct else (parts, tiles * BLOCK_M, 2), dtype=torch.float32, device=q.device)
     acc = torch.empty((1,) if direct else (parts, tiles * BLOCK_M, hd_pad), dtype=torch.float32, device=q.device)
     qk_scale = (scale if scale is not None else 1.0 / math.sqrt(hd)) * _LOG2E
+    tstart, bits = (tree.start, tree.bits) if tree is not None else (pos, pos)  # unread without a tree
     _decode_attn_split[(batch * kv_heads, splits, tiles)](
-        q, k_cache, v_cache, pos, out, ml, acc, slots, kv_heads, chunk, qk_scale,
+        q, k_cache, v_cache, pos, out, ml, acc, tstart, bits, slots, kv_heads, chunk, qk_scale,
+        tree.nodes if tree is not None else 0,
         T=width, G=group, HD=hd, HD_PAD=hd_pad, ROWS=tiles * BLOCK_M, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        DIRECT=direct, IEEE=q.dtype == torch.float32, num_warps=4,
+        DIRECT=direct, IEEE=q.dtype == torch.float32, TREE=tree is not None, num_warps=4,
     )
     if not direct:
         _decode_attn_combine[(batch * kv_heads, group * width)](
@@ -218,13 +262,14 @@ def decode_attention(
 
 def decode_attention_ref(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, span: int,
-    scale: float | None = None,
+    scale: float | None = None, tree: TreeBlock | None = None,
 ) -> torch.Tensor:
     """The same in plain torch (SDPA with an additive mask), for tests."""
     batch, width, heads, hd = q.shape
     kv_heads = k_cache.shape[2]
     group = heads // kv_heads
-    mask = additive_mask(causal_mask(pos, span), q.dtype)  # [B, T, span]
+    allowed = causal_mask(pos, span) if tree is None else tree_causal_mask(pos, span, tree.start, tree.bits, tree.nodes)
+    mask = additive_mask(allowed, q.dtype)  # [B, T, span]
     k = k_cache[:, :span].transpose(1, 2).repeat_interleave(group, dim=1)  # [B, H, span, hd]
     v = v_cache[:, :span].transpose(1, 2).repeat_interleave(group, dim=1)
     o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale)
