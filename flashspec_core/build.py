@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from flashspec_core.config import ComponentChoice, PipelineConfig, load_config, parse_config
-from flashspec_core.contracts import DraftContext, DraftProvider, StepRecord, Target, Verifier
+from flashspec_core.contracts import ComponentKind, DraftContext, DraftProvider, StepRecord, Target, Verifier
 from flashspec_core.logs import run_logger
 from flashspec_core.pipeline import Pipeline
 from flashspec_core.policy import Arm, PolicySettings, StepPolicy
@@ -52,8 +52,9 @@ def build_pipeline(
             if key is not None:
                 loaded[key] = (arm.name, provider)
         fallback = index[arm.fallback] if arm.fallback is not None else None
-        arms.append(Arm(name=arm.name, provider=provider, gamma=arm.gamma, fallback=fallback, selectable=arm.select))
-    verifier = _verifier(registry, config.verifier, target.device)
+        arms.append(Arm(name=arm.name, provider=provider, gamma=arm.gamma, fallback=fallback, selectable=arm.select,
+                        origin=_origin(registry, "draft", arm.draft.use)))
+    verifier_use, verifier = _verifier(registry, config.verifier, target.device)
     selector_spec, choosable = registry.get("selector", config.selector.use), sum(a.selectable for a in arms)
     make_selector = lambda: selector_spec.factory(config.selector.config, choosable)  # noqa: E731  (one per batch bucket)
     hook = registry.manager.hook
@@ -65,18 +66,28 @@ def build_pipeline(
                               first=index[config.first] if config.first is not None else None,
                               batch_buckets=config.batch_buckets)
     policy = StepPolicy(arms, make_selector(), make_reward(config.reward), settings, make_selector)
-    pipeline = Pipeline(target, verifier, policy, config, logger, on_step)
+    origins = {"target": _origin(registry, "target", config.target.use),
+               "verifier": _origin(registry, "verifier", verifier_use)}
+    pipeline = Pipeline(target, verifier, policy, config, logger, on_step, origins)
     hook.flashspec_pipeline_built(pipeline=pipeline)
     return pipeline
 
 
-def _verifier(registry: Registry, choice: ComponentChoice, device: torch.device) -> Verifier:
+def _verifier(registry: Registry, choice: ComponentChoice, device: torch.device) -> tuple[str, Verifier]:
     name = choice.use
     if name == "auto":
         name = "triton" if device.type == "cuda" and "triton" in registry.names("verifier") else "reference"
         spec = registry.get("verifier", name)
-        return spec.factory(spec.default_config(), device)  # type: ignore[no-any-return]
-    return registry.get("verifier", name).factory(choice.config, device)  # type: ignore[no-any-return]
+        return name, spec.factory(spec.default_config(), device)
+    return name, registry.get("verifier", name).factory(choice.config, device)
+
+
+def _origin(registry: Registry, kind: ComponentKind, name: str) -> str:
+    """A component as errors name it: kind, name, plugin and distribution (ContractViolation)."""
+    found = [p for k, p in registry.all() if k == kind and p.spec.name == name]
+    if not found:
+        return f"{kind} {name!r}"
+    return f"{kind} {name!r} (plugin {found[0].plugin}, {found[0].distribution} {found[0].version})"
 
 
 def _provider_key(choice: ComponentChoice) -> Any:

@@ -22,6 +22,7 @@ Vocabulary (Leviathan et al. 2023; Chen et al. 2023):
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
@@ -47,10 +48,17 @@ def _top_p_range(_inst: object, attr: attrs.Attribute[Any], value: float) -> Non
         raise ValueError(f"{attr.name} must be in (0, 1], got {value!r}")
 
 
+# Temperatures below this act as greedy: dividing float32 logits by less overflows them to
+# inf (softmax then gives NaN), and long before that the draw is an argmax in all but exact
+# ties. vLLM treats temperatures under the same 1e-5 as greedy.
+GREEDY_BELOW = 1e-5
+
+
 @attrs.frozen
 class SamplingParams:
-    """How tokens are drawn. ``temperature == 0`` means greedy; ``top_k == 0`` and
-    ``top_p == 1`` mean no filtering. The same params apply to ``p`` and ``q``."""
+    """How tokens are drawn. ``temperature == 0`` means greedy, and so does any temperature
+    below :data:`GREEDY_BELOW`; ``top_k == 0`` and ``top_p == 1`` mean no filtering. The
+    same params apply to ``p`` and ``q``."""
 
     temperature: float = attrs.field(default=1.0, converter=float, validator=_non_negative)
     top_k: int = attrs.field(default=0, converter=int, validator=_non_negative)
@@ -58,7 +66,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
     @property
     def filtered(self) -> bool:
@@ -106,6 +114,62 @@ class Verdict:
 
     tokens: torch.Tensor  # [B, gamma+1] int64, padded with -1
     num_accepted: torch.Tensor  # [B] int64 in [0, gamma]
+    # [B] int32 or int64, 0 = fine: a verifier that checks its inputs on the device without a
+    # host sync sets :class:`Broken` bits (any nonzero value: an input it found broken) here;
+    # the pipeline reads them with the step's one copy and raises ContractViolation. None: not checked.
+    flags: torch.Tensor | None = None
+
+
+class Broken(enum.IntFlag):
+    """What a step's checks found broken, as bits of a per-row flag (0 = nothing).
+
+    The pipeline computes them on the device and reads them with the step's one host
+    copy; a verifier may report the bits it finds in its inputs in :attr:`Verdict.flags`.
+    """
+
+    DRAFT_TOKENS = 1  # a draft token id outside [0, V)
+    DRAFT_PROBS = 2  # q not a distribution: NaN, inf, negative, or rows not summing to 1
+    TARGET_LOGITS = 4  # a target logit NaN or inf
+    VERDICT_COUNT = 8  # num_accepted outside [0, width]
+    VERDICT_TOKENS = 16  # an emitted token outside [0, V)
+    VERDICT_PATH = 32  # a tree's accepted path naming a node outside [-1, N)
+
+    def describe(self) -> str:
+        """What broke, in words (one clause per bit set)."""
+        return "; ".join(_BROKEN_WORDS[bit] for bit in Broken if bit in self) or "nothing"
+
+
+_BROKEN_WORDS = {
+    Broken.DRAFT_TOKENS: "draft token ids outside [0, vocab)",
+    Broken.DRAFT_PROBS: "draft probabilities that are not a distribution (NaN, inf, negative, or not summing to 1)",
+    Broken.TARGET_LOGITS: "target logits that are NaN or inf",
+    Broken.VERDICT_COUNT: "num_accepted outside [0, draft width]",
+    Broken.VERDICT_TOKENS: "emitted tokens outside [0, vocab)",
+    Broken.VERDICT_PATH: "an accepted path naming a node outside the tree",
+}
+
+
+class ContractViolation(RuntimeError):
+    """A component broke its contract at run time: the message names the component (arm,
+    plugin and distribution where the registry knows them) and what broke.
+
+    Raised by the pipeline after a step's one host copy, and by the built-in checks of a
+    verifier that is handed inputs outside its contract.
+    """
+
+    def __init__(self, component: str, broke: str, rows: Sequence[int] = ()) -> None:
+        where = f" (rows {list(rows)})" if rows else ""
+        super().__init__(f"{component} broke its contract: {broke}{where}")
+        self.component, self.broke, self.rows = component, broke, tuple(rows)
+
+
+class VerifierInputError(ValueError):
+    """A verifier was called with inputs outside its contract: ``argument`` names which one
+    (``target_logits``, ``draft_tokens``, ``draft_probs``), ``flag`` the :class:`Broken` bit."""
+
+    def __init__(self, argument: str, flag: Broken, detail: str) -> None:
+        super().__init__(f"{argument}: {detail}")
+        self.argument, self.flag = argument, flag
 
 
 @attrs.frozen

@@ -93,6 +93,13 @@ class Arm:
     gamma: int
     fallback: int | None = None  # index of the arm that proposes when this one's proposal is empty
     selectable: bool = True  # False: only another arm's fallback; the selector never picks it
+    # The draft component behind it, as errors name it: "draft 'hf' (plugin flashspec_hf.plugin,
+    # flashspec-engine 0.1)"; empty for an arm assembled by hand (its provider's class is named).
+    origin: str = ""
+
+    def describe(self) -> str:
+        """The arm as a ContractViolation names it: its name and its draft component."""
+        return f"arm {self.name!r} ({self.origin or type(self.provider).__name__})"
 
 
 @attrs.frozen

@@ -1,0 +1,135 @@
+"""The decode step's contract checks, computed on the device without a host sync.
+
+:func:`step_flags` gives one :class:`~flashspec_core.contracts.Broken` bitmask per row
+([B] int64, 0 = nothing broken). The pipeline concatenates it into the tensor the step
+copies to the host anyway (the verdict), so the checks cost a few reductions and no
+sync; after that copy :func:`blame` turns a nonzero flag into a
+:class:`~flashspec_core.contracts.ContractViolation` that names the component. Shapes are
+known on the host and checked there, at once (:func:`check_shapes`).
+
+The reductions read each large tensor once: the target logits ``[B, g+1, V]`` through one
+float32 sum per row (NaN or inf anywhere makes it non-finite), the draft ``q`` ``[B, g, V]``
+through a sum and a minimum per row.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from flashspec_core.contracts import Broken, ContractViolation, Draft, Verdict
+
+VERIFIER_SHIFT = 8  # a verifier's own Verdict.flags travel in the bits above the pipeline's
+_ALL = sum(int(bit) for bit in Broken)
+
+
+def prob_tolerance(dtype: torch.dtype) -> float:
+    """How far from 1 a row of ``q`` may sum: float32 over 150k entries drifts by ~1e-6,
+    a 16-bit ``q`` by up to ~1e-3 (its entries round to 8 or 11 bits)."""
+    return 1e-3 if dtype in (torch.float32, torch.float64) else 2e-2
+
+
+def draft_flags(tokens: torch.Tensor, probs: torch.Tensor | None, vocab: int) -> torch.Tensor:
+    """DRAFT_TOKENS and DRAFT_PROBS per row: tokens [B, g] int64, probs [B, g, V] or None -> [B] int64."""
+    flags = ((tokens < 0) | (tokens >= vocab)).any(dim=1).long() * int(Broken.DRAFT_TOKENS)
+    if probs is not None and probs.shape[1] > 0:
+        total = probs.sum(dim=-1, dtype=torch.float32)  # [B, g]: NaN or inf anywhere in a row shows here
+        low = probs.amin(dim=-1)  # [B, g]
+        bad = ~((total - 1.0).abs() <= prob_tolerance(probs.dtype)) | ~(low >= 0)  # NaN fails both tests
+        flags = flags | bad.any(dim=1).long() * int(Broken.DRAFT_PROBS)
+    return flags
+
+
+def logits_flags(logits: torch.Tensor) -> torch.Tensor:
+    """TARGET_LOGITS per row: logits [B, n, V] -> [B] int64."""
+    total = logits.sum(dim=-1, dtype=torch.float32)  # [B, n]
+    return (~torch.isfinite(total)).any(dim=1).long() * int(Broken.TARGET_LOGITS)
+
+
+def verdict_flags(verdict: Verdict, width: int, vocab: int, path: torch.Tensor | None = None,
+                  nodes: int = 0) -> torch.Tensor:
+    """VERDICT_COUNT, VERDICT_TOKENS (and VERDICT_PATH for a tree) per row -> [B] int64.
+
+    :param width: the most tokens the verdict may accept (a chain's g; a tree's depth).
+    :param path: a tree's accepted nodes [B, D], -1 padded; its entries must be in [-1, nodes).
+    """
+    n = verdict.num_accepted.long()
+    flags = ((n < 0) | (n > width)).long() * int(Broken.VERDICT_COUNT)
+    tokens = verdict.tokens
+    emitted = torch.arange(tokens.shape[1], device=tokens.device) <= n.clamp(0, width)[:, None]  # [B, w+1]
+    outside = (tokens < 0) | (tokens >= vocab)
+    flags = flags | (emitted & outside).any(dim=1).long() * int(Broken.VERDICT_TOKENS)
+    if path is not None and path.shape[1] > 0:
+        flags = flags | ((path < -1) | (path >= nodes)).any(dim=1).long() * int(Broken.VERDICT_PATH)
+    if verdict.flags is not None:
+        flags = flags | (verdict.flags.long() << VERIFIER_SHIFT)
+    return flags
+
+
+def step_flags(draft: Draft, logits: torch.Tensor, verdict: Verdict, path: torch.Tensor | None) -> torch.Tensor:
+    """Every check of one step, per row: [B] int64 on the verdict's device."""
+    vocab = logits.shape[-1]
+    ids = draft.tokens.to(logits.device)
+    flags = draft_flags(ids, draft.probs, vocab).to(logits.device) | logits_flags(logits)
+    if draft.parents is None:
+        width, tree_path, nodes = ids.shape[1], None, 0
+    else:
+        width, tree_path, nodes = verdict.tokens.shape[1] - 1, path, ids.shape[1]
+    return flags.to(verdict.tokens.device) | verdict_flags(verdict, width, vocab, tree_path, nodes)
+
+
+@attrs.frozen
+class Names:
+    """Who to blame: each component as the message names it."""
+
+    drafter: str  # e.g. "arm 'lookup' (draft 'prompt_lookup' from plugin flashspec_lookup.plugin, ...)"
+    target: str
+    verifier: str
+
+
+def check_shapes(draft: Draft, logits: torch.Tensor, verdict: Verdict, names: Names) -> None:
+    """Shapes and dtypes, known on the host: a ContractViolation at once where one is off."""
+    batch, g = draft.tokens.shape
+    tree = draft.parents is not None
+    if logits.dim() != 3 or logits.shape[:2] != (batch, g + 1) or not logits.is_floating_point():
+        raise ContractViolation(names.target, f"logits of shape {tuple(logits.shape)} {logits.dtype}, "
+                                f"not [B, g + 1, V] = [{batch}, {g + 1}, V] floating point")
+    vocab = logits.shape[2]
+    if draft.probs is not None and tuple(draft.probs.shape) != (batch, g, vocab):
+        raise ContractViolation(names.drafter, f"probs of shape {tuple(draft.probs.shape)}, "
+                                f"not [B, g, V] = [{batch}, {g}, {vocab}]")
+    if draft.tokens.dtype != torch.int64:
+        raise ContractViolation(names.drafter, f"tokens of dtype {draft.tokens.dtype}, not int64")
+    tokens, n = verdict.tokens, verdict.num_accepted
+    good = tokens.dim() == 2 and tokens.shape[0] == batch and (1 <= tokens.shape[1] <= g + 1 if tree
+                                                                 else tokens.shape[1] == g + 1)
+    if not good or tuple(n.shape) != (batch,) or tokens.dtype != torch.int64 or n.dtype != torch.int64:
+        raise ContractViolation(names.verifier, f"a verdict with tokens {tuple(tokens.shape)} {tokens.dtype} and "
+                                f"num_accepted {tuple(n.shape)} {n.dtype}, not [B, g + 1] = [{batch}, {g + 1}] "
+                                f"and [B] = [{batch}], both int64")
+
+
+def blame(flags: list[int], rows: list[int], names: Names) -> None:
+    """Raise the ContractViolation the host copy of :func:`step_flags` shows, if any.
+
+    :param flags: each row's flag, as copied to the host; ``rows``: the live rows checked.
+    """
+    own = [flags[b] & ((1 << VERIFIER_SHIFT) - 1) for b in range(len(flags))]
+    theirs = [flags[b] >> VERIFIER_SHIFT for b in range(len(flags))]
+    culprits = [
+        (Broken.DRAFT_TOKENS | Broken.DRAFT_PROBS, names.drafter, own),
+        (Broken.TARGET_LOGITS, names.target, own),
+        (Broken.VERDICT_COUNT | Broken.VERDICT_TOKENS | Broken.VERDICT_PATH, names.verifier, own),
+    ]
+    for mask, component, values in culprits:
+        hit = [b for b in rows if values[b] & mask]
+        if hit:
+            found = Broken(0)
+            for b in hit:
+                found |= Broken(values[b] & mask)
+            raise ContractViolation(component, found.describe(), hit)
+    hit = [b for b in rows if theirs[b]]
+    if hit:
+        known = Broken(theirs[hit[0]] & _ALL)
+        raise ContractViolation(names.verifier, f"it flagged its own inputs as broken (flags "
+                                f"{theirs[hit[0]]:#x}: {known.describe()})", hit)
