@@ -7,8 +7,8 @@ pluggy call (hooks are for discovery and observation only).
 A component may also offer an optional *capability*: a small runtime-checkable
 protocol below (:class:`RequestAware`, :class:`DeclaresExactness`,
 :class:`VerifiesWithNoise`, :class:`HasTokenizer`, :class:`Prewarmable`,
-:class:`CapturesGraphs`, :class:`NamesModel`, and for draft trees :class:`ProposesTrees`,
-:class:`ScoresTrees`, :class:`VerifiesTrees`). Code that uses a capability tests
+:class:`CapturesGraphs`, :class:`NamesModel`, :class:`VerifiesRows`, :class:`HasContext`,
+and for draft trees :class:`ProposesTrees`, :class:`ScoresTrees`, :class:`VerifiesTrees`). Code that uses a capability tests
 ``isinstance(component, Capability)``, never ``hasattr``, so every capability a caller
 relies on is declared and documented here.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 import attrs
@@ -71,6 +71,60 @@ class SamplingParams:
     @property
     def filtered(self) -> bool:
         return self.top_k > 0 or self.top_p < 1.0
+
+
+def _as_tuple(values: Iterable[Any]) -> tuple[Any, ...]:
+    return tuple(values)
+
+
+def _check_rows(inst: RowSampling, attr: attrs.Attribute[Any], value: tuple[Any, ...]) -> None:
+    if attr.name == "params" and not value:
+        raise ValueError("RowSampling.params needs one SamplingParams per row, got none")
+    if attr.name != "params" and value and len(value) != len(inst.params):
+        raise ValueError(f"RowSampling.{attr.name} has {len(value)} entries for {len(inst.params)} rows")
+
+
+@attrs.frozen
+class RowSampling:
+    """Sampling settings per row of a batch: rows with other temperatures, top-k or top-p
+    (and seeds) decode together.
+
+    A verifier declaring :class:`VerifiesRows` takes it in place of one
+    :class:`SamplingParams` (:func:`flashspec_core.sampling.verify_rows`). ``seeds[b]``
+    (None: unseeded) makes row ``b``'s tokens a function of its seed and its sequence alone,
+    whatever else is in the batch: its token at sequence index ``t`` is the Gumbel-max
+    sample ``argmax(warped logits + G(seed, t))`` (docs/exactness.md, "Seeded rows").
+    ``starts[b]`` is the sequence index of the token row ``b``'s first slot emits this step
+    (its length); the pipeline fills it in each step.
+    """
+
+    params: tuple[SamplingParams, ...] = attrs.field(converter=_as_tuple, validator=_check_rows)
+    seeds: tuple[int | None, ...] = attrs.field(default=(), converter=_as_tuple, validator=_check_rows)
+    starts: tuple[int, ...] = attrs.field(default=(), converter=_as_tuple, validator=_check_rows)
+
+    @property
+    def uniform(self) -> SamplingParams | None:
+        """The one setting of every row, where all rows share it and none is seeded; else None."""
+        first = self.params[0]
+        if self.seeded or any(p != first for p in self.params):
+            return None
+        return first
+
+    @property
+    def seeded(self) -> bool:
+        return any(s is not None for s in self.seeds)
+
+    @property
+    def draft_params(self) -> SamplingParams:
+        """What the draft providers draw with: the rows' most common setting (the first on a tie).
+
+        Any one setting keeps the output exact, since each row's tokens are verified against
+        the ``q`` the draft reports; a common one keeps acceptance high for most rows.
+        """
+        counts: dict[SamplingParams, int] = {}
+        for p in self.params:
+            counts[p] = counts.get(p, 0) + 1
+        return max(counts, key=counts.__getitem__)
 
 
 def _check_tree_parents(draft: Draft, _attr: attrs.Attribute[Any], parents: torch.Tensor | None) -> None:
@@ -500,6 +554,39 @@ class VerifiesTrees(Protocol):
     ) -> TreeVerdict: ...
 
 
+@runtime_checkable
+class VerifiesRows(Protocol):
+    """Optional extra of a :class:`Verifier`: per-row sampling settings and seeds in one batch.
+
+    ``verify_rows`` takes a :class:`RowSampling` where :meth:`Verifier.verify` takes one
+    :class:`SamplingParams`; :func:`flashspec_core.sampling.verify_rows` implements it over
+    any exact ``verify`` (a uniform, unseeded ``RowSampling`` is ``verify`` itself). The
+    pipeline refuses a batch of mixed settings for a verifier without it.
+    """
+
+    def verify_rows(
+        self,
+        target_logits: torch.Tensor,  # [B, gamma+1, V] raw target logits
+        draft_tokens: torch.Tensor,  # [B, gamma] int64
+        draft_probs: torch.Tensor | None,  # [B, gamma, V] or None (one-hot draft)
+        rows: RowSampling,
+        generator: torch.Generator | None,
+    ) -> Verdict: ...
+
+
+@runtime_checkable
+class HasContext(Protocol):
+    """Optional extra of a :class:`Target`: the longest sequence it can score.
+
+    ``max_context`` counts tokens: prompt, generated tokens and a step's draft slots
+    together (fast: its cache's ``max_len - 1``, one slot being scratch; hf: the model's
+    ``max_position_embeddings``). The server answers 400 to a prompt that leaves no room,
+    and the pipeline refuses one before it prefills.
+    """
+
+    max_context: int
+
+
 # Every optional capability (docs/plugins.md documents each; a test checks it).
 CAPABILITIES: tuple[type, ...] = (
     RequestAware,
@@ -512,6 +599,8 @@ CAPABILITIES: tuple[type, ...] = (
     ProposesTrees,
     ScoresTrees,
     VerifiesTrees,
+    VerifiesRows,
+    HasContext,
 )
 
 

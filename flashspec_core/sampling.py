@@ -17,10 +17,12 @@ non-negative ``w`` without normalising ``w`` and without a host sync.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import attrs
 import torch
 
-from flashspec_core.contracts import SamplingParams, Verdict
+from flashspec_core.contracts import RowSampling, SamplingParams, Verdict
 
 # Exp(1) noise is clamped away from zero so that 0 / 0 never yields NaN.
 _TINY = torch.finfo(torch.float32).tiny
@@ -143,3 +145,117 @@ def verify_random(
     residual = (p_n - q_n).clamp_min(0.0)
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_n)
     return emit(draft_tokens, num_accepted, race(residual, noise.exponential))
+
+
+# ------------------------------------------------------------------ per-row sampling
+
+UNIT = SamplingParams(temperature=1.0)  # what a verifier applies to logits already warped per row
+
+
+def warp_logits(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Each row's :func:`filter_logits` under its own params: ``[B, T, V]`` -> ``[B, T, V]`` float32.
+
+    Under :data:`UNIT` the result is row ``b``'s ``p`` (softmax of it): temperature, top-k and
+    top-p of ``params[b]``. A greedy row becomes one-hot at its filtered argmax (0 there,
+    ``-inf`` elsewhere), so an exact verifier emits that argmax whatever its noise.
+    Rows with equal params are filtered together, one call per distinct setting.
+    """
+    if len(params) != logits.shape[0]:
+        raise ValueError(f"warp_logits: {len(params)} params for a batch of {logits.shape[0]} rows")
+    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    groups: dict[SamplingParams, list[int]] = {}
+    for b, p in enumerate(params):
+        groups.setdefault(p, []).append(b)
+    for p, rows in groups.items():
+        index = torch.tensor(rows, device=logits.device)
+        x = filter_logits(logits.index_select(0, index), p)
+        if p.greedy:
+            best = torch.argmax(x, dim=-1, keepdim=True)
+            x = torch.full_like(x, float("-inf")).scatter_(-1, best, 0.0)
+        out.index_copy_(0, index, x)
+    return out
+
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A bijective 32-bit integer hash (lowbias32) of int64 values in [0, 2^32)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+def gumbel_noise(seeds: torch.Tensor, starts: torch.Tensor, width: int, vocab: int) -> torch.Tensor:
+    """Standard Gumbel noise keyed by (seed, sequence index, token): ``[B, width, V]`` float32.
+
+    Entry ``[b, i, v]`` is a function of ``seeds[b]``, ``starts[b] + i`` and ``v`` only, so a
+    seeded row draws the same noise at the same sequence index in any batch, on any device.
+    seeds, starts: ``[B]`` int64 (seeds taken modulo 2^64). Uniforms have 24 bits.
+    """
+    seed = seeds.to(torch.int64)
+    key = _mix32(_mix32((seed >> 32) & _MASK32) ^ (seed & _MASK32))  # [B]
+    index = starts.to(torch.int64)[:, None] + torch.arange(width, device=seeds.device)  # [B, width]
+    key = _mix32(key[:, None] ^ _mix32(index & _MASK32))  # [B, width]
+    token = _mix32(torch.arange(vocab, device=seeds.device, dtype=torch.int64) * 0x9E3779B9 & _MASK32)  # [V]
+    bits = _mix32(_mix32(key[..., None] ^ token) ^ 0x2545F491)  # [B, width, V]
+    u = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1)
+    return -torch.log(-torch.log(u))
+
+
+def verify_seeded(warped: torch.Tensor, draft_tokens: torch.Tensor, gumbel: torch.Tensor) -> Verdict:
+    """Gumbel-max coupling: the target's token at each slot is ``argmax(warped + gumbel)``;
+    accept a draft token iff it equals that token, emit the token at the first mismatch
+    (or the bonus slot's). The output is the target's Gumbel-max sample whatever the draft.
+
+    warped: ``[B, gamma+1, V]`` from :func:`warp_logits`; gumbel: the same shape.
+    """
+    return verify_greedy(warped + gumbel, draft_tokens, SamplingParams(temperature=0.0))
+
+
+VerifyFn = Callable[
+    [torch.Tensor, torch.Tensor, "torch.Tensor | None", SamplingParams, "torch.Generator | None"], Verdict
+]
+
+
+def verify_rows(
+    target_logits: torch.Tensor,  # [B, gamma+1, V] raw target logits
+    draft_tokens: torch.Tensor,  # [B, gamma] int64
+    draft_probs: torch.Tensor | None,  # [B, gamma, V] or None (one-hot q)
+    rows: RowSampling,
+    generator: torch.Generator | None,
+    verify: VerifyFn,
+) -> Verdict:
+    """:meth:`~flashspec_core.contracts.VerifiesRows.verify_rows` over an exact ``verify``.
+
+    A uniform unseeded ``rows`` is ``verify`` with its one setting. Otherwise the logits are
+    warped per row (:func:`warp_logits`) and ``verify`` runs under :data:`UNIT`, which keeps
+    its exactness proof: each row's ``p`` is its own warped distribution and ``q`` is what
+    the draft reports. Seeded rows then take :func:`verify_seeded`'s verdict instead.
+    """
+    plain = rows.uniform
+    if plain is not None:
+        return verify(target_logits, draft_tokens, draft_probs, plain, generator)
+    warped = warp_logits(target_logits, rows.params)
+    verdict = verify(warped, draft_tokens, draft_probs, UNIT, generator)
+    if not rows.seeded:
+        return verdict
+    if len(rows.starts) != len(rows.params):
+        raise ValueError("RowSampling with seeds needs starts (each row's sequence length) to key its noise")
+    seeded = [b for b, s in enumerate(rows.seeds) if s is not None]
+    device = target_logits.device
+    index = torch.tensor(seeded, device=device)
+    seeds = torch.tensor([_as_int64(rows.seeds[b]) for b in seeded], dtype=torch.int64, device=device)
+    starts = torch.tensor([rows.starts[b] for b in seeded], dtype=torch.int64, device=device)
+    noise = gumbel_noise(seeds, starts, warped.shape[1], warped.shape[2])
+    coupled = verify_seeded(warped.index_select(0, index), draft_tokens.index_select(0, index), noise)
+    return attrs.evolve(verdict, tokens=verdict.tokens.index_copy(0, index, coupled.tokens),
+                        num_accepted=verdict.num_accepted.index_copy(0, index, coupled.num_accepted))
+
+
+def _as_int64(seed: int | None) -> int:
+    """A seed as a signed 64-bit value (seeds are taken modulo 2^64)."""
+    value = int(seed or 0) & ((1 << 64) - 1)
+    return value - (1 << 64) if value >= 1 << 63 else value

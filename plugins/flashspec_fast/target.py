@@ -136,6 +136,11 @@ class FastTarget:
         self.allocations = 0
         self._lengths: list[int] = []
 
+    @property
+    def max_context(self) -> int:
+        """The longest sequence it scores (HasContext): ``max_len`` slots, one of them scratch."""
+        return int(self.model.max_len) - 1
+
     def fit(self, batch: int) -> None:
         """Make the cache hold ``batch`` rows; a reallocated (zeroed) cache drops the captured
         graphs and every cached row."""

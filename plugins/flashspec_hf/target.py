@@ -30,6 +30,13 @@ class HFTarget:
         self.prefills = 0
 
     @property
+    def max_context(self) -> int:
+        """The longest sequence it scores (HasContext): the model's ``max_position_embeddings``
+        (``1 << 30`` for a model that does not say)."""
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        return int(limit) if isinstance(limit, int) else 1 << 30
+
+    @property
     def eos_token_ids(self) -> set[int]:
         ids: set[int] = set()
         for src in (getattr(self.model, "generation_config", None), self.tokenizer):

@@ -12,7 +12,8 @@ from collections.abc import Iterable
 import torch
 
 from flashspec_core import ComponentSpec, SamplingParams, Verdict, Verifier, hookimpl
-from flashspec_core.sampling import Noise, filter_logits, probs_from_logits, verify_greedy, verify_random
+from flashspec_core.contracts import RowSampling
+from flashspec_core.sampling import Noise, filter_logits, probs_from_logits, verify_greedy, verify_random, verify_rows
 from flashspec_core.tree import TreeDraft, TreeVerdict, verify_tree_greedy, verify_tree_random
 
 
@@ -32,6 +33,17 @@ class ReferenceVerifier:
         batch, gamma = draft_tokens.shape
         noise = Noise.draw(batch, gamma, target_logits.shape[-1], generator, target_logits.device)
         return verify_random(target_logits, draft_tokens, draft_probs, sampling, noise)
+
+    def verify_rows(
+        self,
+        target_logits: torch.Tensor,  # [B, gamma+1, V]
+        draft_tokens: torch.Tensor,  # [B, gamma] int64
+        draft_probs: torch.Tensor | None,  # [B, gamma, V] or None
+        rows: RowSampling,
+        generator: torch.Generator | None,
+    ) -> Verdict:
+        """Per-row settings and seeds (:func:`flashspec_core.sampling.verify_rows` over :meth:`verify`)."""
+        return verify_rows(target_logits, draft_tokens, draft_probs, rows, generator, self.verify)
 
     def verify_with_noise(
         self,

@@ -29,7 +29,8 @@ import attrs
 import torch
 
 from flashspec_core import ComponentSpec, SamplingParams, Verdict, Verifier, hookimpl
-from flashspec_core.sampling import Noise
+from flashspec_core.contracts import RowSampling
+from flashspec_core.sampling import Noise, verify_rows
 from flashspec_triton.stepgraphs import StepGraphs
 
 
@@ -78,6 +79,17 @@ class TritonVerifier:
             return self.verify_with_noise(target_logits, draft_tokens, draft_probs, sampling, noise)
         state = self._ops.new_philox_state(generator, target_logits.device)
         return self._run(target_logits, draft_tokens, draft_probs, sampling, None, state)
+
+    def verify_rows(
+        self,
+        target_logits: torch.Tensor,  # [B, gamma+1, V]
+        draft_tokens: torch.Tensor,  # [B, gamma] int64
+        draft_probs: torch.Tensor | None,  # [B, gamma, V] or None
+        rows: RowSampling,
+        generator: torch.Generator | None,
+    ) -> Verdict:
+        """Per-row settings and seeds (:func:`flashspec_core.sampling.verify_rows` over :meth:`verify`)."""
+        return verify_rows(target_logits, draft_tokens, draft_probs, rows, generator, self.verify)
 
     def verify_with_noise(
         self,

@@ -12,15 +12,12 @@ tokens do not depend on when it joined (greedy: exactly what it gets alone). The
 a re-prefill of every live row per rebuild, counted by ``flashspec:batch_rebuilds`` and
 ``flashspec:batch_rebuild_prefill_tokens``; a per-row prefill would remove it.
 
-Limits of this phase (docs/serving.md):
-
-* the verifier takes one :class:`SamplingParams` per step, so the batch serves one
-  sampling setting at a time: a request with other settings waits (FIFO, no overtaking)
-  until the batch drains;
-* one ``torch.Generator`` per batch: a seeded request is reproducible when it runs alone
-  (its batch is built once, seeded with its seed), and with the same arm choices (a
-  learning selector may choose other arms the next time); in a batch its draws depend on
-  the other rows.
+Requests with different temperatures, top-k and top-p share a batch: each step hands the
+pipeline a :class:`~flashspec_core.contracts.RowSampling` (one setting per row), which a
+uniform batch turns back into one :class:`SamplingParams` at no extra cost. A seeded
+request's tokens are a function of its seed and its sequence alone (Gumbel-max coupling,
+docs/exactness.md "Seeded rows"): the same whatever else is in the batch, whichever arm
+drafts and whenever it joined. Unseeded rows draw from the engine's one generator.
 """
 
 from __future__ import annotations
@@ -31,13 +28,13 @@ import secrets
 import threading
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import attrs
 import structlog
 import torch
 
-from flashspec_core.contracts import SamplingParams, StepRecord
+from flashspec_core.contracts import HasContext, RowSampling, SamplingParams, StepRecord
 from flashspec_core.pipeline import Pipeline
 from flashspec_serve.metrics import Metrics
 from flashspec_serve.text import TextStream
@@ -122,19 +119,10 @@ class Handle:
                 return
 
 
-@runtime_checkable
-class _SlotCache(Protocol):  # the fast back-end's model: max_len slots per row, the last one scratch
-    max_len: int
-
-
 def context_length(pipeline: Pipeline) -> int | None:
-    """The target's context in tokens, where the target says (fast: ``max_len - 1``; hf:
-    ``max_position_embeddings``); None if it does not."""
-    model = getattr(pipeline.target, "model", None)
-    if isinstance(model, _SlotCache):
-        return int(model.max_len) - 1
-    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    return int(limit) if isinstance(limit, int) else None
+    """The target's context in tokens where it declares one (:class:`HasContext`); else None."""
+    target = pipeline.target
+    return int(target.max_context) if isinstance(target, HasContext) else None
 
 
 class _Row:
@@ -182,8 +170,8 @@ class Engine:
         self._joining: list[_Row] = []  # admitted, in the batch from the next build on
         self._tokens = torch.zeros((0, 0), dtype=torch.long)
         self._lengths: list[int] = []
-        self._sampling = SamplingParams()
-        self._generator = torch.Generator(device=pipeline.target.device)
+        self._sampling: SamplingParams | RowSampling = SamplingParams()
+        self._generator = torch.Generator(device=pipeline.target.device).manual_seed(secrets.randbits(63))
         self._closing = False
         self._deadline: float | None = None  # shutdown: running rows are aborted after this
         self._thread = threading.Thread(target=self._run, name="flashspec-engine", daemon=True)
@@ -256,20 +244,14 @@ class Engine:
                 self._abort_all("error", f"{type(exc).__name__}: {exc}")
 
     def _admit(self) -> bool:
-        """Move waiting requests into the batch (FIFO, same sampling settings, room permitting)."""
-        live = [r for r, a in zip(self._rows, self._active, strict=True) if a] + self._joining
-        params = live[0].job.params if live else None
-        while self._waiting and len(live) < self.max_batch and not self._closing:
-            head = self._waiting[0]
+        """Move waiting requests into the batch (FIFO, room permitting; any sampling settings)."""
+        live = sum(self._active) + len(self._joining)
+        while self._waiting and live < self.max_batch and not self._closing:
+            head = self._waiting.popleft()
             if head.cancelled:
-                self._waiting.popleft()
                 continue
-            if params is not None and head.job.params != params:
-                break  # it waits until the batch drains: the verifier takes one SamplingParams per step
-            params = head.job.params
-            self._waiting.popleft()
-            live.append(_Row(head, self.pipeline.target.decode))
-            self._joining.append(live[-1])
+            live += 1
+            self._joining.append(_Row(head, self.pipeline.target.decode))
             self.metrics.prompt_tokens.inc(len(head.job.prompt))
         self.metrics.waiting.set(len(self._waiting))
         return bool(self._joining)
@@ -308,26 +290,17 @@ class Engine:
         for b, seq in enumerate(seqs):
             self._tokens[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         self._lengths = [len(s) for s in seqs]
-        self._sampling = rows[0].job.params
-        self._generator.manual_seed(self._seed(rows))
+        self._sampling = RowSampling([r.job.params for r in rows], seeds=[r.job.seed for r in rows])
         self.pipeline.policy.begin(len(rows))
         self.pipeline.target.prefill(self._tokens, self._lengths)
         self.rebuilds += 1
         self.metrics.rebuilds.inc()
         self.metrics.rebuild_tokens.inc(sum(self._lengths))
 
-    @staticmethod
-    def _seed(rows: list[_Row]) -> int:
-        """A lone seeded request that starts now decodes from its own seed; any other batch from a fresh one."""
-        if len(rows) == 1 and rows[0].job.seed is not None and not rows[0].out:
-            return rows[0].job.seed
-        return secrets.randbits(63)
-
     def _step(self) -> tuple[StepRecord, list[list[int]]]:
         # The pipeline's own step (plan -> propose -> score -> verify -> commit), so the engine's
         # steps are logged, observed by flashspec_step_end and counted exactly as generate()'s.
-        # Wanted: a public Pipeline.step with this signature; _step_once is its private name today.
-        return self.pipeline._step_once(self._tokens, self._lengths, self._active, self._sampling, self._generator)
+        return self.pipeline.step(self._tokens, self._lengths, self._active, self._sampling, self._generator)
 
     def _deliver(self, record: StepRecord, emitted: list[list[int]]) -> None:
         eos = self.pipeline.target.eos_token_ids

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from conftest import MODEL, Server, make_pipeline, serve
 
+from flashspec_core.contracts import RowSampling, SamplingParams
 from flashspec_core.pipeline import Pipeline
 
 openai = pytest.importorskip("openai")
@@ -69,10 +70,11 @@ def test_stop_strings_end_the_text(client: openai.OpenAI, alone: Pipeline) -> No
     assert "".join(c.choices[0].text for c in chunks) == cut
 
 
-def test_a_seeded_request_alone_is_reproducible(client: openai.OpenAI, alone: Pipeline) -> None:
+def test_a_seeded_request_is_reproducible(client: openai.OpenAI, alone: Pipeline) -> None:
     args = {"model": MODEL, "prompt": PROMPT, "max_tokens": 12, "temperature": 1.0, "seed": 1234}
     texts = {client.completions.create(**args).choices[0].text for _ in range(3)}  # type: ignore[call-overload]
-    assert texts == {alone.generate([PROMPT], max_new_tokens=12, temperature=1.0, seed=1234).texts[0]}
+    rows = RowSampling([SamplingParams(temperature=1.0)], seeds=[1234])
+    assert texts == {alone.generate([PROMPT], max_new_tokens=12, rows=rows).texts[0]}
 
 
 def test_models_and_health(server: Server) -> None:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from conftest import MODEL, Server, make_pipeline, serve
 
-from flashspec_core.contracts import SamplingParams
+from flashspec_core.contracts import RowSampling, SamplingParams
 from flashspec_core.pipeline import Pipeline
 from flashspec_serve.engine import Engine, Event, Job
 
@@ -97,20 +97,34 @@ def test_a_client_that_disconnects_frees_its_row(slow: Server) -> None:
     asyncio.run(run())
 
 
-def test_other_sampling_settings_wait_for_the_batch(server: Server, expected: dict[str, list[int]],
-                                                    alone: Pipeline) -> None:
+def test_mixed_sampling_settings_share_the_batch(server: Server, expected: dict[str, list[int]],
+                                                alone: Pipeline) -> None:
+    """Greedy, sampled and seeded requests decode together: greedy rows get their continuation
+    alone, the seeded one its tokens alone (same seed), and the batch held all three at once."""
+    seeded = RowSampling([SamplingParams(temperature=1.3, top_k=5)], seeds=[7])
+    want = alone.generate([PROMPTS[1]], max_new_tokens=8, rows=seeded).texts[0]
+    sizes: list[int] = []
+    server.engine.pipeline.on_step = lambda record: sizes.append(record.batch_size)
+
     async def run() -> list[Any]:
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
-            sampled = _body(PROMPTS[1], 8, stream=False, temperature=1.0, seed=7)
             calls = [client.post("/v1/completions", json=_body(PROMPTS[0], LONGEST, stream=False)),
-                     client.post("/v1/completions", json=sampled),
+                     client.post("/v1/completions", json=_body(PROMPTS[1], 8, stream=False, temperature=1.3,
+                                                               top_k=5, seed=7)),
+                     client.post("/v1/completions", json=_body(PROMPTS[3], 8, stream=False, temperature=0.7,
+                                                               top_p=0.9)),
                      client.post("/v1/completions", json=_body(PROMPTS[2], LONGEST, stream=False))]
             return [r.json() for r in await asyncio.gather(*calls)]
 
-    greedy0, sampled, greedy2 = asyncio.run(run())
+    try:
+        greedy0, sampled, other, greedy2 = asyncio.run(run())
+    finally:
+        server.engine.pipeline.on_step = None
     assert greedy0["choices"][0]["text"] == alone.target.decode(expected[PROMPTS[0]])
     assert greedy2["choices"][0]["text"] == alone.target.decode(expected[PROMPTS[2]])
-    assert sampled["usage"]["completion_tokens"] >= 1
+    assert sampled["choices"][0]["text"] == want
+    assert other["usage"]["completion_tokens"] == 8 or other["choices"][0]["finish_reason"] == "stop"
+    assert max(sizes) >= 3  # they ran together
 
 
 def test_200_concurrent_streams_none_lost_duplicated_or_mixed(server: Server, expected: dict[str, list[int]],
