@@ -37,6 +37,8 @@ from flashspec_core.contracts import (
     Broken,
     ContractViolation,
     Draft,
+    HasContext,
+    RowSampling,
     SamplingParams,
     ScoresTrees,
     StepRecord,
@@ -44,9 +46,11 @@ from flashspec_core.contracts import (
     Verdict,
     Verifier,
     VerifierInputError,
+    VerifiesRows,
     VerifiesTrees,
 )
 from flashspec_core.policy import BATCH_LIMIT, Arm, NoDraft, PolicySettings, StepPolicy, proposes_trees
+from flashspec_core.sampling import UNIT, warp_logits
 from flashspec_core.stats import summarize
 
 __all__ = ["BATCH_LIMIT", "Arm", "GenerationResult", "NoDraft", "OnTokens", "Pipeline"]
@@ -159,11 +163,19 @@ class Pipeline:
         top_p: float = 1.0,
         seed: int = 0,
         on_tokens: OnTokens | None = None,
+        rows: RowSampling | None = None,
     ) -> GenerationResult:
+        """Decode ``prompts`` together. ``rows`` (one setting per prompt, and seeds) replaces
+        ``temperature``, ``top_k`` and ``top_p`` where given; ``seed`` seeds the unseeded rows' draws."""
         ok = check_generation(  # the bounds the CLI and a config's [generation] table check too
             {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
         )
-        sampling = SamplingParams(temperature=ok["temperature"], top_k=ok["top_k"], top_p=ok["top_p"])
+        sampling: SamplingParams | RowSampling = SamplingParams(
+            temperature=ok["temperature"], top_k=ok["top_k"], top_p=ok["top_p"])
+        if rows is not None:
+            if len(rows.params) != len(prompts):
+                raise ValueError(f"rows has {len(rows.params)} settings for {len(prompts)} prompts")
+            sampling = rows
         ids = [self._encode(p) for p in prompts]
         generator = torch.Generator(device=self.target.device).manual_seed(ok["seed"])
         start = time.perf_counter()
@@ -187,11 +199,12 @@ class Pipeline:
         self,
         prompts: list[list[int]],
         max_new: int,
-        sampling: SamplingParams,
+        sampling: SamplingParams | RowSampling,
         generator: torch.Generator,
         on_tokens: OnTokens | None,
     ) -> tuple[list[list[int]], list[StepRecord]]:
         batch = len(prompts)
+        self.check_context(max(len(p) for p in prompts), max_new)
         longest = max(len(p) for p in prompts) + max_new + max(a.gamma for a in self.policy.arms) + 1
         tokens = torch.zeros((batch, longest), dtype=torch.long)
         for b, p in enumerate(prompts):
@@ -208,7 +221,7 @@ class Pipeline:
         eos = self.target.eos_token_ids
         steps: list[StepRecord] = []
         while any(active):
-            record, emitted = self._step_once(tokens, lengths, active, sampling, generator)
+            record, emitted = self.step(tokens, lengths, active, sampling, generator)
             for b, new in enumerate(emitted):
                 if not active[b]:
                     continue
@@ -226,20 +239,46 @@ class Pipeline:
             steps.append(record)
         return out, steps
 
-    def _step_once(
+    def check_context(self, prompt_len: int, max_new: int) -> None:
+        """A clear error where a prompt of ``prompt_len`` tokens and ``max_new`` new ones (plus the
+        widest arm's draft slots) would outrun the target's :class:`HasContext` ``max_context``."""
+        if not isinstance(self.target, HasContext):
+            return
+        gamma = max(a.gamma for a in self.policy.arms)
+        if prompt_len + max_new + gamma > self.target.max_context:
+            raise ValueError(f"a prompt of {prompt_len} tokens plus max_new_tokens = {max_new} plus {gamma} draft "
+                             f"slots exceeds the target's context of {self.target.max_context} tokens")
+
+    def step(
         self,
         tokens: torch.Tensor,
         lengths: list[int],
         active: list[bool],
-        sampling: SamplingParams,
+        sampling: SamplingParams | RowSampling,
         generator: torch.Generator,
     ) -> tuple[StepRecord, list[list[int]]]:
+        """One decode step (plan, propose, score, verify, commit) over the ``active`` rows.
+
+        The caller owns the batch: the target was prefilled with it (``target.prefill``) and the
+        policy began it (``policy.begin``); after the step the caller appends each row's emitted
+        tokens to ``tokens`` and ``lengths`` (cut at EOS or its budget, as :meth:`generate` does)
+        and marks finished rows inactive. The step is logged and observed like :meth:`generate`'s.
+
+        :param tokens: ``[B, L]`` int64 CPU, row ``b``'s sequence in ``tokens[b, : lengths[b]]``,
+            with room for ``max gamma + 1`` more tokens.
+        :param sampling: one setting for every row, or a :class:`RowSampling` (one per row, seeds);
+            a mixed one needs a verifier with :class:`VerifiesRows`.
+        :returns: the step's record, and per row of the batch its emitted tokens (the accepted
+            drafts and one more; rows that are not active emit too and are to be ignored).
+        """
         rows = [b for b in range(len(active)) if active[b]]
         clock = _Clock(self.target.device)
         t0 = time.perf_counter()
         clock.mark()
-        plan = self.policy.plan(rows, tokens, lengths, sampling, generator)
-        draft, drafter = self.policy.propose(plan, tokens, lengths, sampling, generator)
+        sampling = _per_step(sampling, lengths)
+        drafting = sampling.draft_params if isinstance(sampling, RowSampling) else sampling
+        plan = self.policy.plan(rows, tokens, lengths, drafting, generator)
+        draft, drafter = self.policy.propose(plan, tokens, lengths, drafting, generator)
         clock.mark()
         names = self._names(drafter)
         logits = self._score(tokens, lengths, draft)
@@ -284,7 +323,7 @@ class Pipeline:
             return self.target.score(tokens, lengths, ids)
         return cast(ScoresTrees, self.target).score_tree(tokens, lengths, ids, draft.parents)
 
-    def _verify(self, logits: torch.Tensor, draft: Draft, sampling: SamplingParams,
+    def _verify(self, logits: torch.Tensor, draft: Draft, sampling: SamplingParams | RowSampling,
                 generator: torch.Generator, names: Names) -> tuple[Verdict, torch.Tensor]:
         """The verdict and the accepted path ([B, D] node ids, -1 padded; [B, 0] for a chain).
 
@@ -292,7 +331,14 @@ class Pipeline:
         without a sync) is answered with the ContractViolation of the component that made them.
         """
         ids = draft.tokens.to(logits.device)
+        if isinstance(sampling, RowSampling) and draft.parents is not None:
+            # Trees verify warped logits under UNIT: each row keeps its law; seeded rows are
+            # sampled, not coupled, so their tokens may depend on the batch there.
+            logits, sampling = warp_logits(logits, sampling.params), UNIT
         try:
+            if isinstance(sampling, RowSampling):
+                verdict = self._verify_rows(logits, ids, draft.probs, sampling, generator)
+                return verdict, verdict.num_accepted.new_zeros((ids.shape[0], 0))
             if draft.parents is None:
                 verdict = self.verifier.verify(logits, ids, draft.probs, sampling, generator)
                 return verdict, verdict.num_accepted.new_zeros((ids.shape[0], 0))
@@ -302,6 +348,13 @@ class Pipeline:
             culprit = names.target if exc.flag & Broken.TARGET_LOGITS else names.drafter
             raise ContractViolation(culprit, f"{exc.flag.describe()} ({names.verifier} refused its {exc})") from exc
         return tree.as_verdict(), tree.path
+
+    def _verify_rows(self, logits: torch.Tensor, ids: torch.Tensor, probs: torch.Tensor | None, rows: RowSampling,
+                     generator: torch.Generator) -> Verdict:
+        if not isinstance(self.verifier, VerifiesRows):
+            raise ValueError(f"{self._verifier_name} cannot verify rows with different sampling settings or seeds "
+                             "(it lacks VerifiesRows): use verifier 'reference' or 'triton'")
+        return self.verifier.verify_rows(logits, ids, probs, rows, generator)
 
     def _names(self, drafter: Arm) -> Names:
         """The step's components as a ContractViolation names them."""
@@ -339,3 +392,14 @@ class Pipeline:
             self.logger.info("step", **fields)
         if self.on_step is not None:
             self.on_step(record)
+
+
+def _per_step(sampling: SamplingParams | RowSampling, lengths: list[int]) -> SamplingParams | RowSampling:
+    """A uniform unseeded :class:`RowSampling` as its one setting (today's path, at no extra
+    cost); a seeded one with this step's ``starts`` (each row's length) to key its noise."""
+    if not isinstance(sampling, RowSampling):
+        return sampling
+    plain = sampling.uniform
+    if plain is not None:
+        return plain
+    return attrs.evolve(sampling, starts=[int(n) for n in lengths]) if sampling.seeded else sampling
