@@ -8,10 +8,15 @@ tokens, at least ``min_match``), token by token, while the product of the contin
 count ratios (the score) stays at or above ``min_score``; so a row with little evidence
 proposes fewer tokens or none.
 
+With ``branches = k > 1`` a row proposes a tree instead (:meth:`SuffixTree.propose_tree`):
+up to ``k`` of each node's most frequent continuations, the best-scored first, each
+branch held to ``min_score``, ``gamma`` nodes at most. The batch shares one tree shape,
+the union of the rows' trees (:func:`tree_draft`).
+
 Deterministic and weightless: the proposal is a function of the sequences this provider
 has seen (the batch's and earlier requests'), never of the step's random draws, so its
 ``q`` is one-hot and the verifier accepts ``x`` with probability ``p(x)``: the output
-law stays the target's.
+law stays the target's, for a tree too (deterministic siblings, ``docs/exactness-tree.md``).
 """
 
 from __future__ import annotations
@@ -24,9 +29,10 @@ import attrs
 import torch
 
 from flashspec_core import Draft, SamplingParams
-from flashspec_suffix.tree import Row, SuffixTree
+from flashspec_suffix.tree import Proposed, Row, SuffixTree
 
 MAX_MATCH = 256  # longest allowed max_match: each token a row appends costs O(max_match)
+MAX_BRANCHES = 64  # as many as an arm's largest gamma has nodes
 
 
 def _whole(lo: int, hi: int | None = None) -> Any:
@@ -56,12 +62,14 @@ class SuffixConfig:
     suffix); ``min_match``: shortest suffix that may start a proposal; ``min_score``: a
     token is proposed only while the product of the count ratios up to it is at least
     this; ``max_tokens``: corpus budget in tokens (0: forget each request when the next
-    starts, keeping only the current batch's rows)."""
+    starts, keeping only the current batch's rows); ``branches``: with ``k > 1``, propose a
+    tree whose nodes have up to ``k`` children, the most frequent continuations."""
 
     max_match: int = attrs.field(default=16, validator=_whole(1, MAX_MATCH))
     min_match: int = attrs.field(default=2, validator=_whole(1, MAX_MATCH))
     min_score: float = attrs.field(default=0.1, converter=_as_float, validator=_score)
     max_tokens: int = attrs.field(default=1 << 20, validator=_whole(0))
+    branches: int = attrs.field(default=1, validator=_whole(1, MAX_BRANCHES))
 
     def __attrs_post_init__(self) -> None:
         if self.min_match > self.max_match:
@@ -84,6 +92,7 @@ class SuffixDraft:
     def __init__(self, config: SuffixConfig) -> None:
         self.config = config
         self.tree = SuffixTree(config.max_match + 1)
+        self.proposes_trees = config.branches > 1
         self._rows: list[Row] = []
 
     def reset(self) -> None:
@@ -101,19 +110,25 @@ class SuffixDraft:
         generator: torch.Generator | None,
     ) -> Draft:
         self._catch_up(tokens, lengths)
-        cfg = self.config
+        cfg, last = self.config, [row.ids[-1] if row.ids else 0 for row in self._rows]
+        if self.proposes_trees:
+            trees = [self.tree.propose_tree(row, gamma, cfg.min_match, cfg.min_score, cfg.branches) for row in self._rows]
+            return tree_draft(trees, last, gamma)
         rows = [self.tree.propose(row, gamma, cfg.min_match, cfg.min_score) for row in self._rows]
         width = max((len(r) for r in rows), default=0)
         if width == 0:  # no row has a continuation it trusts: a plain step
             return Draft(tokens=torch.empty((len(rows), 0), dtype=torch.long), probs=None)
         # Rows alike: a shorter proposal repeats its last token (or the row's last one). A
         # padded token is drafted one-hot like any other, so the verifier keeps the law exact.
-        padded = [r + [r[-1] if r else row.ids[-1]] * (width - len(r)) for r, row in zip(rows, self._rows, strict=True)]
+        padded = [r + [r[-1] if r else t] * (width - len(r)) for r, t in zip(rows, last, strict=True)]
         return Draft(tokens=torch.tensor(padded, dtype=torch.long), probs=None)
 
     def rollback(self, num_accepted: Sequence[int]) -> None:
         """Nothing to undo: proposals never enter the tree, accepted tokens enter it from
         the sequences at the next :meth:`propose`."""
+
+    def rollback_path(self, paths: torch.Tensor) -> None:
+        """Nothing to undo after a tree either."""
 
     def _catch_up(self, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
         """Feed each row the tokens it gained; a row whose sequence is not the one it had
@@ -132,6 +147,43 @@ class SuffixDraft:
             if n > have:
                 self.tree.append(row, ids[b, have:n].tolist())
         self.tree.evict(self.config.max_tokens)
+
+
+def tree_draft(trees: Sequence[Sequence[Proposed]], last: Sequence[int], gamma: int) -> Draft:
+    """One tree shape for the batch: the union of the rows' trees, a node being its path of
+    sibling ranks, scored with its best row's score and cut to the ``gamma`` best (ties: the
+    shallower, then the lower ranks, which keeps parents before children). A row without a
+    node repeats its parent's token there (or its last token, ``last[b]``); a chain shape is
+    proposed as a chain."""
+    rows = [_by_rank(tree) for tree in trees]
+    best: dict[tuple[int, ...], float] = {}
+    for row in rows:
+        for rank, (_, score) in row.items():
+            best[rank] = max(best.get(rank, 0.0), score)
+    shape = sorted(best, key=lambda rank: (-best[rank], len(rank), rank))[:gamma]
+    if not shape:
+        return Draft(tokens=torch.empty((len(rows), 0), dtype=torch.long), probs=None)
+    index = {rank: n for n, rank in enumerate(shape)}
+    parents = [index[rank[:-1]] if len(rank) > 1 else -1 for rank in shape]
+    tokens = [[0] * len(shape) for _ in rows]
+    for b, row in enumerate(rows):
+        for n, rank in enumerate(shape):
+            fill = tokens[b][parents[n]] if parents[n] >= 0 else last[b]
+            tokens[b][n] = row[rank][0] if rank in row else fill
+    chain = parents == list(range(-1, len(shape) - 1))
+    return Draft(tokens=torch.tensor(tokens, dtype=torch.long), probs=None,
+                 parents=None if chain else torch.tensor(parents, dtype=torch.long))
+
+
+def _by_rank(tree: Sequence[Proposed]) -> dict[tuple[int, ...], tuple[int, float]]:
+    """A row's tree keyed by each node's path of sibling ranks: token and score."""
+    paths: list[tuple[int, ...]] = []
+    kids: dict[int, int] = {}  # parent -> children seen so far
+    for node in tree:
+        rank = kids.get(node.parent, 0)
+        kids[node.parent] = rank + 1
+        paths.append((*(paths[node.parent] if node.parent >= 0 else ()), rank))
+    return {path: (node.token, node.score) for path, node in zip(paths, tree, strict=True)}
 
 
 def make(config: SuffixConfig, context: Any) -> SuffixDraft:

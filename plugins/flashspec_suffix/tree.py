@@ -43,6 +43,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 ROOT = 0
 
@@ -56,6 +57,15 @@ class Row:
     def __init__(self, rank: int, ids: array[int]) -> None:
         self.rank, self.ids = rank, ids
         self.cursors: list[int] = []
+
+
+class Proposed(NamedTuple):
+    """A node of a proposed tree: its parent's index in the proposal (-1: the root), its
+    token, and its score (the product of its path's shares of the continuations)."""
+
+    parent: int
+    token: int
+    score: float
 
 
 class SuffixTree:
@@ -164,28 +174,53 @@ class SuffixTree:
         continuation (ties: the newest) and multiplies a score by its share of the
         pattern's continuations; it stops before the score would fall below
         ``min_score`` or where the pattern has no continuation. The pattern grows by each
-        token proposed; at ``depth`` tokens it drops its oldest one.
+        token proposed; at ``depth`` tokens it drops its oldest one. This is
+        :meth:`propose_tree` with one branch.
         """
-        hi, kids = self._hi, self._kids
-        node = next((c for c in row.cursors if hi[c] >= min_match and kids[c]), None)
-        if node is None or gamma == 0:
+        return [node.token for node in self.propose_tree(row, gamma, min_match, min_score, 1)]
+
+    def propose_tree(self, row: Row, gamma: int, min_match: int, min_score: float, branches: int) -> list[Proposed]:
+        """A tree of up to ``gamma`` continuations of the row's longest matched suffix, best first.
+
+        The pattern is matched as :meth:`propose` matches it, and a node's pattern is it
+        followed by the tokens of the node's path. A node's candidate children are its
+        pattern's ``branches`` most frequent continuations (ties: the newest), each scored
+        with its parent's score times its share of the pattern's continuations (the root
+        scores 1); a candidate below ``min_score`` is dropped. The tree takes the
+        best-scored candidate left (ties: the one offered first) until it has ``gamma``
+        nodes. A child never outscores its parent, so parents come before children, and
+        siblings come in the order of their frequency.
+        """
+        kids = self._kids
+        start = next((c for c in row.cursors if self._hi[c] >= min_match and kids[c]), None)
+        if start is None or gamma == 0:
             return []
-        out: list[int] = []
-        d, score = hi[node], 1.0
-        while len(out) < gamma:
-            if d == self.depth:  # as deep as the tree: find the last depth - 1 tokens from the root
-                at = self._locate(_tail(row.ids, out, self.depth - 1))
-                assert at is not None, "the tree held this string one token ago"
-                node, d = at
-            if d == hi[node]:  # at a node: choose among its kids
-                best, share = self._most_frequent(node)
-                if best < 0 or score * share < min_score:
-                    break
-                node, score = best, score * share
-            # else inside an edge: every occurrence goes on the same way, the score stays
-            out.append(self._token(node, d))
-            d += 1
+        out: list[Proposed] = []
+        heap: list[tuple[float, int, int, int, int, int]] = []  # -score, offered, parent, token, node, depth
+        offered = self._offer(heap, 0, row, out, -1, 1.0, start, self._hi[start], branches, min_score)
+        while heap and len(out) < gamma:
+            minus, _, parent, token, node, d = heapq.heappop(heap)
+            out.append(Proposed(parent, token, -minus))
+            offered = self._offer(heap, offered, row, out, len(out) - 1, -minus, node, d, branches, min_score)
         return out
+
+    def _offer(self, heap: list[tuple[float, int, int, int, int, int]], offered: int, row: Row, out: list[Proposed],
+               parent: int, score: float, node: int, d: int, branches: int, min_score: float) -> int:
+        """Push the candidate children of proposal node ``parent`` (-1: the root), whose pattern
+        ends at depth ``d`` of ``node``'s edge; returns the count of candidates offered so far."""
+        if d == self.depth:  # as deep as the tree: find the last depth - 1 tokens from the root
+            at = self._locate(_tail(row.ids, _path(out, parent), self.depth - 1))
+            assert at is not None, "the tree held this string one token ago"
+            node, d = at
+        if d < self._hi[node]:  # inside an edge: every occurrence goes on the same way, the score stays
+            heapq.heappush(heap, (-score, offered, parent, self._token(node, d), node, d + 1))
+            return offered + 1
+        for kid, share in self._most_frequent(node, branches):
+            if score * share < min_score:
+                break
+            heapq.heappush(heap, (-score * share, offered, parent, self._token(kid, d), kid, d + 1))
+            offered += 1
+        return offered
 
     def check(self) -> None:
         """Raise ``AssertionError`` naming the first broken invariant of the structure
@@ -332,16 +367,17 @@ class SuffixTree:
             self._replace(self._parent[node], node, kid)
             self._delete(node)
 
-    def _most_frequent(self, node: int) -> tuple[int, float]:
-        """The kid with the highest count (ties: the newest ref) and its share of the
-        kids' total count; ``(-1, 0.0)`` for a leaf."""
+    def _most_frequent(self, node: int, most: int) -> list[tuple[int, float]]:
+        """Up to ``most`` kids, the highest count first (ties: the newest ref), each with its
+        share of the kids' total count; none for a leaf."""
         count, ref, start = self._count, self._ref, self._start
-        best, total = -1, 0
-        for kid in (self._kids[node] or {}).values():
-            total += count[kid]
-            if best < 0 or (count[kid], ref[kid], start[kid]) > (count[best], ref[best], start[best]):
-                best = kid
-        return (best, count[best] / total) if best >= 0 else (-1, 0.0)
+        table = self._kids[node] or {}
+        total = sum(count[kid] for kid in table.values())
+        if most == 1:  # the chain's case, on every proposed token: no sort
+            best = max(table.values(), key=lambda kid: (count[kid], ref[kid], start[kid]), default=-1)
+            return [(best, count[best] / total)] if best >= 0 else []
+        ranked = heapq.nlargest(most, table.values(), key=lambda kid: (count[kid], ref[kid], start[kid]))
+        return [(kid, count[kid] / total) for kid in ranked]
 
     def _locate(self, pattern: Sequence[int]) -> tuple[int, int] | None:
         """The node whose edge holds ``pattern``'s last token, and that token's depth."""
@@ -357,6 +393,15 @@ class SuffixTree:
                 return None
             d += 1
         return node, d
+
+
+def _path(out: list[Proposed], node: int) -> list[int]:
+    """The tokens from the root's child down to proposal node ``node`` (-1: none)."""
+    path = []
+    while node >= 0:
+        path.append(out[node].token)
+        node = out[node].parent
+    return path[::-1]
 
 
 def _tail(ids: array[int], out: list[int], n: int) -> list[int]:

@@ -3,6 +3,7 @@ against brute-force counts over the same sequences, and on the pipeline."""
 
 from __future__ import annotations
 
+import heapq
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,8 @@ from flashspec_core.build import build_pipeline
 from flashspec_core.config import ConfigError, parse_config
 from flashspec_core.registry import build_registry
 from flashspec_core.testing import draft_contract as dc
-from flashspec_suffix.suffix import SuffixConfig, SuffixDraft
-from flashspec_suffix.tree import Row, SuffixTree
+from flashspec_suffix.suffix import SuffixConfig, SuffixDraft, tree_draft
+from flashspec_suffix.tree import Proposed, Row, SuffixTree
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -62,6 +63,45 @@ def _greedy(corpus: Corpus, ctx: list[int], gamma: int, min_match: int, min_scor
         out.append(token)
         x = [*x, token]
     return out
+
+
+def _brute_tree(corpus: Corpus, ctx: list[int], gamma: int, min_match: int, min_score: float, depth: int,
+                branches: int) -> list[Proposed]:
+    """The tree by its definition (SuffixTree.propose_tree's docstring), by brute force: each
+    node's candidates are its pattern's ``branches`` most frequent continuations (ties: the
+    newest occurrence), taken best score first (ties: the first offered)."""
+    lengths = range(min(depth - 1, len(ctx)), min_match - 1, -1)
+    x = next((ctx[len(ctx) - m :] for m in lengths if _continuations(corpus, ctx[len(ctx) - m :])), None)
+    if x is None or gamma == 0:
+        return []
+    out: list[Proposed] = []
+    heap: list[tuple[float, int, int, int, list[int]]] = []  # -score, offered, parent, token, its pattern
+
+    def offer(parent: int, score: float, x: list[int]) -> None:
+        x = x[1:] if len(x) == depth else x
+        options = _continuations(corpus, x)
+        total = sum(n for n, _ in options.values())
+        for token, (n, _) in sorted(options.items(), key=lambda kv: kv[1], reverse=True)[:branches]:
+            if score * (n / total) >= min_score:
+                heapq.heappush(heap, (-score * (n / total), len(offered), parent, token, [*x, token]))
+                offered.append(token)
+
+    offered: list[int] = []
+    offer(-1, 1.0, x)
+    while heap and len(out) < gamma:
+        minus, _, parent, token, pattern = heapq.heappop(heap)
+        out.append(Proposed(parent, token, -minus))
+        offer(len(out) - 1, -minus, pattern)
+    return out
+
+
+def _check_tree_shape(tree: list[Proposed], gamma: int, branches: int, min_score: float) -> None:
+    assert len(tree) <= gamma
+    for n, node in enumerate(tree):
+        assert -1 <= node.parent < n, f"node {n}: parent {node.parent} is not earlier"
+        assert min_score <= node.score <= (tree[node.parent].score if node.parent >= 0 else 1.0)
+    for parent in {-1, *range(len(tree))}:
+        assert sum(node.parent == parent for node in tree) <= branches
 
 
 def _corpus(tree: SuffixTree) -> Corpus:
@@ -126,6 +166,22 @@ def test_the_score_threshold_cuts_the_proposal() -> None:
     assert tree.propose(row, 0, 1, 0.1) == []
 
 
+def test_a_tree_takes_the_most_frequent_continuations_best_score_first() -> None:
+    # After (1 2): 3 three times, 4 twice, 5 once; after (1 2 3): 7 twice, 8 once; after (1 2 4): 9.
+    tree = _tree(8, [1, 2, 3, 7], [1, 2, 3, 7], [1, 2, 3, 8], [1, 2, 4, 9], [1, 2, 4, 9], [1, 2, 5])
+    row = tree.open()
+    tree.append(row, [0, 1, 2])
+    got = tree.propose_tree(row, 8, 2, 0.1, 2)
+    assert [(n.parent, n.token) for n in got] == [(-1, 3), (-1, 4), (0, 7), (1, 9), (0, 8)]  # 5 is third at the root
+    assert [n.score for n in got] == pytest.approx([1 / 2, 1 / 3, 1 / 3, 1 / 3, 1 / 6])  # ties: the first offered
+    assert [(n.parent, n.token) for n in tree.propose_tree(row, 8, 2, 0.1, 3)] == [
+        (-1, 3), (-1, 4), (0, 7), (1, 9), (-1, 5), (0, 8)]
+    assert [n.token for n in tree.propose_tree(row, 8, 2, 0.2, 3)] == [3, 4, 7, 9]  # each branch held to min_score
+    assert tree.propose_tree(row, 3, 2, 0.1, 2) == got[:3]  # gamma bounds the nodes
+    assert [n.token for n in tree.propose_tree(row, 8, 2, 0.1, 1)] == tree.propose(row, 8, 2, 0.1) == [3, 7]
+    assert tree.propose_tree(row, 0, 2, 0.1, 2) == [] and tree.propose_tree(row, 8, 3, 0.1, 2) == []
+
+
 def test_the_pattern_drops_its_oldest_token_at_the_depth() -> None:
     ids = [1, 2, 3, 4, 5, 6, 7, 8, 9]
     tree = _tree(3, ids)
@@ -133,6 +189,7 @@ def test_the_pattern_drops_its_oldest_token_at_the_depth() -> None:
     tree.append(row, [1, 2])
     assert tree.propose(row, 6, 2, 0.1) == [3, 4, 5, 6, 7, 8]
     assert tree.propose(row, 6, 2, 0.1) == _greedy(_corpus(tree), [1, 2], 6, 2, 0.1, 3)
+    assert tree.propose_tree(row, 6, 2, 0.1, 2) == _brute_tree(_corpus(tree), [1, 2], 6, 2, 0.1, 3, 2)
 
 
 def test_eviction_keeps_the_budget_oldest_first() -> None:
@@ -185,6 +242,10 @@ def _same_as_brute_force(tree: SuffixTree, rows: list[Row], patterns: list[list[
         for min_match, min_score in ((1, 0.1), (2, 0.5), (1, 1.0)):
             want = _greedy(corpus, list(row.ids), 5, min_match, min_score, tree.depth)
             assert tree.propose(row, 5, min_match, min_score) == want
+            for branches in (2, 3):
+                got = tree.propose_tree(row, 6, min_match, min_score, branches)
+                assert got == _brute_tree(corpus, list(row.ids), 6, min_match, min_score, tree.depth, branches)
+                _check_tree_shape(got, 6, branches, min_score)
     for x in patterns:
         assert tree.count(x[: tree.depth]) == _occurrences(corpus, x[: tree.depth])
 
@@ -293,6 +354,49 @@ def test_with_a_corpus_earlier_requests_change_the_proposal() -> None:
         dc.check_script(lambda: SuffixDraft(SuffixConfig(min_match=1)), 16, GREEDY, token_range=3)
 
 
+def test_the_batch_shares_the_union_of_the_rows_trees() -> None:
+    """A node is its path of sibling ranks, scored by its best row; a row lacking a node
+    repeats its parent's token (or its own last token) there."""
+    a = [Proposed(-1, 3, 0.5), Proposed(-1, 4, 0.3), Proposed(0, 7, 0.3)]
+    b = [Proposed(-1, 5, 0.9), Proposed(0, 6, 0.2)]
+    draft = tree_draft([a, b], [10, 11], 8)
+    assert draft.parents is not None and draft.parents.tolist() == [-1, -1, 0]  # (0) 0.9, (1) 0.3, (0 0) 0.3
+    assert draft.tokens.tolist() == [[3, 4, 7], [5, 11, 6]] and draft.probs is None
+    cut = tree_draft([a, b], [10, 11], 2)
+    assert cut.parents is not None and cut.parents.tolist() == [-1, -1] and cut.tokens.tolist() == [[3, 4], [5, 11]]
+    chain = tree_draft([[Proposed(-1, 3, 1.0), Proposed(0, 4, 0.5)], []], [10, 11], 8)
+    assert chain.parents is None and chain.tokens.tolist() == [[3, 4], [11, 11]]  # a chain shape: a chain
+    assert tree_draft([[], []], [10, 11], 8).tokens.shape == (2, 0)
+    deep = tree_draft([[Proposed(-1, 1, 0.4), Proposed(0, 2, 0.4), Proposed(-1, 3, 0.4)]], [0], 3)
+    assert deep.parents is not None and deep.parents.tolist() == [-1, -1, 0]  # ties: shallower first, parents first
+
+
+def test_a_tree_draft_is_deterministic_and_each_row_keeps_its_own_tree() -> None:
+    draft = SuffixDraft(SuffixConfig(branches=2, min_match=1))
+    assert draft.proposes_trees and not SuffixDraft(SuffixConfig()).proposes_trees
+    _propose(draft, [1, 2, 3, 7], [1, 2, 3, 7], [1, 2, 3, 8], [1, 2, 4, 9])  # the corpus, one request
+    draft.reset()
+    tokens, lengths = _batch([5, 1, 2], [6, 4])
+    got = draft.propose(tokens, lengths, 6, GREEDY, None)
+    # Row 0 after (1 2): 3 (3/4), then 7 (3/4 * 2/3), 4 (1/4), 8 (3/4 * 1/3), 9 (1/4); row 1 after (4): 9 (1).
+    assert got.parents is not None and got.parents.tolist() == [-1, 0, -1, 0, 2]
+    assert got.tokens.tolist() == [[3, 7, 4, 8, 9], [9, 9, 4, 9, 4]]  # row 1 repeats a parent's token, or its 4
+    assert got.probs is None
+    again = draft.propose(tokens, lengths, 6, SamplingParams(temperature=0.7), torch.Generator().manual_seed(1))
+    assert torch.equal(got.tokens, again.tokens) and again.parents is not None
+    assert torch.equal(got.parents, again.parents)
+    draft.rollback_path(torch.tensor([[2, 4], [-1, -1]]))  # nothing to undo: the same sequences propose the same
+    assert torch.equal(draft.propose(tokens, lengths, 6, GREEDY, None).tokens, got.tokens)
+    narrow = draft.propose(tokens, lengths, 3, GREEDY, None)
+    assert narrow.parents is not None and narrow.parents.tolist() == [-1, 0, -1]  # gamma bounds the union
+
+
+def test_a_tree_draft_meets_the_per_request_contract() -> None:
+    for sampling in dc.SAMPLINGS:
+        dc.check_script(lambda: SuffixDraft(SuffixConfig(min_match=1, max_tokens=0, branches=2)), 16, sampling,
+                        token_range=3)
+
+
 # --- config --------------------------------------------------------------------------------
 
 
@@ -306,6 +410,7 @@ def test_with_a_corpus_earlier_requests_change_the_proposal() -> None:
         ({"min_score": "high"}, r"min_score must be a number in \(0, 1\], got 'high'"),
         ({"max_tokens": -1}, "max_tokens must be an integer >= 0, got -1"),
         ({"max_match": 2, "min_match": 3}, r"min_match \(3\) must be <= max_match \(2\)"),
+        ({"branches": 0}, "branches must be an integer in 1..64, got 0"),
     ],
 )
 def test_bad_config_values_name_the_key(keys: dict[str, Any], message: str) -> None:
@@ -359,6 +464,29 @@ def test_greedy_output_is_the_target_alone(target: Path) -> None:
         assert result.token_ids == want
         accepted += sum(n for step in result.steps for n in step.accepted)
     assert accepted > 40  # the draft was not idle
+
+
+@pytest.mark.parametrize("branches", [2, 3])
+def test_greedy_tree_output_is_the_target_alone(target: Path, branches: int) -> None:
+    """The hf target scores the suffix trees and the reference verifier walks them."""
+    alone = _pipeline(target, {"use": "none"})
+    suffix = _pipeline(target, {"use": "suffix", "gamma": 6, "min_match": 1, "branches": branches})
+    trees, score_tree = [0], suffix.target.score_tree
+
+    def counted(*args: Any) -> Any:
+        trees[0] += 1
+        return score_tree(*args)
+
+    suffix.target.score_tree = counted
+    accepted = 0
+    for batch in ([PROMPTS[0]], PROMPTS, PROMPTS[1:], PROMPTS):
+        want = alone.generate(batch, max_new_tokens=40).token_ids
+        result = suffix.generate(batch, max_new_tokens=40)
+        assert result.token_ids == want
+        accepted += sum(n for step in result.steps for n in step.accepted)
+    assert trees[0] > 10 and accepted > 40  # trees ran, and were accepted along their paths
+    sampled = suffix.generate(PROMPTS, max_new_tokens=12, temperature=0.9, top_k=6, seed=3)
+    assert all(0 < len(ids) <= 12 and all(0 <= t < 16 for t in ids) for ids in sampled.token_ids)
 
 
 def _mean_accepted(result: Any) -> float:
