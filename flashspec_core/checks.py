@@ -7,9 +7,13 @@ sync; after that copy :func:`blame` turns a nonzero flag into a
 :class:`~flashspec_core.contracts.ContractViolation` that names the component. Shapes are
 known on the host and checked there, at once (:func:`check_shapes`).
 
+Verifiers that third parties may call directly refuse inputs outside their contract with
+:func:`verifier_inputs` (shapes at once; values at once in host memory, or as per-row flags
+to return in :attr:`Verdict.flags <flashspec_core.contracts.Verdict.flags>` on an accelerator).
+
 The reductions read each large tensor once: the target logits ``[B, g+1, V]`` through one
-float32 sum per row (NaN or inf anywhere makes it non-finite), the draft ``q`` ``[B, g, V]``
-through a sum and a minimum per row.
+maximum per position (NaN, ``+inf`` or all ``-inf`` make it non-finite), the draft ``q``
+``[B, g, V]`` through a sum and a minimum per position.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from flashspec_core.contracts import Broken, ContractViolation, Draft, Verdict
+from flashspec_core.contracts import Broken, ContractViolation, Draft, Verdict, VerifierInputError
 
 VERIFIER_SHIFT = 8  # a verifier's own Verdict.flags travel in the bits above the pipeline's
 _ALL = sum(int(bit) for bit in Broken)
@@ -41,9 +45,56 @@ def draft_flags(tokens: torch.Tensor, probs: torch.Tensor | None, vocab: int) ->
 
 
 def logits_flags(logits: torch.Tensor) -> torch.Tensor:
-    """TARGET_LOGITS per row: logits [B, n, V] -> [B] int64."""
-    total = logits.sum(dim=-1, dtype=torch.float32)  # [B, n]
-    return (~torch.isfinite(total)).any(dim=1).long() * int(Broken.TARGET_LOGITS)
+    """TARGET_LOGITS per row: logits [B, n, V] -> [B] int64.
+
+    A ``-inf`` logit is allowed (a token the target rules out); NaN, ``+inf`` and a position
+    whose logits are all ``-inf`` are not. The maximum shows all three (it propagates NaN).
+    """
+    top = logits.amax(dim=-1)  # [B, n]
+    return (~torch.isfinite(top)).any(dim=1).long() * int(Broken.TARGET_LOGITS)
+
+
+def verifier_inputs(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
+                    draft_probs: torch.Tensor | None) -> torch.Tensor | None:
+    """A verifier's own check of its inputs: ``None`` when nothing is wrong, or on an
+    accelerator each row's :class:`Broken` flags ([B] int64) for :func:`flagged`.
+
+    Reading the values there would cost a host sync inside the step, so the flags go back
+    with the verdict instead (the pipeline reads them with its one copy).
+
+    :raises ValueError: a shape or dtype off, naming the argument.
+    :raises VerifierInputError: inputs in host memory with values outside the contract,
+        naming the argument and the rows.
+    """
+    _check_verifier_shapes(target_logits, draft_tokens, draft_probs)
+    flags = draft_flags(draft_tokens, draft_probs, target_logits.shape[-1]) | logits_flags(target_logits)
+    if target_logits.device.type != "cpu":
+        return flags
+    rows = flags.nonzero().flatten().tolist()
+    if rows:
+        found = Broken(int(flags[rows[0]]))
+        bit = next(b for b in (Broken.DRAFT_TOKENS, Broken.DRAFT_PROBS, Broken.TARGET_LOGITS) if b in found)
+        argument = {Broken.DRAFT_TOKENS: "draft_tokens", Broken.DRAFT_PROBS: "draft_probs"}.get(bit, "target_logits")
+        raise VerifierInputError(argument, bit, f"{bit.describe()} (rows {rows})")
+    return None
+
+
+def flagged(verdict: Verdict, flags: torch.Tensor | None) -> Verdict:
+    """``verdict`` carrying :func:`verifier_inputs`' flags, if any."""
+    return verdict if flags is None else attrs.evolve(verdict, flags=flags)
+
+
+def _check_verifier_shapes(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
+                           draft_probs: torch.Tensor | None) -> None:
+    if draft_tokens.dim() != 2 or draft_tokens.dtype != torch.int64:
+        raise ValueError(f"draft_tokens must be [B, g] int64, got {tuple(draft_tokens.shape)} {draft_tokens.dtype}")
+    batch, g = draft_tokens.shape
+    if target_logits.dim() != 3 or target_logits.shape[:2] != (batch, g + 1) or not target_logits.is_floating_point():
+        raise ValueError(f"target_logits must be [B, g + 1, V] = [{batch}, {g + 1}, V] floating point, "
+                         f"got {tuple(target_logits.shape)} {target_logits.dtype}")
+    if draft_probs is not None and tuple(draft_probs.shape) != (batch, g, target_logits.shape[2]):
+        raise ValueError(f"draft_probs must be [B, g, V] = [{batch}, {g}, {target_logits.shape[2]}] or None, "
+                         f"got {tuple(draft_probs.shape)}")
 
 
 def verdict_flags(verdict: Verdict, width: int, vocab: int, path: torch.Tensor | None = None,

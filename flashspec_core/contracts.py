@@ -183,7 +183,7 @@ class Broken(enum.IntFlag):
 
     DRAFT_TOKENS = 1  # a draft token id outside [0, V)
     DRAFT_PROBS = 2  # q not a distribution: NaN, inf, negative, or rows not summing to 1
-    TARGET_LOGITS = 4  # a target logit NaN or inf
+    TARGET_LOGITS = 4  # a target logit NaN or +inf, or a position whose logits are all -inf
     VERDICT_COUNT = 8  # num_accepted outside [0, width]
     VERDICT_TOKENS = 16  # an emitted token outside [0, V)
     VERDICT_PATH = 32  # a tree's accepted path naming a node outside [-1, N)
@@ -196,7 +196,7 @@ class Broken(enum.IntFlag):
 _BROKEN_WORDS = {
     Broken.DRAFT_TOKENS: "draft token ids outside [0, vocab)",
     Broken.DRAFT_PROBS: "draft probabilities that are not a distribution (NaN, inf, negative, or not summing to 1)",
-    Broken.TARGET_LOGITS: "target logits that are NaN or inf",
+    Broken.TARGET_LOGITS: "target logits that are NaN or +inf, or all -inf at a position",
     Broken.VERDICT_COUNT: "num_accepted outside [0, draft width]",
     Broken.VERDICT_TOKENS: "emitted tokens outside [0, vocab)",
     Broken.VERDICT_PATH: "an accepted path naming a node outside the tree",

@@ -28,7 +28,14 @@ and, for a verifier that samples from the target's law (all but those declaring
 
 and, for a verifier that declares :class:`~flashspec_core.contracts.VerifiesWithNoise`:
 
-* ``verify_with_noise`` emits exactly the reference's tokens given the same noise.
+* ``verify_with_noise`` emits exactly the reference's tokens given the same noise;
+
+and, for every verifier, inputs outside the contract (draft ids outside ``[0, V)``, a ``q``
+that is NaN, negative or does not sum to 1, target logits NaN, ``+inf`` or all ``-inf`` at
+a position) are refused with a named error (a ``ValueError``, such as
+:class:`~flashspec_core.contracts.VerifierInputError`, naming the argument) or flagged in
+:attr:`Verdict.flags <flashspec_core.contracts.Verdict.flags>` on exactly the broken rows
+(:func:`check_refuses_bad_inputs`).
 """
 
 from __future__ import annotations
@@ -39,7 +46,14 @@ from typing import Any
 import attrs
 import torch
 
-from flashspec_core.contracts import DeclaresExactness, SamplingParams, Verdict, Verifier, VerifiesWithNoise
+from flashspec_core.contracts import (
+    DeclaresExactness,
+    SamplingParams,
+    Verdict,
+    Verifier,
+    VerifierInputError,
+    VerifiesWithNoise,
+)
 from flashspec_core.registry import build_registry
 from flashspec_core.sampling import Noise, probs_from_logits, sample, verify_greedy, verify_random
 
@@ -220,17 +234,25 @@ def check_equal_p_q(verifier: Verifier, device: torch.device | str = "cpu", voca
 
 
 def check_zero_residual(verifier: Verifier, device: torch.device | str = "cpu", vocab: int = 8) -> None:
-    """``q >= p`` everywhere (here q = 2p, which only rounding produces in practice):
-    a rejected row's residual is all zero, so its token comes from ``p``."""
+    """``q >= p`` everywhere (here q = 1.0005 p, within the sum tolerance: only rounding makes
+    such a q): a rejected row's residual is all zero, so its token comes from ``p``. The
+    rejection needs ``u > 1 / 1.0005``, so the noise is given (``verify_with_noise``); a
+    verifier without it is only checked for a well-formed verdict."""
     logits, x = _one_step(vocab)
     logits[:, :, vocab // 2 :] = float("-inf")  # p's support: the first half
     sampling = SamplingParams(temperature=1.0)
-    q = 2 * probs_from_logits(logits[:, :1], sampling)
-    verdict = Inputs(logits.to(device), x.to(device), q.to(device), sampling).run(verifier, 3)
+    q = 1.0005 * probs_from_logits(logits[:, :1], sampling)
+    inputs = Inputs(logits.to(device), x.to(device), q.to(device), sampling)
+    if not isinstance(verifier, VerifiesWithNoise):
+        check_verdict(inputs.run(verifier, 3), Inputs(logits, x, q, sampling))
+        return
+    batch = logits.shape[0]
+    noise = Noise.draw(batch, 1, vocab, torch.Generator(device=device).manual_seed(3), device)
+    noise = attrs.evolve(noise, uniform=torch.full((batch, 1), 0.99999, device=device))
+    verdict = verifier.verify_with_noise(inputs.target_logits, inputs.draft_tokens, inputs.draft_probs, sampling, noise)
     check_verdict(verdict, Inputs(logits, x, q, sampling))
-    rejected = verdict.num_accepted.cpu() == 0
-    assert bool(rejected.any()), "u >= 1/2 must reject some of 32 rows"
-    first = verdict.tokens[:, 0].cpu()[rejected]
+    assert bool((verdict.num_accepted.cpu() == 0).all()), "u q(x) > p(x) must reject every row"
+    first = verdict.tokens[:, 0].cpu()
     assert bool((first < vocab // 2).all()), f"all-zero residual: token must come from p's support, got {first}"
 
 
@@ -292,3 +314,57 @@ def check_noise_matches_reference(
         assert torch.equal(got.tokens.cpu(), want.tokens.cpu()), (
             f"{sampling}: tokens {got.tokens.tolist()}, the reference's {want.tokens.tolist()}"
         )
+
+
+def _bad_inputs(case: str, sampling: SamplingParams, vocab: int = 8, gamma: int = 2) -> tuple[Inputs, str]:
+    """Three rows of valid inputs, then row 1 broken as ``case`` says; and the argument it breaks."""
+    inputs = random_inputs(3, gamma, vocab, seed=7, sampling=sampling)
+    logits, tokens = inputs.target_logits.clone(), inputs.draft_tokens.clone()
+    q = inputs.draft_probs.clone() if inputs.draft_probs is not None else None
+    assert q is not None
+    argument = "draft_tokens" if case.startswith("id") else "draft_probs" if case.startswith("q") else "target_logits"
+    if case == "id-vocab":
+        tokens[1, 0] = vocab
+    elif case == "id-negative":
+        tokens[1, -1] = -1
+    elif case == "q-nan":
+        q[1, 0, 3] = float("nan")
+    elif case == "q-negative":
+        q[1, 0] = 0.0
+        q[1, 0, 0], q[1, 0, 1] = -0.25, 1.25  # sums to 1, with a negative entry
+    elif case == "q-sum":
+        q[1, -1] = q[1, -1] * 1.5
+    elif case == "logits-nan":
+        logits[1, 1, 2] = float("nan")
+    elif case == "logits-inf":
+        logits[1, 0, 5] = float("inf")
+    elif case == "logits-all-neg-inf":
+        logits[1, -1] = float("-inf")
+    else:
+        raise ValueError(f"unknown bad-input case {case!r}")
+    return Inputs(logits, tokens, q, sampling), argument
+
+
+BAD_INPUTS = ("id-vocab", "id-negative", "q-nan", "q-negative", "q-sum", "logits-nan", "logits-inf",
+              "logits-all-neg-inf")
+
+
+def check_refuses_bad_inputs(verifier: Verifier, case: str, device: torch.device | str = "cpu") -> None:
+    """Inputs broken as ``case`` (one of :data:`BAD_INPUTS`) in row 1 of 3 are refused with a
+    ``ValueError`` naming the broken argument, or flagged in ``Verdict.flags`` on row 1 alone;
+    greedy and sampled. A verifier never emits from such inputs as if nothing were wrong."""
+    for temperature in (0.0, 1.0):
+        inputs, argument = _bad_inputs(case, SamplingParams(temperature=temperature))
+        inputs = Inputs(inputs.target_logits.to(device), inputs.draft_tokens.to(device),
+                        None if inputs.draft_probs is None else inputs.draft_probs.to(device), inputs.sampling)
+        try:
+            verdict = inputs.run(verifier, 0)
+        except VerifierInputError as exc:
+            assert exc.argument == argument, f"{case}: refused naming {exc.argument!r}, not {argument!r}: {exc}"
+            continue
+        except ValueError as exc:
+            assert argument in str(exc), f"{case}: a ValueError that does not name {argument!r}: {exc}"
+            continue
+        assert verdict.flags is not None, f"{case} (T={temperature}): neither refused nor flagged (Verdict.flags is None)"
+        flags = verdict.flags.cpu().tolist()
+        assert flags[1] != 0 and flags[0] == flags[2] == 0, f"{case} (T={temperature}): flags {flags}, not row 1 alone"

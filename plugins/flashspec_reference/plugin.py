@@ -3,6 +3,15 @@
 It verifies chains (:mod:`flashspec_core.sampling`) and draft trees
 (:mod:`flashspec_core.tree`), with the same noise conventions: one uniform per drafted
 token (per node) and one Exp(1) vector per row, drawn in that order from the generator.
+
+It refuses inputs outside its contract, since third parties call it directly: wrong
+shapes or dtypes are a ``ValueError`` naming the argument, at once. Values (token ids
+outside ``[0, V)``, a ``q`` that is not a distribution, NaN or inf logits) are checked
+by :func:`flashspec_core.checks.verifier_inputs`: inputs in host memory are refused with
+a :class:`~flashspec_core.contracts.VerifierInputError` naming the argument and the rows;
+on an accelerator, where reading the check would cost a host sync, a chain's checks are
+returned in :attr:`Verdict.flags <flashspec_core.contracts.Verdict.flags>` instead (the
+pipeline reads them with its one copy) and a tree's are left to the pipeline's own checks.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ from collections.abc import Iterable
 import torch
 
 from flashspec_core import ComponentSpec, SamplingParams, Verdict, Verifier, hookimpl
+from flashspec_core.checks import flagged, verifier_inputs
 from flashspec_core.contracts import RowSampling
 from flashspec_core.sampling import Noise, filter_logits, probs_from_logits, verify_greedy, verify_random, verify_rows
 from flashspec_core.tree import TreeDraft, TreeVerdict, verify_tree_greedy, verify_tree_random
@@ -28,11 +38,12 @@ class ReferenceVerifier:
         sampling: SamplingParams,
         generator: torch.Generator | None,
     ) -> Verdict:
+        flags = verifier_inputs(target_logits, draft_tokens, draft_probs)
         if sampling.greedy:
-            return verify_greedy(target_logits, draft_tokens, sampling)
+            return flagged(verify_greedy(target_logits, draft_tokens, sampling), flags)
         batch, gamma = draft_tokens.shape
         noise = Noise.draw(batch, gamma, target_logits.shape[-1], generator, target_logits.device)
-        return verify_random(target_logits, draft_tokens, draft_probs, sampling, noise)
+        return flagged(verify_random(target_logits, draft_tokens, draft_probs, sampling, noise), flags)
 
     def verify_rows(
         self,
@@ -54,9 +65,10 @@ class ReferenceVerifier:
         noise: Noise,
     ) -> Verdict:
         """Same as :meth:`verify` with the noise given (for token-exact comparisons)."""
+        flags = verifier_inputs(target_logits, draft_tokens, draft_probs)
         if sampling.greedy:
-            return verify_greedy(target_logits, draft_tokens, sampling)
-        return verify_random(target_logits, draft_tokens, draft_probs, sampling, noise)
+            return flagged(verify_greedy(target_logits, draft_tokens, sampling), flags)
+        return flagged(verify_random(target_logits, draft_tokens, draft_probs, sampling, noise), flags)
 
     def verify_tree(
         self,
@@ -84,6 +96,7 @@ class ReferenceVerifier:
         noise: Noise | None,  # None only when greedy
     ) -> TreeVerdict:
         """Same as :meth:`verify_tree` with the noise given (for token-exact comparisons)."""
+        verifier_inputs(target_logits, draft_tokens, draft_probs)
         q = None if draft_probs is None else draft_probs.float()
         tree = TreeDraft(draft_tokens, parents, q)
         if sampling.greedy:

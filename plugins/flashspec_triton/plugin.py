@@ -29,6 +29,7 @@ import attrs
 import torch
 
 from flashspec_core import ComponentSpec, SamplingParams, Verdict, Verifier, hookimpl
+from flashspec_core.checks import flagged, verifier_inputs
 from flashspec_core.contracts import RowSampling
 from flashspec_core.sampling import Noise, verify_rows
 from flashspec_triton.stepgraphs import StepGraphs
@@ -111,7 +112,9 @@ class TritonVerifier:
         noise: Noise | None,
         state: torch.Tensor | None,
     ) -> Verdict:
-        """The kernels, launched directly or replayed from the graph captured for this shape."""
+        """The kernels, launched directly or replayed from the graph captured for this shape.
+        Inputs outside the contract are refused or flagged first (third parties call it directly)."""
+        flags = verifier_inputs(logits, tokens, probs)
         programs, draw = self.config.programs or None, self.config.philox_draw
         has_q, has_noise, has_state = probs is not None, noise is not None, state is not None
 
@@ -129,7 +132,7 @@ class TritonVerifier:
         inputs += [probs] if probs is not None else []
         inputs += [noise.uniform, noise.exponential] if noise is not None else []
         inputs += [state] if state is not None else []
-        return self._graphs((sampling, has_q, has_noise, has_state, programs, draw), step, *inputs)
+        return flagged(self._graphs((sampling, has_q, has_noise, has_state, programs, draw), step, *inputs), flags)
 
 
 def _make(config: Any, device: torch.device | str | None = None) -> Verifier:

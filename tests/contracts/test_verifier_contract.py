@@ -96,6 +96,25 @@ def test_edge_case(name: str, check: object) -> None:
     check(verifier, DEVICE)  # type: ignore[operator]
 
 
+@pytest.mark.parametrize("case", vc.BAD_INPUTS)
+def test_refuses_bad_inputs(name: str, case: str) -> None:
+    # a timing stand-in (exact = False) reads no values of its inputs; the pipeline's checks cover it
+    vc.check_refuses_bad_inputs(vc.load_verifier_or_skip(name, DEVICE, exact=True), case, DEVICE)
+
+
+def test_the_bad_input_check_catches_a_verifier_that_trusts_its_inputs() -> None:
+    from flashspec_core.sampling import verify_random
+
+    class Trusting:
+        def verify(self, target_logits, draft_tokens, draft_probs, sampling, generator):  # type: ignore[no-untyped-def]
+            noise = vc.Noise.draw(*draft_tokens.shape, target_logits.shape[-1], generator, target_logits.device)
+            return verify_random(target_logits, draft_tokens.clamp(0, target_logits.shape[-1] - 1), draft_probs,
+                                 SamplingParams(), noise)
+
+    with pytest.raises(AssertionError, match="neither refused nor flagged"):
+        vc.check_refuses_bad_inputs(Trusting(), "id-vocab")  # type: ignore[arg-type]
+
+
 def test_verify_with_noise(name: str) -> None:
     verifier = vc.load_verifier(name, DEVICE)
     if not isinstance(verifier, VerifiesWithNoise):

@@ -1,0 +1,138 @@
+"""The decode step trusts no component: a draft, target or verifier that breaks its contract
+is a ContractViolation naming it (plugin and distribution), never silent output or a hang.
+
+Components here are third-party style (no model files): a bigram table as the target and
+drafts and verifiers that break one rule each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from flashspec_core import ComponentSpec, Draft, SamplingParams, Verdict, hookimpl
+from flashspec_core.build import build_pipeline
+from flashspec_core.contracts import ContractViolation
+from flashspec_core.registry import build_registry
+from flashspec_reference.plugin import ReferenceVerifier
+
+VOCAB = 8
+
+
+class TableTarget:
+    """The logits after a sequence are a fixed table's row of its last token; ``spoil`` breaks them."""
+
+    vocab = VOCAB
+    device = torch.device("cpu")
+    eos_token_ids = {VOCAB - 1}
+
+    def __init__(self, spoil: Callable[[torch.Tensor], None] = lambda logits: None) -> None:
+        self.table = 4 * torch.randn((VOCAB, VOCAB), generator=torch.Generator().manual_seed(0))
+        self.spoil = spoil
+
+    def encode(self, prompt: str) -> list[int]:
+        return [int(word) for word in prompt.split()]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return " ".join(str(i) for i in ids)
+
+    def prefill(self, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
+        """Stateless."""
+
+    def score(self, tokens: torch.Tensor, lengths: Sequence[int], draft_tokens: torch.Tensor) -> torch.Tensor:
+        last = torch.tensor([int(tokens[b, n - 1]) for b, n in enumerate(lengths)])
+        logits = self.table[torch.cat([last[:, None], draft_tokens.clamp(0, VOCAB - 1)], dim=1)].clone()
+        self.spoil(logits)
+        return logits  # [B, gamma+1, V]
+
+    def rollback(self, num_accepted: Sequence[int]) -> None:
+        """Stateless."""
+
+
+class UniformDraft:
+    """Proposes token 1 with a uniform ``q`` that ``scale`` multiplies, and ``ids`` in place of 1 if given."""
+
+    def __init__(self, scale: float = 1.0, bad_id: int | None = None) -> None:
+        self.scale, self.bad_id = scale, bad_id
+
+    def reset(self) -> None:
+        """Stateless."""
+
+    def propose(self, tokens: torch.Tensor, lengths: Sequence[int], gamma: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> Draft:
+        batch = len(lengths)
+        ids = torch.full((batch, gamma), 1 if self.bad_id is None else self.bad_id, dtype=torch.long)
+        return Draft(tokens=ids, probs=torch.full((batch, gamma, VOCAB), self.scale / VOCAB))
+
+    def rollback(self, num_accepted: Sequence[int]) -> None:
+        """Stateless."""
+
+
+class NegativeCount(ReferenceVerifier):
+    """Says it accepted -1 tokens: without the check the loop would never end."""
+
+    def verify(self, *args: Any, **kwargs: Any) -> Verdict:
+        verdict = super().verify(*args, **kwargs)
+        return Verdict(tokens=verdict.tokens, num_accepted=torch.full_like(verdict.num_accepted, -1))
+
+
+class Faulty:
+    """One plugin offering each broken component."""
+
+    @hookimpl
+    def flashspec_targets(self) -> list[ComponentSpec[Any]]:
+        def nan(logits: torch.Tensor) -> None:
+            logits[:, 0, 2] = float("nan")
+
+        return [ComponentSpec("table", "target", lambda config: TableTarget()),
+                ComponentSpec("nan_table", "target", lambda config: TableTarget(nan))]
+
+    @hookimpl
+    def flashspec_draft_providers(self) -> list[ComponentSpec[Any]]:
+        return [ComponentSpec("uniform", "draft", lambda config, context: UniformDraft()),
+                ComponentSpec("heavy", "draft", lambda config, context: UniformDraft(scale=3.0)),
+                ComponentSpec("outside", "draft", lambda config, context: UniformDraft(bad_id=VOCAB + 3))]
+
+    @hookimpl
+    def flashspec_verifiers(self) -> list[ComponentSpec[Any]]:
+        return [ComponentSpec("negative", "verifier", lambda config, device: NegativeCount())]
+
+
+def _generate(target: str = "table", draft: str = "uniform", verifier: str = "reference",
+              temperature: float = 1.0) -> Any:
+    config = {
+        "target": {"use": target},
+        "arm": [{"use": draft, "gamma": 2, "name": "a"}],
+        "verifier": {"use": verifier},
+        "selector": {"use": "fixed"},
+    }
+    pipeline = build_pipeline(config, build_registry(extra_plugins=[Faulty()]))
+    return pipeline.generate(["1 2 3", "4 5"], max_new_tokens=6, temperature=temperature, seed=1)
+
+
+def test_components_that_keep_the_contract_pass() -> None:
+    result = _generate()
+    assert all(1 <= len(ids) <= 6 for ids in result.token_ids)
+
+
+@pytest.mark.parametrize(
+    ("component", "words"),
+    [
+        ({"draft": "heavy"}, ["arm 'a'", "draft 'heavy'", "not a distribution"]),
+        ({"draft": "outside"}, ["arm 'a'", "draft 'outside'", "draft token ids outside [0, vocab)"]),
+        ({"target": "nan_table"}, ["target 'nan_table'", "NaN"]),
+        ({"verifier": "negative"}, ["verifier 'negative'", "num_accepted outside [0, draft width]"]),
+    ],
+    ids=["q-sums-to-3", "ids-outside-the-vocabulary", "nan-logits", "negative-num-accepted"],
+)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_broken_component_is_named(component: dict[str, str], words: list[str], temperature: float) -> None:
+    with pytest.raises(ContractViolation) as info:
+        _generate(**component, temperature=temperature)
+    message = str(info.value)
+    assert "broke its contract" in message and "plugin" in message, message
+    for word in words:
+        assert word in message, message
