@@ -175,9 +175,27 @@ class SuffixTree:
         pattern's continuations; it stops before the score would fall below
         ``min_score`` or where the pattern has no continuation. The pattern grows by each
         token proposed; at ``depth`` tokens it drops its oldest one. This is
-        :meth:`propose_tree` with one branch.
+        :meth:`propose_tree` with one branch, walked without its heap: every row runs it at
+        every step.
         """
-        return [node.token for node in self.propose_tree(row, gamma, min_match, min_score, 1)]
+        start = self._match(row, min_match)
+        if start is None or gamma == 0:
+            return []
+        hi = self._hi
+        out: list[int] = []
+        node, d, score = start, hi[start], 1.0
+        while len(out) < gamma:
+            if d == self.depth:
+                node, d = self._reanchor(row, out)
+            if d == hi[node]:  # at a node: choose among its kids
+                best, share = self._best(node)
+                if best < 0 or score * share < min_score:
+                    break
+                node, score = best, score * share
+            # else inside an edge: every occurrence goes on the same way, the score stays
+            out.append(self._token(node, d))
+            d += 1
+        return out
 
     def propose_tree(self, row: Row, gamma: int, min_match: int, min_score: float, branches: int) -> list[Proposed]:
         """A tree of up to ``gamma`` continuations of the row's longest matched suffix, best first.
@@ -191,8 +209,7 @@ class SuffixTree:
         nodes. A child never outscores its parent, so parents come before children, and
         siblings come in the order of their frequency.
         """
-        kids = self._kids
-        start = next((c for c in row.cursors if self._hi[c] >= min_match and kids[c]), None)
+        start = self._match(row, min_match)
         if start is None or gamma == 0:
             return []
         out: list[Proposed] = []
@@ -208,10 +225,8 @@ class SuffixTree:
                parent: int, score: float, node: int, d: int, branches: int, min_score: float) -> int:
         """Push the candidate children of proposal node ``parent`` (-1: the root), whose pattern
         ends at depth ``d`` of ``node``'s edge; returns the count of candidates offered so far."""
-        if d == self.depth:  # as deep as the tree: find the last depth - 1 tokens from the root
-            at = self._locate(_tail(row.ids, _path(out, parent), self.depth - 1))
-            assert at is not None, "the tree held this string one token ago"
-            node, d = at
+        if d == self.depth:
+            node, d = self._reanchor(row, _path(out, parent))
         if d < self._hi[node]:  # inside an edge: every occurrence goes on the same way, the score stays
             heapq.heappush(heap, (-score, offered, parent, self._token(node, d), node, d + 1))
             return offered + 1
@@ -221,6 +236,19 @@ class SuffixTree:
             heapq.heappush(heap, (-score * share, offered, parent, self._token(kid, d), kid, d + 1))
             offered += 1
         return offered
+
+    def _match(self, row: Row, min_match: int) -> int | None:
+        """The node where the row's longest suffix of at least ``min_match`` tokens with a
+        continuation ends; None if there is none."""
+        hi, kids = self._hi, self._kids
+        return next((c for c in row.cursors if hi[c] >= min_match and kids[c]), None)
+
+    def _reanchor(self, row: Row, proposed: list[int]) -> tuple[int, int]:
+        """A pattern as deep as the tree drops its oldest token: find the last ``depth - 1``
+        tokens of the row followed by ``proposed`` from the root."""
+        at = self._locate(_tail(row.ids, proposed, self.depth - 1))
+        assert at is not None, "the tree held this string one token ago"
+        return at
 
     def check(self) -> None:
         """Raise ``AssertionError`` naming the first broken invariant of the structure
@@ -367,15 +395,23 @@ class SuffixTree:
             self._replace(self._parent[node], node, kid)
             self._delete(node)
 
+    def _best(self, node: int) -> tuple[int, float]:
+        """:meth:`_most_frequent`'s first kid in one pass, without a list: every row's chain
+        asks this for each proposed token. ``(-1, 0.0)`` for a leaf."""
+        count, ref, start = self._count, self._ref, self._start
+        best, total = -1, 0
+        for kid in (self._kids[node] or {}).values():
+            total += count[kid]
+            if best < 0 or (count[kid], ref[kid], start[kid]) > (count[best], ref[best], start[best]):
+                best = kid
+        return (best, count[best] / total) if best >= 0 else (-1, 0.0)
+
     def _most_frequent(self, node: int, most: int) -> list[tuple[int, float]]:
         """Up to ``most`` kids, the highest count first (ties: the newest ref), each with its
         share of the kids' total count; none for a leaf."""
         count, ref, start = self._count, self._ref, self._start
         table = self._kids[node] or {}
         total = sum(count[kid] for kid in table.values())
-        if most == 1:  # the chain's case, on every proposed token: no sort
-            best = max(table.values(), key=lambda kid: (count[kid], ref[kid], start[kid]), default=-1)
-            return [(best, count[best] / total)] if best >= 0 else []
         ranked = heapq.nlargest(most, table.values(), key=lambda kid: (count[kid], ref[kid], start[kid]))
         return [(kid, count[kid] / total) for kid in ranked]
 
