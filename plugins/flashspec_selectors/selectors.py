@@ -275,13 +275,13 @@ class RequestThompsonConfig:
     posterior; ``eta < 1`` tempers a misspecified one); ``initial_round``: plays of
     every arm, in arm order, at the start of each request before the posterior
     chooses (default 0, off: the round's first play falls on the request's first
-    token, the hardest to draft, so whichever arm comes first is judged on it; on
-    the H200 at 57cf50c, with the draft listed first, the round left the draft off
-    on code requests, docs/bandits.md); ``skip_first``: rewards at the start of each
-    request left out of its statistics (default 1: the first decode step is the hardest
-    to draft in every domain, so its reward says little about the request's kind; with
-    0 the selector, in the replay of the lookup-first workload as on the H200 at
-    da0f97c, played no draft on about half the code steps); ``seed`` as for ``thompson``."""
+    token, the hardest to draft, so whichever arm comes first is judged on it: on
+    the H200, with the draft listed first, the round left the draft off on code
+    requests); ``skip_first``: rewards at the start of each request left out of its
+    statistics (default 1: the first decode step is the hardest to draft in every
+    domain, so its reward says little about the request's kind; with 0 the selector
+    played no draft on about half the code steps of the lookup-first workload, in its
+    replay as on the H200); ``seed`` as for ``thompson``."""
 
     alpha: float = attrs.field(default=1.0, validator=_positive_number)
     kappa: float = attrs.field(default=1.0, validator=_positive_number)

@@ -2,11 +2,11 @@
 
 Why: CI has no GPU, so the kernel tests run in Triton's interpreter (``TRITON_INTERPRET=1``),
 which executes a kernel's body as Python and numpy and accepts code the compiler refuses.
-The H200 run of the kernel tests at d551e61 found one: in ``_rope_store_kernel`` the
-variable ``x1`` went from bf16 to fp32 inside ``if head < H + KV:``, a branch on a runtime
-value, and the compiler stopped with "initial value for `x1` is of type bf16[constexpr[64]],
-but the then block redefines it as fp32[constexpr[64]]"; the interpreter had run it without
-complaint (fixed in 57cf50c). Compiling needs a target, not a GPU, so this module compiles
+For example, a variable that goes from bf16 to fp32 inside a branch on a runtime value
+(``x1`` inside ``if head < H + KV:`` in a rope kernel) runs in the interpreter without
+complaint, while the compiler stops with "initial value for `x1` is of type
+bf16[constexpr[64]], but the then block redefines it as fp32[constexpr[64]]". Compiling
+needs a target, not a GPU, so this module compiles
 every kernel as a GPU launch would, down to the cubin (TTIR, TTGIR, LLVM IR, PTX, then the
 ptxas that ships with Triton), for ``GPUTarget("cuda", 90, 32)``.
 

@@ -33,7 +33,7 @@ def test_matches_the_torch_rotation_and_store(dtype: torch.dtype, batch: int, wi
     got = rope_store(qkv, cos, sin, caches[0], caches[1], slots, heads, kv)
     want = rope_store_ref(qkv, cos, sin, caches[2], caches[3], slots, heads, kv)
     # float32 on the GPU: the compiler contracts x1 * c1 - x2 * s1 into FMAs (one rounding where eager
-    # torch has two), measured on the H200 at d551e61 as the only failures; within an ulp or two
+    # torch has two), the only differences on the H200; within an ulp or two
     exact = dtype == torch.float64 or (dtype == torch.float32 and DEV == "cpu")
     tol = {} if exact else {"rtol": 1e-6, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
     for a, b in ((got, want), (caches[0], caches[2]), (caches[1], caches[3])):

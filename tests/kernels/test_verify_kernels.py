@@ -236,9 +236,9 @@ def test_philox_first_token_follows_p_many_rows() -> None:
 def test_philox_draw_spans_race_blocks(small_blocks, with_q: bool, draw: str) -> None:
     """Philox mode's race spans every race block (and slice) of row n. With V = 1271 in
     blocks of 256 and p spread over every block, the first emitted token (accepted draft or
-    recovered token) and the bonus token after an accept both follow p (chi-square). The
-    two-stage draw measured at 631ab87 (a block by its mass, then the race in it) passed
-    this test too; it failed it with a uniform block choice or always block 0."""
+    recovered token) and the bonus token after an accept both follow p (chi-square). Both
+    draws run it; the two-stage draw (a block by its mass, then the race in it) fails it
+    with a uniform block choice or always block 0."""
     from scipy.stats import chi2
 
     v, rows = 1271, 3000

@@ -122,10 +122,10 @@ def test_fused_ops_match_eager(models: dict[str, Path]) -> None:
 
 
 def test_fused_ops_take_more_input_layouts_than_dynamos_default_limit() -> None:
-    """The drafts' prewarm met a ninth compiled variant of the fused RMSNorm on the H200 and
-    dynamo's default limit of 8 per function failed the fullgraph compile; these seventeen
-    layouts (2-D and 3-D, sizes of 1, strided views) need nine variants here too, so this
-    fails under the old limit."""
+    """The drafts' prewarm meets a ninth compiled variant of the fused RMSNorm on the H200,
+    past dynamo's default limit of 8 per function, which fails a fullgraph compile; these
+    seventeen layouts (2-D and 3-D, sizes of 1, strided views) need nine variants here too,
+    so this fails under dynamo's default limit."""
     ops = Ops(fuse=True)
     gen = torch.Generator().manual_seed(0)
 

@@ -524,7 +524,7 @@ def test_request_thompson_in_a_pipeline_keeps_one_profile_per_generate(tiny: dic
 
 
 def test_request_thompson_retries_an_arm_whose_first_reward_was_low() -> None:
-    """On the H200 (57cf50c) a request's first draft step, on the answer's hardest token,
+    """On the H200 a request's first draft step, on the answer's hardest token,
     scored 0.2 where later ones scored 0.9, and no speculation scores about 0.57 for every
     request: playing the mean of the sampled profile kept such a request on no speculation
     for good. Past requests say arm 0 pays 0.9 here; after one low reward it must come back."""
