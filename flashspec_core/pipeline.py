@@ -378,7 +378,7 @@ class Pipeline:
             who = f"arm {arm.name!r} ({drafts.get(arm.name, type(arm.provider).__name__)}) proposes draft trees"
             if not isinstance(self.target, ScoresTrees):
                 raise ValueError(f"{who}, but target {target_use!r} ({type(self.target).__name__}) cannot score "
-                                 "them (it lacks ScoresTrees): use the hf target, or a chain arm")
+                                 "them (it lacks ScoresTrees): use the fast or hf target, or a chain arm")
             if not isinstance(self.verifier, VerifiesTrees):
                 raise ValueError(f"{who}, but verifier {verifier_use!r} ({type(self.verifier).__name__}) cannot "
                                  "verify them (it lacks VerifiesTrees): use verifier 'reference', or a chain arm")

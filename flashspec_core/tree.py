@@ -393,6 +393,26 @@ def ancestor_bits(parents: Parents) -> list[int]:
     return bits
 
 
+@attrs.frozen
+class TreeBlock:
+    """A draft tree's block of cache slots in a forward: row ``b``'s nodes ``0 .. nodes - 1``
+    sit at slots ``start[b] + j``; query ``(b, t)`` sees block slot ``start[b] + j`` iff bit ``j``
+    of ``bits[b, t]`` is set (:func:`ancestor_bits`; 0 for a query that is
+    no node), and below the block the slots up to its position."""
+
+    start: torch.Tensor  # [B] int64, on the device
+    bits: torch.Tensor  # [B, T] int64, on the device
+    nodes: int  # <= MAX_MASK_NODES
+
+    def check(self, batch: int, width: int) -> None:
+        if (tuple(self.start.shape) != (batch,) or tuple(self.bits.shape) != (batch, width)
+                or self.start.dtype != torch.int64 or self.bits.dtype != torch.int64
+                or not 1 <= self.nodes <= MAX_MASK_NODES):
+            raise ValueError(f"TreeBlock: start {tuple(self.start.shape)} {self.start.dtype} must be [B] = [{batch}], "
+                             f"bits {tuple(self.bits.shape)} {self.bits.dtype} [B, T] = [{batch}, {width}], both "
+                             f"int64; nodes {self.nodes} in 1..{MAX_MASK_NODES}")
+
+
 def tree_causal_mask(
     pos: torch.Tensor,  # [B, T] int64 query positions
     span: int,

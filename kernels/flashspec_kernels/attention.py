@@ -20,7 +20,7 @@ for a few hundred kilobytes of keys and values. Here, split-KV ("flash-decoding"
    ``o[b, t, head]``, the ``[B, T, H, hd]`` layout the output projection reads, so no
    permute copy follows.
 
-A *tree block* (:class:`TreeBlock`: a draft tree scored or drafted in one forward, its
+A *tree block* (:class:`~flashspec_core.tree.TreeBlock`: a draft tree scored or drafted in one forward, its
 nodes at consecutive slots ``start .. start + nodes - 1`` of each row, positioned by depth)
 changes only the mask: a block slot is seen iff its bit is set in the query's int64
 ancestor bitmask, slots below the block follow the position rule, none above it is seen
@@ -54,13 +54,12 @@ from __future__ import annotations
 
 import math
 
-import attrs
 import torch
 import triton
 import triton.language as tl
 
 from flashspec_core.ragged import additive_mask, causal_mask
-from flashspec_core.tree import MAX_MASK_NODES, tree_causal_mask
+from flashspec_core.tree import TreeBlock, tree_causal_mask
 
 MAX_WIDTH = 16  # query tokens per row up to which a forward uses this kernel (wider: prefill, SDPA)
 BLOCK_M = 16  # query rows per tile, whatever T: the same dot shape for every query
@@ -172,26 +171,6 @@ def _decode_attn_combine(
     tl.store(o_ptr + ((b * T + t) * (kv_heads * G) + h * G + g) * HD + d, out.to(o_ptr.dtype.element_ty), mask=d < HD)
 
 
-@attrs.frozen
-class TreeBlock:
-    """A draft tree's block of cache slots in a forward: row ``b``'s nodes ``0 .. nodes - 1``
-    sit at slots ``start[b] + j``; query ``(b, t)`` sees block slot ``start[b] + j`` iff bit ``j``
-    of ``bits[b, t]`` is set (:func:`flashspec_core.tree.ancestor_bits`; 0 for a query that is
-    no node), and below the block the slots up to its position."""
-
-    start: torch.Tensor  # [B] int64, on the device
-    bits: torch.Tensor  # [B, T] int64, on the device
-    nodes: int  # <= MAX_MASK_NODES
-
-    def check(self, batch: int, width: int) -> None:
-        if (tuple(self.start.shape) != (batch,) or tuple(self.bits.shape) != (batch, width)
-                or self.start.dtype != torch.int64 or self.bits.dtype != torch.int64
-                or not 1 <= self.nodes <= MAX_MASK_NODES):
-            raise ValueError(f"TreeBlock: start {tuple(self.start.shape)} {self.start.dtype} must be [B] = [{batch}], "
-                             f"bits {tuple(self.bits.shape)} {self.bits.dtype} [B, T] = [{batch}, {width}], both "
-                             f"int64; nodes {self.nodes} in 1..{MAX_MASK_NODES}")
-
-
 def supported(head_dim: int, dtype: torch.dtype) -> bool:
     """Head dims and dtypes the kernel takes (head dims up to 256; padded to a power of two >= 16)."""
     return dtype in DTYPES and 1 <= head_dim <= 256
@@ -216,7 +195,7 @@ def decode_attention(
     sees slots ``0..p``; every position below ``span <= S``). Returns ``[B, T, H, hd]`` in
     q's dtype. No host sync: the positions are read on the device.
 
-    ``tree``: a draft tree block in each row's cache (:class:`TreeBlock`); the mask is then
+    ``tree``: a draft tree block in each row's cache (:class:`~flashspec_core.tree.TreeBlock`); the mask is then
     :func:`flashspec_core.tree.tree_causal_mask` (the block must end below ``span``).
     """
     batch, width, heads, hd = q.shape

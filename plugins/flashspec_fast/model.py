@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from flashspec_core.ragged import additive_mask, causal_mask
+from flashspec_core.tree import TreeBlock, tree_causal_mask
 
 MIN_SPAN = 128  # fewest slots a forward attends (smaller spans would only add captured graphs)
 
@@ -263,23 +264,36 @@ class Transformer:
         self.batch = batch
         return True
 
-    def _mask(self, pos: torch.Tensor, group: int, span: int) -> torch.Tensor:
-        """Additive mask [B, 1, G*T, span]: a query at position p sees slots 0..p. The query
-        group is folded into the length, so K/V are read once per KV head."""
+    def move_slots(self, moves: torch.Tensor) -> None:
+        """Copy cache slots in every layer, K and V: ``moves`` ``[2, M]`` int64 on the device,
+        sources then destinations as flat ``b * max_len + slot`` indices (distinct
+        destinations; every source is read before any destination is written). One gather
+        and one scatter per cache tensor: a tree step's accepted nodes compacted to a chain."""
+        for cache in (self.k_cache, self.v_cache):
+            flat = cache.view(cache.shape[0], -1, cache.shape[-1])  # [L, B * S, KV*hd]
+            flat.index_copy_(1, moves[1], flat.index_select(1, moves[0]))
+
+    def _mask(self, pos: torch.Tensor, group: int, span: int, tree: TreeBlock | None = None) -> torch.Tensor:
+        """Additive mask [B, 1, G*T, span]: a query at position p sees slots 0..p (with a tree
+        block: :func:`~flashspec_core.tree.tree_causal_mask`). The query group is folded into
+        the length, so K/V are read once per KV head."""
         batch, width = pos.shape
-        allowed = causal_mask(pos, span)[:, None, None].expand(batch, 1, group, width, span)
+        seen = causal_mask(pos, span) if tree is None else tree_causal_mask(pos, span, tree.start, tree.bits, tree.nodes)
+        allowed = seen[:, None, None].expand(batch, 1, group, width, span)
         return additive_mask(allowed, self.dtype).view(batch, 1, group * width, span)
 
     @torch.no_grad()
     def forward(
         self, tokens: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, last_only: bool = False, span: int = 0,
-        depth: int | None = None,
+        depth: int | None = None, tree: TreeBlock | None = None,
     ) -> torch.Tensor:
         """tokens, pos, write: [B, T] int64 on the device -> logits [B, T or 1, V] (model dtype).
 
         ``span`` (0: all ``max_len`` slots) must exceed every position in ``pos``. ``depth``
         runs only the first ``depth`` layers (then the final norm and the LM head), writing
-        the cache of those layers only: the self-speculative draft (:mod:`flashspec_fast.selfdraft`)."""
+        the cache of those layers only: the self-speculative draft (:mod:`flashspec_fast.selfdraft`).
+        ``tree``: the forward holds a draft tree block (see :class:`~flashspec_core.tree.TreeBlock`;
+        its nodes written at their slots, positioned by depth), which must end below ``span``."""
         a, w, ops = self.args, self.w, self.ops
         batch, width = tokens.shape
         group, hd = a.heads // a.kv_heads, a.head_dim
@@ -290,7 +304,7 @@ class Transformer:
         kernels = triton_kernels() if self.decode_kernel else None  # (attention, rope) modules
         # decoding forwards: flashspec_kernels.attention, [B, T, H, hd] in and out
         decode = kernels[0].decode_attention if kernels is not None and width <= kernels[0].MAX_WIDTH else None
-        mask = None if decode is not None else self._mask(pos, group, span)
+        mask = None if decode is not None else self._mask(pos, group, span, tree)
         slots = (torch.arange(batch, device=self.device)[:, None] * self.max_len + write).view(-1)  # [B*T]
         cache = (batch, self.max_len, a.kv_heads, hd)  # a layer's cache rows as [B, S, KV, hd]
         store = kernels[1].rope_store if kernels is not None else ops.rope_store  # one launch, not Inductor's four
@@ -301,7 +315,7 @@ class Transformer:
             vc = self.v_cache[i, :batch].view(batch * self.max_len, nkv)
             q = store(qkv, cos, sin, kc, vc, slots, a.heads, a.kv_heads)  # [B, T, H, hd]
             if decode is not None:
-                o = decode(q, kc.view(cache), vc.view(cache), pos, span).view(batch * width, nq)
+                o = decode(q, kc.view(cache), vc.view(cache), pos, span, tree=tree).view(batch * width, nq)
             else:
                 q = q.reshape(batch, width, a.kv_heads, group, hd).permute(0, 2, 3, 1, 4)
                 q = q.reshape(batch, a.kv_heads, group * width, hd)

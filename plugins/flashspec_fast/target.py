@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from flashspec_core.ragged import right_align
+from flashspec_core.tree import TreeBlock, ancestor_bits, check_parents, node_depths
 from flashspec_fast.graphs import GraphCache
 from flashspec_fast.model import Transformer
 from flashspec_fast.options import FastOptions, build_model
@@ -104,6 +105,31 @@ def catch_up_width(need: int, scratch: int) -> int:
     return min(bucket(need), scratch)
 
 
+def tree_inputs(parents: Sequence[int]) -> torch.Tensor:
+    """[2, N + 1] int64: each query's depth (0 for the root, the last committed token) and its
+    ancestor bits over the tree block (0 for the root): a tree forward's per-shape inputs."""
+    return torch.tensor([[0, *node_depths(parents)], [0, *ancestor_bits(parents)]], dtype=torch.long)
+
+
+def path_moves(starts: Sequence[int], paths: torch.Tensor, max_len: int) -> tuple[torch.Tensor, list[int]]:
+    """The slot copies that compact each row's accepted tree nodes to a chain, and the kept counts.
+
+    Row ``b``'s tree block holds node ``n`` at slot ``starts[b] + n``; ``paths`` [B, D] int64 lists
+    its accepted nodes in path order, -1 from its count on. Node ``paths[b, i]`` moves to slot
+    ``starts[b] + i``; a row with fewer than the batch's most kept nodes pads with slots that copy
+    onto themselves. Returns ([2, M] int64 flat ``b * max_len + slot`` sources then destinations,
+    for :meth:`~flashspec_fast.model.Transformer.move_slots`; M = 0 when nothing is kept) and the
+    kept counts.
+    """
+    paths = paths.cpu()
+    kept = (paths >= 0).long().cumprod(1).sum(1) if paths.shape[1] else torch.zeros(paths.shape[0], dtype=torch.long)
+    width = int(kept.max()) if kept.numel() else 0
+    cols = torch.arange(width)[None]  # [1, width]
+    base = torch.arange(len(starts))[:, None] * max_len + torch.tensor(list(starts), dtype=torch.long)[:, None]
+    src = base + torch.where(cols < kept[:, None], paths[:, :width], cols)
+    return torch.stack([src.flatten(), (base + cols).flatten()]), [int(k) for k in kept.tolist()]
+
+
 def check_room(model: Transformer, longest: int, what: str) -> None:
     if longest >= model.scratch:
         raise ValueError(
@@ -180,6 +206,47 @@ class FastTarget:
         ids = torch.cat([host[:, :1], draft_tokens], dim=1)  # [B, gamma+1]
         pos = host[:, 1:2] + torch.arange(gamma + 1, device=host.device)  # [B, gamma+1]
         return self.model.forward(ids, pos, pos, span=span)
+
+    def score_tree(
+        self, tokens: torch.Tensor, lengths: Sequence[int], draft_tokens: torch.Tensor, parents: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits after each row's last token and after each tree node: [B, N+1, V].
+
+        One forward (captured per batch, tree shape and span): the last token at its slot, node
+        ``n`` at slot ``lengths[b] + n`` and position ``lengths[b] - 1 + depth``, each node seeing
+        the row's sequence, its ancestors and itself (:class:`~flashspec_core.tree.TreeBlock`)."""
+        batch, nodes = draft_tokens.shape
+        plist = check_parents(parents)
+        if len(plist) != nodes or nodes == 0:
+            raise ValueError(f"score_tree: parents has {len(plist)} nodes, draft_tokens {tuple(draft_tokens.shape)} "
+                             "(at least one node)")
+        check_room(self.model, max(lengths) + nodes, "score_tree")
+        self._lengths = list(lengths)
+        last = torch.tensor(lengths, dtype=torch.long) - 1
+        ids = tokens[:, : last.max() + 1].gather(1, last[:, None]).squeeze(1)
+        host = torch.cat([ids, last, tree_inputs(plist).flatten()])  # one staged copy: [2B + 2(N+1)]
+        span = self.model.span_for(max(lengths) + nodes)
+        run = lambda h, d: self._tree_forward(h, d, span)  # noqa: E731
+        return self.graphs(("tree", batch, tuple(plist), span), run, self._stage(host), draft_tokens)  # type: ignore[no-any-return]
+
+    def _tree_forward(self, host: torch.Tensor, draft_tokens: torch.Tensor, span: int) -> torch.Tensor:
+        batch, nodes = draft_tokens.shape
+        last, shape = host[batch : 2 * batch], host[2 * batch :].view(2, nodes + 1)
+        ids = torch.cat([host[:batch, None], draft_tokens], dim=1)  # [B, N+1]
+        pos = last[:, None] + shape[0][None]  # the root at its position, a node at its depth's
+        write = last[:, None] + torch.arange(nodes + 1, device=host.device)  # nodes after the root
+        block = TreeBlock(start=last + 1, bits=shape[1][None].expand(batch, -1).contiguous(), nodes=nodes)
+        return self.model.forward(ids, pos, write, span=span, tree=block)
+
+    def commit_path(self, paths: torch.Tensor) -> None:
+        """Keep the accepted path of the last :meth:`score_tree` (``paths`` [B, D] node ids, -1
+        padded): its nodes' keys and values move, in every layer, to the slots right after each
+        row's last token, where a chain forward of them would have written them; ``cached`` ends
+        after them, so no later forward reads a slot of a rejected branch before rewriting it."""
+        moves, kept = path_moves(self._lengths, paths, self.model.max_len)
+        if moves.shape[1]:  # a plain copy, not the pinned stage: its buffer of this shape may be in flight
+            self.model.move_slots(moves.to(self.device))
+        self.cached = [n + k for n, k in zip(self._lengths, kept, strict=True)]
 
     def rollback(self, num_accepted: Sequence[int]) -> None:
         """Nothing to move: the next :meth:`score` starts each row at ``lengths[b] - 1``,

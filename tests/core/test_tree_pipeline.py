@@ -90,10 +90,20 @@ def test_tree_arm_on_a_verifier_without_trees_is_refused_at_build(models: dict[s
         build_pipeline(_config(models, TREE_ARMS["lookup-tree"], verifier={"use": "synthetic"}))
 
 
-def test_tree_arm_on_a_target_without_trees_is_refused_at_build(models: dict[str, Path]) -> None:
-    config = _config(models, TREE_ARMS["lookup-tree"], target={"use": "fast", "compile": False, "max_len": 128})
-    with pytest.raises(ValueError, match=r"arm 'tree' \(prompt_lookup\) proposes draft trees.*target 'fast'"):
-        build_pipeline(config)
+def test_tree_arm_on_a_target_without_trees_is_refused(models: dict[str, Path]) -> None:
+    class ChainOnly:  # both bundled targets score trees: hide that capability
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            if name in ("score_tree", "commit_path"):
+                raise AttributeError(name)
+            return getattr(self.inner, name)
+
+    pipe = _plain(models)
+    pipe.target = ChainOnly(pipe.target)
+    with pytest.raises(ValueError, match=r"arm 'tree' \(PromptLookupDraft\) proposes draft trees.*cannot score"):
+        pipe.arms = [Arm("tree", PromptLookupDraft(LookupConfig(branches=3)), 6)]
 
 
 def test_a_tree_from_a_provider_that_does_not_declare_trees_is_a_clear_error(models: dict[str, Path]) -> None:
