@@ -282,8 +282,13 @@ def gate(
     Tests with no degrees of freedom (too few rows reached a deep position) are left
     out of the family.
     """
-    result = run_case(verifier, case, seed, report, device)
-    if case.sampling.greedy:
+    return decide(run_case(verifier, case, seed, report, device), case.sampling.greedy, alpha)
+
+
+def decide(result: CaseResult, greedy: bool, alpha: float) -> GateResult:
+    """The gate's decision on a measured case: any greedy mismatch, or any law test that
+    Holm rejects at ``alpha`` among those with degrees of freedom (or an impossible outcome)."""
+    if greedy:
         return GateResult(result.mismatches > 0, ("greedy",) if result.mismatches else (), result)
     names = [n for n, t in result.tests.items() if t.dof > 0 or t.impossible]
     rejected = holm([result.tests[n].pvalue for n in names], alpha)

@@ -31,7 +31,7 @@ import torch
 
 from flashspec_core.contracts import SamplingParams
 from flashspec_core.sampling import probs_from_logits, sample
-from flashspec_core.testing.chisq import ChiSquare, chisquare, expected_counts, grouped_counts, holm
+from flashspec_core.testing.chisq import ChiSquare, chisquare, expected_counts, grouped_counts
 from flashspec_core.testing.exactness import (
     GATE_ALPHA,
     GATE_MIN_EXPECTED,
@@ -39,6 +39,7 @@ from flashspec_core.testing.exactness import (
     MIN_TRIALS,
     CaseResult,
     GateResult,
+    decide,
 )
 from flashspec_core.testing.laws import filtered_probs, greedy_tokens
 from flashspec_core.tree import (
@@ -321,13 +322,7 @@ def tree_gate(
     verify: TreeVerifyFn, case: TreeCase, seed: int, alpha: float = GATE_ALPHA, report: TreeReport | None = None
 ) -> GateResult:
     """Reject ``verify`` on ``case`` if any law is off (Holm over the case's tests at ``alpha``)."""
-    result = run_tree_case(verify, case, seed, report)
-    if case.sampling.greedy:
-        return GateResult(result.mismatches > 0, ("greedy",) if result.mismatches else (), result)
-    names = [n for n, t in result.tests.items() if t.dof > 0 or t.impossible]
-    rejected = holm([result.tests[n].pvalue for n in names], alpha)
-    failing = tuple(n for n, r in zip(names, rejected, strict=True) if r)
-    return GateResult(bool(failing), failing, result)
+    return decide(run_tree_case(verify, case, seed, report), case.sampling.greedy, alpha)
 
 
 def impossible_emissions(p: torch.Tensor, verdict: TreeVerdict) -> int:
