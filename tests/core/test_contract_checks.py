@@ -7,49 +7,18 @@ drafts and verifiers that break one rule each.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 import torch
+from _table import VOCAB, TableTarget
 
 from flashspec_core import ComponentSpec, Draft, SamplingParams, Verdict, hookimpl
 from flashspec_core.build import build_pipeline
 from flashspec_core.contracts import ContractViolation
 from flashspec_core.registry import build_registry
 from flashspec_reference.plugin import ReferenceVerifier
-
-VOCAB = 8
-
-
-class TableTarget:
-    """The logits after a sequence are a fixed table's row of its last token; ``spoil`` breaks them."""
-
-    vocab = VOCAB
-    device = torch.device("cpu")
-    eos_token_ids = {VOCAB - 1}
-
-    def __init__(self, spoil: Callable[[torch.Tensor], None] = lambda logits: None) -> None:
-        self.table = 4 * torch.randn((VOCAB, VOCAB), generator=torch.Generator().manual_seed(0))
-        self.spoil = spoil
-
-    def encode(self, prompt: str) -> list[int]:
-        return [int(word) for word in prompt.split()]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return " ".join(str(i) for i in ids)
-
-    def prefill(self, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
-        """Stateless."""
-
-    def score(self, tokens: torch.Tensor, lengths: Sequence[int], draft_tokens: torch.Tensor) -> torch.Tensor:
-        last = torch.tensor([int(tokens[b, n - 1]) for b, n in enumerate(lengths)])
-        logits = self.table[torch.cat([last[:, None], draft_tokens.clamp(0, VOCAB - 1)], dim=1)].clone()
-        self.spoil(logits)
-        return logits  # [B, gamma+1, V]
-
-    def rollback(self, num_accepted: Sequence[int]) -> None:
-        """Stateless."""
 
 
 class UniformDraft:

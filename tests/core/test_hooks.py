@@ -17,6 +17,7 @@ from typing import Any
 import pluggy
 import pytest
 import torch
+from _table import VOCAB, TableTarget
 
 from flashspec_core import ComponentSpec, Draft, SamplingParams, hookimpl, hookspecs
 from flashspec_core.build import build_pipeline
@@ -93,36 +94,6 @@ def test_every_capability_is_documented(capability: type) -> None:
 
 
 # ------------------------------------------- a plugin offering every component kind
-
-VOCAB = 8
-
-
-class TableTarget:
-    """A bigram target: the logits after a sequence are a fixed table's row of its last token."""
-
-    vocab = VOCAB
-    device = torch.device("cpu")
-    eos_token_ids = {VOCAB - 1}
-
-    def __init__(self) -> None:
-        self.table = 4 * torch.randn((VOCAB, VOCAB), generator=torch.Generator().manual_seed(0))
-
-    def encode(self, prompt: str) -> list[int]:
-        return [int(word) for word in prompt.split()]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return " ".join(str(i) for i in ids)
-
-    def prefill(self, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
-        """Stateless."""
-
-    def score(self, tokens: torch.Tensor, lengths: Sequence[int], draft_tokens: torch.Tensor) -> torch.Tensor:
-        last = torch.tensor([int(tokens[b, n - 1]) for b, n in enumerate(lengths)])
-        return self.table[torch.cat([last[:, None], draft_tokens.cpu()], dim=1)]  # [B, gamma+1, V]
-
-    def rollback(self, num_accepted: Sequence[int]) -> None:
-        """Stateless."""
-
 
 class EchoDraft:
     """Proposes each row's last token ``gamma`` times (a one-hot draft)."""
