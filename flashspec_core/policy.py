@@ -22,10 +22,10 @@ Vocabulary:
 * *choice* -- the selector's own arm index ``k``, which plays ``arms[choices[k]]``: the
   selector sees only the selectable arms.
 * *plan* -- what a step plays, decided before it drafts (:class:`Plan`).
-* *batch limit* -- ``speculate_max_batch``: with more live rows than this a step decodes
-  without drafting, and the selector is neither asked nor updated (vLLM's
-  ``disable_by_batch_size``): at large batches a target forward is no longer much cheaper
-  per token than a draft's, so speculation costs throughput.
+* *batch limit* -- ``speculate_max_batch`` (off unless set): with more live rows than this
+  a step decodes without drafting, and the selector is neither asked nor updated (vLLM's
+  ``disable_by_batch_size``), a fixed rule for where drafting is known not to pay; the
+  learned alternative is the buckets below.
 * *bucket* -- ``batch_buckets``, the smallest live-row count of each bucket (``(1, 2, 4)``:
   1, 2-3, 4 and more). The policy keeps one selector, one reward scorer and one first
   scorer per bucket, and a step asks, scores and updates those of its live-row count's
