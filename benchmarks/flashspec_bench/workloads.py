@@ -131,9 +131,9 @@ def edit_prompt(kind: str, source: str) -> str:
     return f"{head} Reply with the complete updated code only.\n\n```python\n{source.strip()}\n```"
 
 
-def code_edit_rows(count: int = 30) -> list[Row]:
+def code_edit_rows(count: int = 32) -> list[Row]:
     """Half HumanEval solutions without their docstring (add one, or rename), half standard-library
-    functions (add type hints, or rename)."""
+    functions (add type hints, or rename). 32: one batch of code edits alone at batch 32."""
     rows = []
     for i, (task, _, src) in enumerate(solutions(every=5, offset=0, count=count // 2)):
         kind = ("docstring", "rename")[i % 2]

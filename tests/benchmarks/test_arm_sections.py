@@ -43,7 +43,7 @@ def test_sweep_config_loads_with_buckets_and_the_new_arms() -> None:
     assert [a.name for a in cfg.arms] == ["suffix-g8", "self-l8-g3", "self-l16-g3", "lookup-match-g6",
                                           "lookup-match-g12-b3", "draft0.5b-g3", "none"]
     assert cfg.batch_buckets == secs.SWEEP_BUCKETS
-    assert text.startswith("# batch sweep: 8 prompts per domain (16 from batch 16 on)")  # recorded in bench.json
+    assert text.startswith("# batch sweep: 8 prompts per domain (a batch's worth from batch 16 on")  # in bench.json
 
 
 def test_configs_leave_out_the_tree_arms_the_fast_path_lacks_and_say_why() -> None:
@@ -100,6 +100,10 @@ def test_plans_and_workloads_of_the_new_sections() -> None:
     rows = [json.loads(x) for x in secs.workload("sweep_b4").read_text().splitlines()]
     assert len(rows) == 8 * len(secs.SWEEP_DOMAINS) and rows[0]["domain"] == "humaneval"
     assert len(secs.workload("sweep_b16").read_text().splitlines()) == 16 * len(secs.SWEEP_DOMAINS)
+    b32 = [json.loads(x)["domain"] for x in secs.workload("sweep_b32").read_text().splitlines()]
+    # HumanEval and the code edits fill a batch of 32 each; chat, code and prose share the last one
+    assert b32[:64] == ["humaneval"] * 32 + ["code_edit"] * 32 and len(b32) == 96
+    assert sorted(set(b32[64:])) == ["chat", "code", "prose"]
     tree = [json.loads(x)["domain"] for x in secs.workload("tree_b4").read_text().splitlines()]
     assert tree == ["code"] * secs.TREE_PROMPTS + ["prose"] * secs.TREE_PROMPTS
 
