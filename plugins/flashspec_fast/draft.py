@@ -11,38 +11,94 @@ per width: a row that fell behind because another arm ran meanwhile catches up i
 same forward that drafts its first token, instead of in a forward of its own. Only a
 row more than :data:`FUSED_CATCH_UP` tokens behind catches up with a separate ragged
 forward first.
+
+With ``tree_width = [w1, w2, ...]`` (:class:`FastDraftOptions`) it proposes a draft tree
+instead, as the ``hf`` draft does: the root's ``w1`` most likely tokens, each node's ``w2``
+most likely next tokens, and so on, cut to ``gamma`` nodes in level order. The first
+forward is the same; then one forward per level but the last feeds that level's nodes
+with tree attention (:class:`~flashspec_core.tree.TreeBlock`: node ``n`` at slot
+``lengths[b] + n``, positioned by its depth), the whole tree one graph replay per shape.
+The children are the top-k tokens of the draft's filtered distribution, a deterministic
+function of the context, so they are reported as one-hot ``q`` (``probs = None``) under
+sampling too, which keeps the output law the target's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+import attrs
 import torch
 
 from flashspec_core import Draft, SamplingParams
 from flashspec_core.contracts import DraftContext
 from flashspec_core.ragged import fit_vocab
 from flashspec_core.sampling import filter_logits, probs_from_logits, race
+from flashspec_core.tree import ROOT, TreeBlock, tree_shape
 from flashspec_fast.graphs import GraphCache
 from flashspec_fast.model import Transformer
 from flashspec_fast.options import FastOptions, build_model
-from flashspec_fast.target import HostInputs, bucket, catch_up_width, check_room, ragged_forward, ragged_inputs
+from flashspec_fast.target import (
+    HostInputs,
+    bucket,
+    catch_up_width,
+    check_room,
+    path_moves,
+    ragged_forward,
+    ragged_inputs,
+    tree_inputs,
+)
 
 _TINY = torch.finfo(torch.float32).tiny
 FUSED_CATCH_UP = 16  # widest first forward of the draft loop (tokens per row)
 
 
-class FastDraft:
-    """Draft LM over its own static KV cache; rollback is host bookkeeping only."""
+def _widths(_inst: object, attr: attrs.Attribute[Any], value: tuple[int, ...]) -> None:
+    if not all(isinstance(w, int) and w >= 1 for w in value):
+        raise ValueError(f"{attr.name} must be a list of integers >= 1 (children per node, per level), got {list(value)}")
 
-    def __init__(self, model: Transformer, vocab: int, opts: FastOptions) -> None:
+
+@attrs.frozen
+class FastDraftOptions(FastOptions):
+    """Keys of a ``use = "fast"`` draft: those of :class:`~flashspec_fast.options.FastOptions`
+    and ``tree_width`` (children per node at each depth; empty: a chain)."""
+
+    tree_width: tuple[int, ...] = attrs.field(default=(), converter=tuple, validator=_widths)
+
+
+def tree_levels(parents: Sequence[int]) -> list[list[tuple[int, int, int]]]:
+    """Per depth, its nodes as ``(parent, first, stop)`` sibling groups in order: the shapes
+    :func:`~flashspec_core.tree.tree_shape` gives are in level order, each group contiguous."""
+    levels: list[list[tuple[int, int, int]]] = []
+    depth = {ROOT: 0}
+    for node, parent in enumerate(parents):
+        depth[node] = depth[parent] + 1
+        if depth[node] > len(levels):
+            levels.append([])
+        groups = levels[depth[node] - 1]
+        if groups and groups[-1][0] == parent and groups[-1][2] == node:
+            groups[-1] = (parent, groups[-1][1], node + 1)
+        else:
+            groups.append((parent, node, node + 1))
+    return levels
+
+
+class FastDraft:
+    """Draft LM over its own static KV cache; rollback is host bookkeeping only (a tree's
+    accepted path: one slot copy)."""
+
+    def __init__(self, model: Transformer, vocab: int, opts: FastOptions, tree_width: Sequence[int] = ()) -> None:
         self.model = model
         self.vocab = vocab
+        self.tree_width = tuple(tree_width)
+        self.proposes_trees = any(w > 1 for w in self.tree_width)
         self.graphs = GraphCache(model.device, opts.compile)
         self._stage = HostInputs(model.device)
         self.seen: list[int] = []  # per row: slots 0..seen-1 hold the row's sequence
         self._lengths: list[int] = []
         self._fed = 0  # draft tokens the last proposal's loop fed through the model
+        self._tree = False  # the last proposal's nodes sit at tree slots (a tree_width draft)
 
     def reset(self) -> None:
         self.seen = []
@@ -59,9 +115,12 @@ class FastDraft:
         if len(self.seen) != batch:
             self._fit(batch)
             self.seen = [0] * batch
+        self._tree = False
         if gamma == 0:  # an empty proposal feeds nothing: the rollback after it keeps the cache as it is
             self._lengths, self._fed = list(self.seen), 0
             return Draft(tokens=torch.zeros((batch, 0), dtype=torch.long), probs=None)
+        parents = tree_shape(self.tree_width, gamma) if self.proposes_trees else []
+        gamma = len(parents) or gamma
         check_room(self.model, max(lengths) + gamma, "draft")
         behind = [max(n - 2, 0) for n in lengths]
         starts = [min(s, e) for s, e in zip(self.seen, behind, strict=True)]  # first token the cache lacks
@@ -70,6 +129,8 @@ class FastDraft:
             ragged_forward(self.model, tokens, starts, behind, self._stage, self.graphs)
             starts, width = behind, 2
         host = first_inputs(tokens, starts, lengths, width, self.model.scratch)
+        if parents:
+            return self._propose_tree(host, list(lengths), parents, sampling)
         noise = torch.empty(0, device=self.model.device)
         if not sampling.greedy:
             noise = torch.empty((gamma, batch, self.vocab), device=self.model.device).exponential_(generator=generator)
@@ -100,6 +161,46 @@ class FastDraft:
             write = pos
         tokens = torch.stack(drafted, dim=1)  # [B, gamma]
         return tokens, torch.stack(probs, dim=1) if probs else tokens
+
+    def _propose_tree(self, host: torch.Tensor, lengths: list[int], parents: list[int], sampling: SamplingParams
+                      ) -> Draft:
+        """The tree of shape ``parents`` after each row: one graph replay per (batch, shape,
+        sampling, span, first width). host: [3, B, W] (see :func:`first_inputs`)."""
+        span = self.model.span_for(max(lengths) + len(parents))
+        key = ("tree", host.shape[1], tuple(parents), sampling, span, host.shape[2])
+        levels = tree_levels(parents)
+        loop = lambda h, t: self._tree_loop(h, t, levels, sampling, span)  # noqa: E731
+        dev = self._stage(torch.cat([host.flatten(), tree_inputs(parents).flatten()]))  # one staged copy
+        split = host.numel()
+        out = self.graphs(key, loop, dev[:split].view(host.shape), dev[split:].view(2, -1))
+        # levels but the last were fed: their nodes' keys and values sit at slots lengths[b] + n
+        self._lengths, self._fed, self._tree = lengths, levels[-1][0][1], True
+        chain = parents == list(range(-1, len(parents) - 1))
+        return Draft(tokens=out, probs=None, parents=None if chain else torch.tensor(parents, dtype=torch.long))
+
+    def _tree_loop(self, host: torch.Tensor, shape: torch.Tensor, levels: list[list[tuple[int, int, int]]],
+                   sampling: SamplingParams, span: int) -> torch.Tensor:
+        """host: [3, B, W] the first forward; shape: [2, N + 1] (:func:`~flashspec_fast.target.tree_inputs`)
+        -> the nodes [B, N] int64: each sibling group the top-k of its parent's filtered logits."""
+        ids, pos, write = host[0], host[1], host[2]
+        batch, last = ids.shape[0], pos[:, -1]  # the root's position [B]
+        nodes = torch.zeros((batch, shape.shape[1] - 1), dtype=torch.long, device=ids.device)
+        after = self.model.forward(ids, pos, write, last_only=True, span=span)[:, -1:]  # [B, 1, V]: the root
+        fed = [ROOT]  # the nodes whose logits `after` holds, in order
+        for k, groups in enumerate(levels):
+            top = torch.topk(filter_logits(fit_vocab(after, self.vocab), sampling), max(e - s for _, s, e in groups),
+                             dim=-1).indices  # [B, len(fed), w]
+            for parent, first, stop in groups:
+                nodes[:, first:stop] = top[:, fed.index(parent), : stop - first]
+            if k + 1 < len(levels):  # the next level needs this one's logits: feed it
+                first, stop = groups[0][1], groups[-1][2]
+                block = TreeBlock(start=last + 1, bits=shape[1, first + 1 : stop + 1][None].expand(batch, -1).contiguous(),
+                                  nodes=stop)
+                slots = last[:, None] + 1 + torch.arange(first, stop, device=ids.device)  # [B, level]
+                after = self.model.forward(nodes[:, first:stop], last[:, None] + shape[0, first + 1 : stop + 1],
+                                           slots, span=span, tree=block)
+                fed = list(range(first, stop))
+        return nodes
 
     def prewarm(self, batch: int, gamma: int, sampling: SamplingParams, off_gpu: bool = False) -> int:
         """Capture now every graph a step at this ``batch``, ``gamma`` and ``sampling`` can
@@ -145,8 +246,20 @@ class FastDraft:
             self.graphs.clear()
 
     def rollback(self, num_accepted: Sequence[int]) -> None:
-        """The loop fed the row's last token and ``gamma - 1`` drafts: keep the accepted ones."""
+        """The loop fed the row's last token and ``gamma - 1`` drafts: keep the accepted ones.
+        A tree shape cut to a chain sits at the chain's slots, so the same holds for it."""
         self.seen = [n + min(k, self._fed) for n, k in zip(self._lengths, num_accepted, strict=True)]
+
+    def rollback_path(self, paths: torch.Tensor) -> None:
+        """Keep the accepted nodes the last tree proposal fed (those of every level but the
+        last), moved in the cache to the slots right after each row's last token."""
+        if not self._tree:  # an empty proposal, or a chain: paths hold nothing it fed
+            self.rollback([0] * len(self._lengths))
+            return
+        moves, kept = path_moves(self._lengths, torch.where(paths < self._fed, paths, -1), self.model.max_len)
+        if moves.shape[1]:
+            self.model.move_slots(moves.to(self.model.device))
+        self.seen = [n + k for n, k in zip(self._lengths, kept, strict=True)]
 
 
 def first_inputs(tokens: torch.Tensor, starts: Sequence[int], lengths: Sequence[int], width: int, scratch: int
@@ -163,9 +276,7 @@ def first_inputs(tokens: torch.Tensor, starts: Sequence[int], lengths: Sequence[
 
 
 def make_draft(opts: FastOptions, context: DraftContext) -> FastDraft:
-    import attrs
-
     if opts.device == "auto":
         opts = attrs.evolve(opts, device=str(context.device))
     model, _path = build_model(opts)
-    return FastDraft(model, context.vocab, opts)
+    return FastDraft(model, context.vocab, opts, getattr(opts, "tree_width", ()))

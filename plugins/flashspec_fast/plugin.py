@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from flashspec_core import ComponentSpec, DraftProvider, Verifier, hookimpl
 from flashspec_core.contracts import Target
-from flashspec_fast.draft import make_draft
+from flashspec_fast.draft import FastDraftOptions, make_draft
 from flashspec_fast.options import FastOptions
 from flashspec_fast.selfdraft import SelfOptions, make_self_draft
 from flashspec_fast.synthetic import SyntheticOptions, make_synthetic
@@ -33,8 +33,8 @@ def flashspec_draft_providers() -> Iterable[ComponentSpec[DraftProvider]]:
             name="fast",
             kind="draft",
             factory=make_draft,
-            config_cls=FastOptions,
-            description="own Qwen2/Llama draft: static KV cache, the gamma-token loop as one CUDA graph",
+            config_cls=FastDraftOptions,
+            description="own Qwen2/Llama draft: static KV cache, the gamma-token loop (or a tree_width tree) as one CUDA graph",
         ),
         ComponentSpec(
             name="self",
