@@ -196,9 +196,19 @@ def configs(paths: dict[str, str], verifier: str, fuse: bool, attention: str) ->
     tree = Path("/tmp/fs_tree.toml")
     tree.write_text(tree_toml(paths, tree_verifier(verifier), 768, fuse, attention=attention, support=support))
     sweep = Path("/tmp/fs_sweep.toml")
-    sweep.write_text(sweep_toml(paths, tree_verifier(verifier) if support["lookup"] is None else verifier, 1024, fuse,
-                                attention=attention, support=support))
+    sweep.write_text(sweep_toml(paths, verifier, 1024, fuse, attention=attention,
+                                support=sweep_support(support, verifier, tree_verifier(verifier))))
     return dict.fromkeys(TREE_SECTIONS, tree) | dict.fromkeys(SWEEP_SECTIONS, sweep)
+
+
+def sweep_support(support: dict[str, str | None], verifier: str, for_trees: str) -> dict[str, str | None]:
+    """The sweep keeps the requested verifier for every arm: a tree arm joins it only where that
+    verifier verifies trees (``for_trees``, :func:`tree_verifier`, is the same), since falling
+    back to the reference verifier would slow every system of the sweep."""
+    if for_trees == verifier:
+        return support
+    why = f"the {verifier} verifier does not verify trees, and the sweep keeps it for every arm"
+    return {k: v or why for k, v in support.items()}
 
 
 def workload(name: str) -> Path:

@@ -58,6 +58,14 @@ def test_configs_leave_out_the_tree_arms_the_fast_path_lacks_and_say_why() -> No
     assert parse_config(tomllib.loads(sweep), build_registry(), "sweep").arms[-2].name == "draft0.5b-g3"
 
 
+def test_the_sweep_leaves_tree_arms_out_rather_than_change_its_verifier() -> None:
+    ok = {"draft": "no tree_width", "lookup": None, "suffix": None}
+    assert secs.sweep_support(ok, "auto", "auto") == ok
+    slow = secs.sweep_support(ok, "auto", "reference")
+    assert slow["draft"] == "no tree_width" and slow["lookup"].startswith("the auto verifier does not verify trees")
+    assert "lookup-match-g12-b3" not in secs.sweep_toml(PATHS, "auto", 1024, True, support=slow)
+
+
 def test_tree_problem_only_when_no_tree_arm_is_left(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(secs, "tree_support", lambda: {"draft": "a", "lookup": None, "suffix": "b"})
     assert secs.tree_problem() is None
