@@ -46,15 +46,19 @@ SWEEP_BUCKETS = (1, 2, 4, 8, 16, 32)
 # Seconds of device time per section (a `full` call each: model load and compile included). A
 # section past its budget skips its lowest-priority systems, then its remaining batches
 # (flashspec_bench.harness.flashspec_runs), and says so in bench.json.
-BUDGETS = {"sweep_b1": 150, "tree_b1": 180, "sweep_b8": 90, "sweep_b32": 90, "tree_t07": 120, "sweep_b4": 80,
-           "sweep_b16": 80, "tree_b4": 90}
+# Estimated from the H200 rates in e2e-h200.json (about 380 tokens/s at batch 1 over a whole
+# b1 section with its warm-ups, 1500 at batch 4, 3300 at 8, 10000 at 32) plus ~45 s of model
+# load and draft prewarm per section, and ~35 s for tree_b1's float32 check.
+BUDGETS = {"sweep_b1": 150, "tree_b1": 210, "sweep_b8": 75, "sweep_b32": 75, "tree_t07": 140, "sweep_b4": 80,
+           "sweep_b16": 75, "tree_b4": 80}
 # The lease's multi calls, most wanted first; each call stays under the device tool's 10 min.
 MULTI_CALLS = (("sweep_b1", "tree_b1", "sweep_b8", "sweep_b32"), ("tree_t07", "sweep_b4", "sweep_b16", "tree_b4"))
 
 
 def sweep_prompts(batch: int) -> int:
-    """Prompts per domain at ``batch``: 8, or a batch's worth from batch 16 on (each batch one domain)."""
-    return 8 if batch < 16 else batch
+    """Prompts per domain at ``batch``: 6 at batch 1, 8 up to batch 8, a batch's worth from 16 on
+    (each batch one domain)."""
+    return 6 if batch == 1 else 8 if batch < 16 else batch
 
 
 def sweep_section_rows(batch: int, domains: tuple[str, ...] = SWEEP_DOMAINS) -> list[dict[str, Any]]:
@@ -141,7 +145,8 @@ def sweep_toml(paths: dict[str, str], verifier: str, max_len: int, fuse: bool, *
              for n in SELF_LAYERS]
     tree = ([_lookup(LOOKUP_TREE_GAMMA, f"lookup-match-g{LOOKUP_TREE_GAMMA}-b{LOOKUP_BRANCHES}", LOOKUP_BRANCHES)]
             if ok["lookup"] is None else [])
-    head = (f"# batch sweep: {sweep_prompts(1)} prompts per domain (a batch's worth from batch 16 on; domains "
+    head = (f"# batch sweep: {sweep_prompts(1)} prompts per domain at batch 1, {sweep_prompts(4)} up to batch 8 "
+            f"(a batch's worth from batch 16 on; domains "
             f"with fewer share a batch) of {', '.join(SWEEP_DOMAINS)}, {SWEEP_TOKENS} new tokens, greedy: small "
             f"so that each batch size fits its budget\n{_left_out({'lookup': ok['lookup']})}"
             f"[target]\n{_fast(paths['target'], max_len, fuse, attention)}\n")

@@ -43,7 +43,7 @@ def test_sweep_config_loads_with_buckets_and_the_new_arms() -> None:
     assert [a.name for a in cfg.arms] == ["suffix-g8", "self-l8-g3", "self-l16-g3", "lookup-match-g6",
                                           "lookup-match-g12-b3", "draft0.5b-g3", "none"]
     assert cfg.batch_buckets == secs.SWEEP_BUCKETS
-    assert text.startswith("# batch sweep: 8 prompts per domain (a batch's worth from batch 16 on")  # in bench.json
+    assert text.startswith("# batch sweep: 6 prompts per domain at batch 1, 8 up to batch 8")  # in bench.json
 
 
 def test_configs_leave_out_the_tree_arms_the_fast_path_lacks_and_say_why() -> None:
