@@ -2,9 +2,9 @@
 
 * ``tree`` (sections ``tree_b1``, ``tree_t07``, ``tree_b4``): accepted tokens per target
   forward of the best draft tree over the best chain of as many draft forwards per step (a
-  tree drafts one forward per level, a chain one per token), lookup with branches over the
-  lookup chain, tokens/s over own target-only per domain, and the float32 greedy check of
-  every fixed arm, trees included.
+  tree drafts one forward per level, a chain one per token), lookup and suffix branches over
+  their chains, tokens/s over own target-only per domain, the float32 greedy check of every
+  fixed arm, trees included, and the goals met.
 * ``batch_sweep`` (``sweep_b*``): ``{batch: {domain: {system: tokens/s, ...,
   bandit_vs_target_only}}}``; a domain's figures come only from batches that held that
   domain alone, and ``all`` from every batch.
@@ -118,23 +118,59 @@ def tree_summary(sections: dict[str, Section | None], reasons: dict[str, str]) -
     out["verifier"] = tomllib.loads(ran["config"])["verifier"]["use"]
     out["label"] = ("chains vs trees of one 0.5B draft, lookup chain vs branches, on the code and prose prompts "
                     f"(batch 1 greedy and at temperature 0.7, batch 4 greedy; verifier {out['verifier']})")
+    for key, sec in (("", b1), ("_t07", t07), ("_b4", b4)):
+        if sec:  # the headline ratio (the best over draft-forward counts), and every comparison
+            out[f"accepted_per_forward{key}"] = detail = tree_vs_chain(sec)
+            out[f"accepted_per_forward_vs_best_chain{key}"] = detail["max"]
     if b1:
-        out["accepted_per_forward_vs_best_chain"] = tree_vs_chain(b1)
         out["speedup_vs_own_target_only"] = {d: v["speedup"] for d, v in speedups(b1, tree=True).items()}
         out["best_tree_arm"] = {d: v["arm"] for d, v in speedups(b1, tree=True).items()}
         out["chain_speedup_vs_own_target_only"] = {d: v["speedup"] for d, v in speedups(b1, tree=False).items()}
     if t07:
-        out["accepted_per_forward_vs_best_chain_t07"] = tree_vs_chain(t07)
         out["speedup_vs_own_target_only_t07"] = {d: v["speedup"] for d, v in speedups(t07, tree=True).items()
                                                  if d == "code"}
         out["chain_speedup_vs_own_target_only_t07"] = {d: v["speedup"] for d, v in speedups(t07, tree=False).items()}
     if b4:
-        out["accepted_per_forward_vs_best_chain_b4"] = tree_vs_chain(b4)
         out["speedup_vs_own_target_only_b4"] = {d: v["speedup"] for d, v in speedups(b4, tree=True).items()}
         out["chain_speedup_vs_own_target_only_b4"] = {d: v["speedup"] for d, v in speedups(b4, tree=False).items()}
     out["left_out"] = left_out(ran)
-    out["greedy_identical_fp32"] = exactness_of(b1)
+    out["greedy_identical_fp32_detail"] = exact = exactness_of(b1)
+    out["greedy_identical_fp32"] = exact.get("greedy_identical")
+    out["goals"] = tree_goals(out)
     return out
+
+
+def _at_least(value: float | None, goal: float) -> bool | None:
+    return None if value is None else value >= goal
+
+
+def tree_goals(tree: dict[str, Any]) -> dict[str, bool | None]:
+    """The tree goals (batch 1; None where not measured): accepted tokens per target forward
+    >= 1.35x the best chain of as many draft forwards; the best tree >= 1.6x own target-only
+    on code, >= 1.25x on prose, >= 1.4x on code at temperature 0.7; float32 greedy identical."""
+    greedy, t07 = tree.get("speedup_vs_own_target_only", {}), tree.get("speedup_vs_own_target_only_t07", {})
+    return {"accepted_per_forward_1_35x_best_chain": _at_least(tree.get("accepted_per_forward_vs_best_chain"), 1.35),
+            "code_1_6x": _at_least(greedy.get("code"), 1.6), "prose_1_25x": _at_least(greedy.get("prose"), 1.25),
+            "code_t07_1_4x": _at_least(t07.get("code"), 1.4), "greedy_identical_fp32": tree.get("greedy_identical_fp32")}
+
+
+def sweep_goals(sweep: dict[str, Any], suffix_b1: float | None) -> dict[str, Any]:
+    """The batch-aware goals (None where not measured): the bandit >= 0.98x own target-only at
+    every batch size on every domain (with the worst), >= 1.15x at batch 8 and >= 1.1x at
+    batch 32 on code edits, and the suffix arm >= 1.8x on code edits at batch 1."""
+    ratios = {(b, d): row["bandit_vs_target_only"] for b, rows in sweep.items() if b.isdigit()
+              for d, row in rows.items() if d != "all" and "bandit_vs_target_only" in row}
+    worst = min(ratios, key=ratios.__getitem__) if ratios else None
+
+    def code_edit(batch: str) -> float | None:
+        return (sweep.get(batch) or {}).get("code_edit", {}).get("bandit_vs_target_only")
+
+    return {"bandit_0_98x_everywhere": _at_least(ratios[worst], 0.98) if worst else None,
+            "bandit_worst": {"batch": worst[0], "domain": worst[1], "bandit_vs_target_only": ratios[worst]}
+            if worst else None,
+            "bandit_code_edit_b8_1_15x": _at_least(code_edit("8"), 1.15),
+            "bandit_code_edit_b32_1_1x": _at_least(code_edit("32"), 1.1),
+            "suffix_code_edit_b1_1_8x": _at_least(suffix_b1, 1.8)}
 
 
 def left_out(sec: Section) -> list[str]:
@@ -273,6 +309,8 @@ def find(data: Any, key: str) -> Any:
 def arm_summary(sections: dict[str, Section | None], reasons: dict[str, str], forward: tuple[Path, ...]) -> dict[str, Any]:
     """The keys this module adds to the summary."""
     sweep = sweep_summary(sections, reasons)
+    suffix = suffix_vs_target_only(sweep)
+    sweep["goals"] = sweep_goals(sweep, suffix)
     return {"tree": tree_summary(sections, reasons), "batch_sweep": sweep,
-            "suffix_vs_target_only_code_edit_b1": suffix_vs_target_only(sweep), "self_spec": self_spec(sections),
+            "suffix_vs_target_only_code_edit_b1": suffix, "self_spec": self_spec(sections),
             "arm_sections_budget": budget(sections), "forward": forward_summary(*forward)}

@@ -177,18 +177,21 @@ def test_tree_summary_from_fake_sections() -> None:
     b1 = tree_section(exactness=exact)
     s = arm_summary.tree_summary({"tree_b1": b1, "tree_t07": tree_section(), "tree_b4": None}, {"tree_b4": "budget"})
     assert s["not_measured"] == {"tree_b4": "budget"} and s["verifier"] == "reference"
-    at3 = s["accepted_per_forward_vs_best_chain"]["by_draft_forwards"]["3"]
+    at3 = s["accepted_per_forward"]["by_draft_forwards"]["3"]
     assert (at3["tree"], at3["chain"], at3["ratio"]) == ("draft0.5b-tree2x2x1-n10", "draft0.5b-g3", 2.5 / 2.0)
-    at5 = s["accepted_per_forward_vs_best_chain"]["by_draft_forwards"]["5"]
-    assert at5["ratio"] == 1.0 and s["accepted_per_forward_vs_best_chain"]["max"] == 1.25
-    assert s["accepted_per_forward_vs_best_chain"]["lookup_branches_vs_chain"]["ratio"] == pytest.approx(1.2)
+    at5 = s["accepted_per_forward"]["by_draft_forwards"]["5"]
+    assert at5["ratio"] == 1.0 and s["accepted_per_forward_vs_best_chain"] == 1.25  # the best of the two counts
+    assert s["accepted_per_forward"]["lookup_branches_vs_chain"]["ratio"] == pytest.approx(1.2)
     # per domain: the best tree there over target-only there (code 10/0.4 vs 10/1.0; prose 10/0.7)
     assert s["speedup_vs_own_target_only"] == pytest.approx({"code": 2.5, "prose": 1 / 0.7})
     assert s["best_tree_arm"] == {"code": "draft0.5b-tree2x2x1-n10", "prose": "draft0.5b-tree3x2x1-n12"}
     assert s["chain_speedup_vs_own_target_only"]["code"] == pytest.approx(2.0)
     assert set(s["speedup_vs_own_target_only_t07"]) == {"code"}
-    assert s["greedy_identical_fp32"]["greedy_identical"] is True
-    assert s["greedy_identical_fp32"]["tree_arms"] == ["draft0.5b-tree2x2x1-n10"]
+    assert s["greedy_identical_fp32"] is True
+    assert s["greedy_identical_fp32_detail"]["tree_arms"] == ["draft0.5b-tree2x2x1-n10"]
+    # 1.25x < 1.35x per forward; code 2.5x >= 1.6x, prose 1.43x >= 1.25x; t07 code as b1's
+    assert s["goals"] == {"accepted_per_forward_1_35x_best_chain": False, "code_1_6x": True, "prose_1_25x": True,
+                          "code_t07_1_4x": True, "greedy_identical_fp32": True}
     assert "speedup_vs_own_target_only_b4" not in s
 
 
@@ -207,6 +210,15 @@ def test_batch_sweep_summary_counts_a_domain_only_in_its_own_batches() -> None:
     assert s["config"]["max_new_tokens"] == 64 and "fits its budget" in s["config"]["note"]
     assert set(s["not_measured"]) == {"sweep_b4", "sweep_b8", "sweep_b16"}
     assert arm_summary.suffix_vs_target_only(s) == 4.0
+    goals = arm_summary.sweep_goals(s, 4.0)
+    assert goals["bandit_0_98x_everywhere"] is True and goals["suffix_code_edit_b1_1_8x"] is True
+    assert goals["bandit_worst"] == {"batch": "1", "domain": "chat", "bandit_vs_target_only": pytest.approx(1.25)}
+    assert goals["bandit_code_edit_b8_1_15x"] is None and goals["bandit_code_edit_b32_1_1x"] is None
+    worse = json.loads(json.dumps(s))
+    worse["1"]["chat"]["bandit_vs_target_only"] = 0.9
+    assert arm_summary.sweep_goals(worse, 1.5) | {"bandit_worst": None} == {
+        "bandit_0_98x_everywhere": False, "bandit_worst": None, "bandit_code_edit_b8_1_15x": None,
+        "bandit_code_edit_b32_1_1x": None, "suffix_code_edit_b1_1_8x": False}
     full = e2e.build_summary({"sweep_b1": b1}, "abc1234", {})
     assert full["suffix_vs_target_only_code_edit_b1"] == 4.0 and full["batch_sweep"]["1"] == s["1"]
 
@@ -284,10 +296,10 @@ def test_tree_section_end_to_end_on_tiny_checkpoints(tmp_path: Path) -> None:
     assert ex["greedy_identical"] is True and set(ex["tree_arms"]) == {*trees, "lookup-match-g12-b3", *suffix_tree}
     assert all(ex["systems"][f"fixed:{n}"] for n in trees)
     s = e2e.build_summary({"tree_b1": bench}, "abc1234", {})["tree"]
-    assert set(s["accepted_per_forward_vs_best_chain"]["by_draft_forwards"]) == {"3", "5"}
-    assert s["accepted_per_forward_vs_best_chain"]["by_draft_forwards"]["3"]["ratio"] > 0
+    assert set(s["accepted_per_forward"]["by_draft_forwards"]) == {"3", "5"}
+    assert s["accepted_per_forward"]["by_draft_forwards"]["3"]["ratio"] > 0
     assert set(s["speedup_vs_own_target_only"]) == {"code", "prose"}
-    assert s["greedy_identical_fp32"]["greedy_identical"] is True
+    assert s["greedy_identical_fp32"] is True
 
 
 @pytest.mark.slow
