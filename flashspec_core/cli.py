@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from flashspec_core import logs
-from flashspec_core.config import GENERATION_KEYS, check_config_file, check_generation, check_prompt
+from flashspec_core.config import GENERATION_KEYS, check_config_file, check_generation, check_prompt_text
 
 DEFAULT_CONFIG = "default.toml"
 
@@ -112,7 +112,7 @@ def _number(text: str) -> int | float | str:
 def _generate(args: argparse.Namespace) -> int:
     given = {key: _number(value) for key in GENERATION_KEYS if (value := getattr(args, key)) is not None}
     overrides = check_generation(given, _option)
-    check_prompt(args.prompt)
+    check_prompt_text(args.prompt)
     config = Path(args.config) if args.config else bundled_config(DEFAULT_CONFIG)
     check_config_file(config)
     if args.append and not args.log_json:
@@ -127,23 +127,35 @@ def _generate(args: argparse.Namespace) -> int:
         gen = pipeline.config.generation
         opts = {key: overrides.get(key, getattr(gen, key)) for key in GENERATION_KEYS}
         _say("generating")
-        stream = _Streamer(pipeline.target.decode, sys.stdout)
+        # -v on a terminal: step lines and streamed text would share its lines, so the text comes whole at the end
+        held = args.verbose and _same_terminal(sys.stdout, sys.stderr)
+        stream = _Streamer(pipeline.target.decode, sys.stdout, hold=held)
         result = pipeline.generate([args.prompt], on_tokens=stream, **opts)
         stream.finish()
         _print_summary(result.summary, sys.stderr)
     return 0
 
 
-class _Streamer:
-    """Print text as tokens are accepted (decode the whole row, print the new suffix)."""
+def _same_terminal(a: IO[str], b: IO[str]) -> bool:
+    try:
+        return a.isatty() and b.isatty()
+    except (AttributeError, ValueError):  # a closed or fileno-less stream
+        return False
 
-    def __init__(self, decode: Callable[[Sequence[int]], str], out: IO[str]) -> None:
-        self.decode, self.out = decode, out
+
+class _Streamer:
+    """Print text as tokens are accepted (decode the whole row, print the new suffix);
+    ``hold``: print it all in :meth:`finish` instead."""
+
+    def __init__(self, decode: Callable[[Sequence[int]], str], out: IO[str], hold: bool = False) -> None:
+        self.decode, self.out, self.hold = decode, out, hold
         self.ids: list[int] = []
         self.shown = ""
 
     def __call__(self, row: int, new: list[int]) -> None:
         self.ids.extend(new)
+        if self.hold:
+            return
         text = self.decode(self.ids)
         if text.startswith(self.shown) and not text.endswith("\ufffd"):
             self.out.write(text[len(self.shown) :])
@@ -193,8 +205,19 @@ def commands() -> dict[str, metadata.EntryPoint]:
     return {ep.name: ep for ep in metadata.entry_points(group=COMMANDS)}
 
 
+def _version() -> str:
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+DISTRIBUTION = "flashspec-engine"
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flashspec", description="Adaptive speculative decoding with exact output.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text for one prompt, streaming it as it is accepted")
     g.add_argument("prompt")
@@ -210,7 +233,8 @@ def parser() -> argparse.ArgumentParser:
         help="write every log line (one per step) as JSON to FILE when the run succeeds; a failed run leaves FILE as it was",
     )
     g.add_argument("--append", action="store_true", help="add the --log-json lines to the end of FILE instead of replacing it")
-    g.add_argument("-v", "--verbose", action="store_true", help="print the per-step log lines on stderr")
+    g.add_argument("-v", "--verbose", action="store_true",
+                   help="print the per-step log lines on stderr (on a terminal the text then comes whole at the end)")
     g.set_defaults(run=_generate)
     pl = sub.add_parser("plugins", help="list every component and the plugin that provides it")
     pl.add_argument("--json", action="store_true")

@@ -35,13 +35,14 @@ so the plugins, which import torch.
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 import os
 import re
 import sys
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -139,6 +140,45 @@ def check_prompt(prompt: str, label: str = "the prompt") -> None:
         code = ord(prompt[exc.start])
         what = f"byte {code - 0xDC00:#04x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
         raise ValueError(f"{label} is not valid UTF-8 ({what} at character {exc.start})") from None
+
+
+def check_prompt_text(prompt: str, label: str = "the prompt") -> None:
+    """:func:`check_prompt`, and refuse a prompt that is empty or only whitespace: a chat
+    template would turn it into tokens, so the model would answer a question nobody asked.
+
+    :raises ValueError: naming the prompt as ``label``.
+    """
+    check_prompt(prompt, label)
+    if not prompt.strip():
+        what = "empty" if not prompt else f"only whitespace ({len(prompt)} characters)"
+        raise ValueError(f"{label} is {what}: give the text to continue")
+
+
+def check_device(value: str) -> None:
+    """Refuse a torch device this machine lacks (``cuda`` on a CPU build, ``cuda:7`` with two
+    GPUs) when the config is read, not when a loaded model moves there. ``auto`` passes.
+
+    :raises ValueError: naming the device and what the machine has.
+    """
+    if value == "auto":
+        return
+    import torch  # the plugins that call this have imported it already
+
+    try:
+        device = torch.device(value)
+    except RuntimeError as exc:
+        raise ValueError(f"device {value!r} is not a torch device ({exc})") from None
+    backend = getattr(torch, device.type, None) if device.type in ("cuda", "mps", "xpu") else None
+    if backend is None:
+        return
+    count = backend.device_count() if backend.is_available() else 0
+    if count == 0:
+        raise ValueError(f"device {value!r} is not on this machine: torch sees no {device.type} device "
+                         f"(use \"cpu\" or \"auto\")")
+    if device.index is not None and device.index >= count:
+        names = ", ".join(f"{device.type}:{i}" for i in range(count))
+        raise ValueError(f"device {value!r} is not on this machine: it has {count} {device.type} "
+                         f"device{'s' if count > 1 else ''} ({names})")
 
 
 def _float_if_real(value: Any) -> Any:
@@ -281,7 +321,8 @@ def _arm_tables(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
             raise ConfigError(source, key, None, f"unknown table; expected one of {sorted(_TOP_LEVEL)}")
     arms = data.get("arm", [])
     if not isinstance(arms, list) or not arms:
-        raise ConfigError(source, "arm", None, "at least one [[arm]] table is required")
+        raise ConfigError(source, "arm", None, "at least one [[arm]] table is required "
+                          "(one with use = \"none\" alone decodes with the target only)")
     for i, arm in enumerate(arms):
         if not isinstance(arm, dict):
             raise ConfigError(source, f"arm.{i}", None, "each [[arm]] must be a table")
@@ -338,6 +379,9 @@ def _table(data: dict[str, Any], name: str, source: str) -> dict[str, Any]:
     if not isinstance(table, dict):
         raise ConfigError(source, name, None, f"must be a table, got {type(table).__name__}")
     return table
+
+
+ARM_KEYS = ("gamma", "name", "fallback", "select")  # an arm's keys the pipeline reads, not its draft
 
 
 def _arm_keys(table: dict[str, Any], source: str, where: str) -> tuple[Any, Any, Any, bool, dict[str, Any]]:
@@ -407,9 +451,13 @@ def _choice(
         keys["model"] = _relative(keys["model"], base_dir)
     if spec.config_cls is None:
         if keys:
-            raise ConfigError(source, where, next(iter(keys)), f"unknown key: {kind} {use!r} takes no keys")
+            key = next(iter(keys))
+            near = difflib.get_close_matches(key, ARM_KEYS if kind == "draft" else (), n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ConfigError(source, where, key, f"unknown key: {kind} {use!r} takes no keys{hint}")
         return ComponentChoice(use=use, config=None)
-    return ComponentChoice(use=use, config=_build(spec.config_cls, keys, source, where, f"{kind} {use!r}"))
+    own = ("use", *ARM_KEYS) if kind == "draft" else ()
+    return ComponentChoice(use=use, config=_build(spec.config_cls, keys, source, where, f"{kind} {use!r}", own))
 
 
 def _relative(model: str, base_dir: Path) -> str:
@@ -418,11 +466,16 @@ def _relative(model: str, base_dir: Path) -> str:
     return str(candidate) if not Path(model).is_absolute() and candidate.is_dir() else model
 
 
-def _build(cls: type, keys: dict[str, Any], source: str, where: str, what: str) -> Any:
+def _build(cls: type, keys: dict[str, Any], source: str, where: str, what: str, own: Sequence[str] = ()) -> Any:
+    """``cls(**keys)``, its errors as ConfigErrors; ``own``: an arm's keys the pipeline reads
+    itself (``gamma``...), listed after the component's and offered for a misspelt key."""
     allowed = [f.alias for f in attrs.fields(cls)]
     for key in keys:
         if key not in allowed:
-            raise ConfigError(source, where, key, f"unknown key for {what}; allowed: {', '.join(allowed)}")
+            near = difflib.get_close_matches(key, [*own, *allowed], n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            also = f"; the arm's own: {', '.join(own)}" if own else ""
+            raise ConfigError(source, where, key, f"unknown key for {what}; allowed: {', '.join(allowed)}{also}{hint}")
     try:
         return cls(**keys)
     except BoundsError as exc:

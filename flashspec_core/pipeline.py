@@ -31,7 +31,7 @@ import attrs
 import torch
 
 from flashspec_core.checks import Names, blame, check_shapes, step_flags
-from flashspec_core.config import check_generation
+from flashspec_core.config import check_generation, check_prompt_text
 from flashspec_core.contracts import (
     ArmSelector,
     Broken,
@@ -64,6 +64,18 @@ class GenerationResult:
     token_ids: list[list[int]]
     steps: list[StepRecord]
     summary: dict[str, Any]
+
+
+def _prompt_list(prompts: object) -> list[Any]:
+    """``generate``'s prompts as a list: a bare string is one prompt (not one per character);
+    a flat list of token ids and an empty list are refused by name."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if not isinstance(prompts, Sequence) or not prompts:
+        raise ValueError(f"prompts must be a non-empty list of prompts (strings or lists of token ids), got {prompts!r}")
+    if any(isinstance(p, int) for p in prompts):
+        raise ValueError("prompts is a list of token ids, not of prompts: pass [ids] for one prompt of ids")
+    return list(prompts)
 
 
 def _wait(device: torch.device) -> None:
@@ -165,8 +177,10 @@ class Pipeline:
         on_tokens: OnTokens | None = None,
         rows: RowSampling | None = None,
     ) -> GenerationResult:
-        """Decode ``prompts`` together. ``rows`` (one setting per prompt, and seeds) replaces
+        """Decode ``prompts`` together (strings or lists of token ids; a bare string is one
+        prompt). ``rows`` (one setting per prompt, and seeds) replaces
         ``temperature``, ``top_k`` and ``top_p`` where given; ``seed`` seeds the unseeded rows' draws."""
+        prompts = _prompt_list(prompts)
         ok = check_generation(  # the bounds the CLI and a config's [generation] table check too
             {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
         )
@@ -188,6 +202,8 @@ class Pipeline:
         return GenerationResult(texts=texts, token_ids=out, steps=steps, summary=summary)
 
     def _encode(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            check_prompt_text(prompt, "prompt")
         ids = self.target.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not ids:
             raise ValueError("empty prompt: at least one token is needed")

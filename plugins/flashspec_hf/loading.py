@@ -7,8 +7,9 @@ from typing import Any
 import attrs
 import torch
 
+from flashspec_core.config import check_device
 from flashspec_models.tokenizer import load_tokenizer
-from flashspec_models.weights import is_model_ref, resolve_model
+from flashspec_models.weights import KNOWN_MODELS, is_model_ref, resolve_model
 
 DTYPES = {
     "auto": None,
@@ -24,7 +25,8 @@ def _model_ref(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
     if not value:
         raise ValueError(f"{attr.name} is required (a directory with a Hugging Face checkpoint, or a known name)")
     if not is_model_ref(value):
-        raise ValueError(f"{attr.name} {value!r} is neither an existing directory nor a known model name")
+        raise ValueError(f"{attr.name} {value!r} is neither an existing directory nor a known model name "
+                         f"(known: {', '.join(KNOWN_MODELS)})")
 
 
 @attrs.frozen
@@ -41,11 +43,7 @@ class ModelOptions:
 
     @device.validator
     def _device(self, attribute: attrs.Attribute[Any], value: str) -> None:
-        if value != "auto":
-            try:
-                torch.device(value)
-            except RuntimeError as exc:
-                raise ValueError(f"device {value!r} is not a torch device ({exc})") from None
+        check_device(value)
 
     def torch_device(self) -> torch.device:
         if self.device == "auto":

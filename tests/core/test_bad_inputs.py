@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -207,7 +208,7 @@ def _whole(name: str, value: object) -> Edit:
 # (id, edit, "[table] key 'k'" the line names, a fragment of its message, refused before torch)
 CONFIG_ROWS: list[tuple[str, Edit, str, str, bool]] = [
     ("unknown-table", _whole("targets", {"model": "x"}), "[targets]", "unknown table", True),
-    ("no-arm", _drop("arm"), "[arm]", "at least one [[arm]] table is required", True),
+    ("no-arm", _drop("arm"), "[arm]", 'at least one [[arm]] table is required (one with use = "none" alone', True),
     ("arm-not-a-table", _whole("arm", [3]), "[arm.0]", "each [[arm]] must be a table", True),
     ("gamma-string", _set("arm", "gamma", "4"), "[arm.0] key 'gamma'", "must be an integer, got '4'", True),
     ("gamma-float", _set("arm", "gamma", 1.5), "[arm.0] key 'gamma'", "must be an integer, got 1.5", True),
@@ -225,13 +226,14 @@ CONFIG_ROWS: list[tuple[str, Edit, str, str, bool]] = [
     ("use-int", _set("arm", "use", 3), "[arm.0] key 'use'", "must be a component's name (a string), got 3", True),
     ("use-unknown", _set("arm", "use", "hff"), "[arm.0] key 'use'", "hff", False),
     ("use-missing", _drop("arm", "use"), "[arm.0] key 'use'", "missing: name a draft component", False),
-    ("arm-unknown-key", _set("arm", "gama", 3), "[arm.0] key 'gama'", "unknown key for draft 'hf'", False),
+    ("arm-unknown-key", _set("arm", "gama", 3), "[arm.0] key 'gama'",
+     "; the arm's own: use, gamma, name, fallback, select; did you mean 'gamma'?", False),
     ("target-use-int", _set("target", "use", 1), "[target] key 'use'", "must be a component's name", True),
     ("target-use-unknown", _set("target", "use", "tf"), "[target] key 'use'", "tf", False),
     ("target-unknown-key", _set("target", "modle", "x"), "[target] key 'modle'", "unknown key for target 'hf'", False),
     ("target-dtype", _set("target", "dtype", "float8"), "[target] key 'dtype'", "float8", False),
     ("target-model-missing", _set("target", "model", "/nowhere/model"), "[target] key 'model'",
-     "is neither an existing directory nor a known model name", False),
+     "is neither an existing directory nor a known model name (known: smollm2-135m-instruct, ", False),
     ("device-not-a-device", _set("target", "device", "tpu"), "[target] key 'device'", "is not a torch device", False),
     ("verifier-unknown", _set("verifier", "use", "strict"), "[verifier] key 'use'", "strict", False),
     ("reward-unknown", _set("selector", "reward", "speed"), "[selector] key 'reward'", "must be one of", True),
@@ -292,19 +294,18 @@ def test_bad_config_file(content: bytes | str | None, message: str, tmp_path: Pa
 
 
 @pytest.mark.skipif(torch.cuda.device_count() > 7, reason="this machine has a cuda:7")
-def test_device_the_machine_lacks(models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Documented: any torch device string passes the config; a missing one fails at load, in one line."""
+@pytest.mark.parametrize("table", ["target", "arm"])
+def test_device_the_machine_lacks(table: str, models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused when the config is read, before any model loads, naming the devices there are."""
     data = _base(models)
-    data["target"]["device"] = "cuda:7"
+    (data["target"] if table == "target" else data["arm"][0])["device"] = "cuda:7"
     path = tmp_path / "cuda7.toml"
     path.write_text(_toml(data))
-    code = main(["generate", "t1", "--config", str(path)])
-    line = _one_error_line(capsys.readouterr().err)
-    if torch.cuda.is_available():
-        assert code == 2 and "invalid device ordinal" in line.lower(), line
-    else:
-        assert code == 1 and line.startswith("AssertionError: Torch not compiled with CUDA enabled"), line
-        assert line.endswith("(FLASHSPEC_DEBUG=1 shows the traceback)")
+    line = _refused(["generate", "t1", "--config", str(path)], capsys)
+    where = "[target]" if table == "target" else "[arm.0]"
+    assert line.startswith(f"{path}: {where} key 'device': device 'cuda:7' is not on this machine: "), line
+    if not torch.cuda.is_available():
+        assert line.endswith("torch sees no cuda device (use \"cpu\" or \"auto\")"), line
 
 
 def test_prompt_with_control_characters_is_passed_on(models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -329,11 +330,47 @@ def test_api_prompt_that_is_not_utf8(pipe: Pipeline) -> None:
         pipe.generate(["t1 \ud800"])
 
 
-def test_empty_prompt(models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Documented: refused once the target's tokenizer gives no token (a chat template gives some)."""
+@pytest.mark.parametrize(("prompt", "what"), [("", "empty"), (" \n\t ", "only whitespace (4 characters)")],
+                         ids=["empty", "whitespace"])
+def test_empty_prompt(prompt: str, what: str, pipe: Pipeline, capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused before torch is imported (a chat template would turn it into tokens to answer)."""
+    config = "/nowhere.toml"  # never read: the prompt is refused first
+    assert _refused(["generate", prompt, "--config", config], capsys) == f"the prompt is {what}: give the text to continue"
+    with pytest.raises(ValueError, match=rf"^prompt is {re.escape(what)}: give the text to continue$"):
+        pipe.generate([prompt])
+
+
+def test_prompt_that_gives_no_token(pipe: Pipeline) -> None:
+    with pytest.raises(ValueError, match=r"^empty prompt: at least one token is needed$"):
+        pipe.generate([[]])
+
+
+def test_bare_string_is_one_prompt(pipe: Pipeline) -> None:
+    bare = pipe.generate("t1 t2 t3", max_new_tokens=3)
+    listed = pipe.generate(["t1 t2 t3"], max_new_tokens=3)
+    assert len(bare.texts) == 1 and bare.token_ids == listed.token_ids
+
+
+@pytest.mark.parametrize(("prompts", "message"), [
+    ([], "prompts must be a non-empty list of prompts"),
+    ([1, 2, 3], "prompts is a list of token ids, not of prompts: pass [ids] for one prompt of ids"),
+], ids=["no-prompts", "flat-token-ids"])
+def test_prompts_that_are_not_a_list_of_prompts(prompts: Any, message: str, pipe: Pipeline) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        pipe.generate(prompts)
+
+
+def test_prompt_longer_than_the_context(models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused before the prefill, naming the prompt's length and the context's (tiny models: 512)."""
+    from flashspec_hf.target import HFTarget
+
+    monkeypatch.setattr(HFTarget, "prefill", lambda *args: pytest.fail("the prompt was prefilled"))
     path = tmp_path / "ok.toml"
     path.write_text(_toml(_base(models)))
-    assert _refused(["generate", "", "--config", str(path)], capsys, alone=False) == "empty prompt: at least one token is needed"
+    line = _refused(["generate", " ".join(["t1"] * 600), "--config", str(path)], capsys, alone=False)
+    assert line == ("a prompt of 600 tokens plus max_new_tokens = 4 plus 4 draft slots exceeds the target's "
+                    "context of 512 tokens"), line
 
 
 def test_draft_with_another_tokenizer(models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

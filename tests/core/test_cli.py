@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
 import subprocess
 import sys
 import time
@@ -168,6 +170,61 @@ def test_bad_option_fails_fast_without_torch(tmp_path: Path) -> None:
     imported = {line.rsplit("|", 1)[-1].strip() for line in trace.stderr.splitlines() if line.startswith("import time:")}
     assert trace.returncode == 2 and "flashspec_core.config" in imported
     assert not {"torch", "transformers", "triton"} & imported  # the whole run, not only up to the check
+
+
+def test_version_without_torch() -> None:
+    cmd = [sys.executable, "-X", "importtime", "-m", "flashspec_core.cli", "--version"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert out.returncode == 0 and out.stdout == "flashspec 0.1.0\n", out
+    assert not {"torch", "transformers", "triton"} & imported
+
+
+class _Terminal(io.StringIO):
+    """A stream that says it is a terminal, recording what came when."""
+
+    def __init__(self, events: list[str], name: str) -> None:
+        super().__init__()
+        self.events, self.name = events, name
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text:
+            self.events.append(self.name)
+        return super().write(text)
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_verbose_on_a_terminal_keeps_the_text_in_one_piece(
+    tiny_config: Path, monkeypatch: pytest.MonkeyPatch, verbose: bool
+) -> None:
+    """-v on a terminal: every step line comes before the text, which is printed whole; without
+    -v the text streams (written once per step)."""
+    events: list[str] = []
+    out, err = _Terminal(events, "out"), _Terminal(events, "err")
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    assert main(["generate", "t1 t2 t3", "--config", str(tiny_config), *(["-v"] if verbose else [])]) == 0
+    text = [i for i, e in enumerate(events) if e == "out"]
+    assert out.getvalue().strip()
+    if verbose:
+        assert "step" in err.getvalue()
+        steps = [i for i, e in enumerate(events) if e == "err" and i < text[-1]]
+        assert text[-1] - text[0] <= 1 and all(i < text[0] for i in steps), events  # the text, then its newline
+    else:
+        assert len(text) > 2, events
+
+
+@pytest.mark.parametrize("command", sorted(cli.commands()))
+def test_added_commands_help_uses_no_undefined_labels(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Help names things in words: no "(a)"/"(b)" labels a reader cannot look up."""
+    with pytest.raises(SystemExit) as info:
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0 and "usage" in out
+    assert not re.findall(r"\([a-h]\)", out), out
 
 
 def test_help_everywhere() -> None:
