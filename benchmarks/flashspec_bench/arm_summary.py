@@ -27,7 +27,7 @@ from flashspec_bench.runs import by_domain
 
 Section = dict[str, Any]
 FORWARD_KEYS = ("target_forward_over_floor", "draft_forward_over_floor", "target_only_tokens_per_s",
-                "synthetic_7b_fraction_of_floor")
+                "synthetic_7b_fraction_of_floor", "nf4_vs_bf16_b1")
 FORWARD_BATCHES = (8, 32)
 
 
@@ -288,6 +288,8 @@ def forward_summary(*candidates: Path) -> dict[str, Any]:
         by_batch = tps.get(str(b), tps.get(b)) if isinstance(tps, dict) else None
         out[f"target_only_tokens_per_s_b{b}"] = by_batch if by_batch is not None else find(
             data, f"target_only_tokens_per_s_b{b}")
+    if isinstance(tps, dict):  # per batch size there; the headline figure is batch 1's
+        out["target_only_tokens_per_s"] = tps.get("1", tps.get(1))
     out["missing"] = [k for k, v in out.items() if v is None]
     return out
 

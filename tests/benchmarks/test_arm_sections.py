@@ -229,11 +229,12 @@ def test_forward_passthrough_reads_the_kernel_benchmark(tmp_path: Path) -> None:
     (tmp_path / "forward-h200.json").write_text(json.dumps({
         "commit": "abc1234", "device": "H200",
         "summary": {"target_forward_over_floor": 1.4, "draft_forward_over_floor": 2.1,
-                    "target_only_tokens_per_s": {"1": 470.0, "8": 3500.0, "32": 10600.0}},
+                    "target_only_tokens_per_s": {"1": 470.0, "8": 3500.0, "32": 10600.0}, "nf4_vs_bf16_b1": 0.9},
         "synthetic": {"rows": [{"synthetic_7b_fraction_of_floor": 0.8}]}}))
     got = arm_summary.forward_summary(tmp_path / "elsewhere.json", tmp_path / "forward-h200.json")
     assert got["target_forward_over_floor"] == 1.4 and got["synthetic_7b_fraction_of_floor"] == 0.8
     assert got["target_only_tokens_per_s_b8"] == 3500.0 and got["target_only_tokens_per_s_b32"] == 10600.0
+    assert got["target_only_tokens_per_s"] == 470.0 and got["nf4_vs_bf16_b1"] == 0.9
     assert got["missing"] == [] and got["commit"] == "abc1234"
     (tmp_path / "forward-h200.json").write_text(json.dumps({"summary": {"target_forward_over_floor": 1.4}}))
     assert "draft_forward_over_floor" in arm_summary.forward_summary(tmp_path / "forward-h200.json")["missing"]
