@@ -60,9 +60,11 @@ def test_law_holds_with_filtering(law_setup: dict[str, Any], sampling: dict[str,
     assert gate(pipe, law_of(law_setup, sampling), sampling) > ALPHA
 
 
-# Draft trees (hf target, reference verifier): prompt lookup with sibling branches, and the
-# close draft's top-k tree; alone (fixed) and among the chain arms (adversarial selector).
-TREE_ARMS = ["lookup-tree", "hf-tree"]
+# Draft trees (hf target, reference verifier): prompt lookup with sibling branches, the close
+# draft's top-k tree, and a suffix tree whose state every row of the batch shares (a row's tree
+# depends on the other rows' sampled tokens, never on its own step's draws); alone (fixed) and
+# among the chain arms (adversarial selector).
+TREE_ARMS = ["lookup-tree", "hf-tree", "suffix-tree"]
 
 
 def tree_dict(setup: dict[str, Any], selector: str = "fixed", arm: int = 0) -> dict[str, Any]:
@@ -71,15 +73,17 @@ def tree_dict(setup: dict[str, Any], selector: str = "fixed", arm: int = 0) -> d
                            **({"arm": arm} if selector == "fixed" else {}))
     trees = [{"use": "prompt_lookup", "gamma": 4, "branches": 2, "name": "lookup-tree"},
              {"use": "hf", "model": str(setup["drafts"][0]), "dtype": "float32", "gamma": 7, "tree_width": [2, 2, 1],
-              "name": "hf-tree"}]
+              "name": "hf-tree"},
+             {"use": "suffix", "gamma": 4, "branches": 2, "min_match": 1, "name": "suffix-tree"}]
     return {**config, "arm": trees + config["arm"]}
 
 
 TREE_CASES = [("lookup-tree", SAMPLINGS[0]), ("lookup-tree", SAMPLINGS[2]), ("hf-tree", SAMPLINGS[0]),
-              ("hf-tree", SAMPLINGS[1])]  # each tree arm at T = 1 and under one filter
+              ("hf-tree", SAMPLINGS[1]),  # each tree arm at T = 1 and under one filter
+              pytest.param("suffix-tree", SAMPLINGS[0], marks=pytest.mark.slow)]  # by default: among the chains
 
 
-@pytest.mark.parametrize(("arm", "sampling"), TREE_CASES, ids=["lookup-t1", "lookup-top_p", "hf-t1", "hf-top_k"])
+@pytest.mark.parametrize(("arm", "sampling"), TREE_CASES, ids=["lookup-t1", "lookup-top_p", "hf-t1", "hf-top_k", "suffix-t1"])
 def test_law_holds_for_tree_arms(law_setup: dict[str, Any], arm: str, sampling: dict[str, Any]) -> None:
     pipe = build_pipeline(tree_dict(law_setup, arm=TREE_ARMS.index(arm)), law_setup["registry"])
     assert gate(pipe, law_of(law_setup, sampling), sampling) > ALPHA
