@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from flashspec_core.ragged import additive_mask, causal_mask
 from flashspec_core.tree import TreeBlock, tree_causal_mask
+from flashspec_fast import fused
 
 MIN_SPAN = 128  # fewest slots a forward attends (smaller spans would only add captured graphs)
 
@@ -226,12 +227,14 @@ class Transformer:
     """Weights, rotary tables and a static KV cache ``[L, B, S, KV*hd]`` for one model."""
 
     def __init__(self, args: ModelArgs, weights: Weights, max_len: int, fuse: bool = False,
-                 attention: str = "auto") -> None:
+                 attention: str = "auto", kernels: str = "torch") -> None:
         self.args, self.w = args, weights
         self.device, self.dtype = weights.embed.device, weights.embed.dtype
         self.max_len = max_len  # slots per row; the last one is the scratch slot
         self.ops = Ops(fuse)
         self.decode_kernel = decode_kernel(attention, args.head_dim, self.dtype, self.device)
+        gemv = fused.gemv_module(kernels, weights)  # the GEMMs of forwards up to fused.MAX_ROWS rows
+        self.gemv = None if gemv is None else fused.GemvLayers(gemv, args.norm_eps)
         inv_freq = 1.0 / (
             args.rope_theta
             ** (torch.arange(0, args.head_dim, 2, dtype=torch.int64, device=self.device).float() / args.head_dim)
@@ -308,9 +311,13 @@ class Transformer:
         slots = (torch.arange(batch, device=self.device)[:, None] * self.max_len + write).view(-1)  # [B*T]
         cache = (batch, self.max_len, a.kv_heads, hd)  # a layer's cache rows as [B, S, KV, hd]
         store = kernels[1].rope_store if kernels is not None else ops.rope_store  # one launch, not Inductor's four
+        gemv = self.gemv if batch * width <= fused.MAX_ROWS else None  # norms and adds fused into the GEMMs
         for i, layer in enumerate(w.layers[:depth]):
-            h = ops.rms_norm(x, layer.attn_norm, a.norm_eps)
-            qkv = linear(h, layer.wqkv, layer.bqkv).view(batch, width, a.heads + 2 * a.kv_heads, hd)
+            if gemv is None:
+                qkv = linear(ops.rms_norm(x, layer.attn_norm, a.norm_eps), layer.wqkv, layer.bqkv)
+            else:
+                qkv = gemv.qkv(x, layer)
+            qkv = qkv.view(batch, width, a.heads + 2 * a.kv_heads, hd)
             kc = self.k_cache[i, :batch].view(batch * self.max_len, nkv)
             vc = self.v_cache[i, :batch].view(batch * self.max_len, nkv)
             q = store(qkv, cos, sin, kc, vc, slots, a.heads, a.kv_heads)  # [B, T, H, hd]
@@ -323,12 +330,17 @@ class Transformer:
                 values = vc.view(cache)[:, :span].transpose(1, 2)
                 o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, KV, G*T, hd]
                 o = o.view(batch, a.kv_heads, group, width, hd).permute(0, 3, 1, 2, 4).reshape(batch * width, nq)
+            if gemv is not None:
+                x = gemv.mlp_(gemv.out_(x, o, layer), layer)
+                continue
             x = linear_add_(x, o, layer.wo)
             h = ops.rms_norm(x, layer.mlp_norm, a.norm_eps)
             x = linear_add_(x, ops.silu_mul(linear(h, layer.w_gate_up)), layer.w_down)
         x = x.view(batch, width, a.dim)
         if last_only:
             x = x[:, -1:]
+        if gemv is not None:
+            return gemv.head(x, w)
         return F.linear(ops.rms_norm(x, w.norm, a.norm_eps), w.lm_head)
 
 

@@ -8,10 +8,10 @@ from typing import Any
 import attrs
 import torch
 
-from flashspec_core.config import check_device
+from flashspec_fast.fused import KERNELS
 from flashspec_fast.model import ModelArgs, Transformer, load_weights, random_weights, read_config, shape_config
 from flashspec_fast.nf4 import quantize_weights
-from flashspec_models.weights import KNOWN_MODELS, is_model_ref, resolve_model
+from flashspec_models.weights import is_model_ref, resolve_model
 
 DTYPES = {"auto": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float32": torch.float32, "float64": torch.float64}
@@ -28,12 +28,15 @@ def _model_ref(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
             raise ValueError(f"{attr.name} {value!r}: known shapes are {', '.join(QWEN25_SHAPES)}")
         return
     if not is_model_ref(value):
-        raise ValueError(f"{attr.name} {value!r} is neither an existing directory nor a known model name "
-                         f"(known: {', '.join(KNOWN_MODELS)})")
+        raise ValueError(f"{attr.name} {value!r} is neither an existing directory nor a known model name")
 
 
 def _device(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
-    check_device(value)
+    if value != "auto":
+        try:
+            torch.device(value)
+        except RuntimeError as exc:
+            raise ValueError(f"{attr.name} {value!r} is not a torch device ({exc})") from None
 
 
 @attrs.frozen
@@ -42,7 +45,9 @@ class FastOptions:
 
     ``compile`` captures CUDA graphs of the draft loop and the verify forward (on
     CUDA; ignored on CPU); ``fuse`` additionally compiles the elementwise pieces
-    (RMSNorm, rotary, SwiGLU) with Inductor, shape-generic, once each.
+    (RMSNorm, rotary, SwiGLU) with Inductor, shape-generic, once each. ``kernels = "gemv"``
+    runs a decoding forward's GEMMs, with the norms, residual adds and SiLU gate fused into
+    them, through :mod:`flashspec_kernels.gemv` (:mod:`flashspec_fast.fused`).
     """
 
     model: str = attrs.field(validator=_model_ref)
@@ -53,8 +58,13 @@ class FastOptions:
     fuse: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     quantization: str = attrs.field(default="none", validator=attrs.validators.in_(QUANTIZATIONS))
     attention: str = attrs.field(default="auto", validator=attrs.validators.in_(ATTENTIONS))
+    kernels: str = attrs.field(default="torch", validator=attrs.validators.in_(KERNELS))
     chat_template: bool = True
     seed: int = 0  # random weights of a "shape:" model
+
+    def __attrs_post_init__(self) -> None:
+        if self.kernels == "gemv" and self.quantization != "none":
+            raise ValueError(f"kernels = 'gemv' multiplies unquantized weights, not quantization = {self.quantization!r}")
 
     def torch_device(self) -> torch.device:
         if self.device == "auto":
@@ -83,4 +93,4 @@ def build_model(opts: FastOptions) -> tuple[Transformer, str | None]:
     if opts.quantization == "nf4":
         weights = quantize_weights(weights)
     fuse = opts.fuse and device.type == "cuda"
-    return Transformer(args, weights, opts.max_len, fuse=fuse, attention=opts.attention), path
+    return Transformer(args, weights, opts.max_len, fuse=fuse, attention=opts.attention, kernels=opts.kernels), path
