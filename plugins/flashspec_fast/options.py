@@ -8,10 +8,11 @@ from typing import Any
 import attrs
 import torch
 
+from flashspec_core.config import check_device
 from flashspec_fast.fused import KERNELS
 from flashspec_fast.model import ModelArgs, Transformer, load_weights, random_weights, read_config, shape_config
 from flashspec_fast.nf4 import quantize_weights
-from flashspec_models.weights import is_model_ref, resolve_model
+from flashspec_models.weights import KNOWN_MODELS, is_model_ref, resolve_model
 
 DTYPES = {"auto": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float32": torch.float32, "float64": torch.float64}
@@ -28,15 +29,12 @@ def _model_ref(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
             raise ValueError(f"{attr.name} {value!r}: known shapes are {', '.join(QWEN25_SHAPES)}")
         return
     if not is_model_ref(value):
-        raise ValueError(f"{attr.name} {value!r} is neither an existing directory nor a known model name")
+        raise ValueError(f"{attr.name} {value!r} is neither an existing directory nor a known model name "
+                         f"(known: {', '.join(KNOWN_MODELS)})")
 
 
 def _device(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
-    if value != "auto":
-        try:
-            torch.device(value)
-        except RuntimeError as exc:
-            raise ValueError(f"{attr.name} {value!r} is not a torch device ({exc})") from None
+    check_device(value)
 
 
 @attrs.frozen
