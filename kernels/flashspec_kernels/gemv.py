@@ -3,8 +3,8 @@
 A decoding forward of the fast back-end multiplies ``M = B * T`` rows (one to a few dozen)
 by each layer's weights ``W [N, K]``: it reads the whole matrix to do ``2 M N K`` flops, so
 it is bound by memory bandwidth, and what matters is that enough loads are in flight on
-every SM. cuBLAS picks tiles made for larger ``M`` there; on the H200 the 1.5B shape's
-GEMMs took 1.24 ms of a 1.96 ms forward against a 0.73 ms weight-read floor. Here:
+every SM, and that each launch's fixed cost is paid as few times as possible (the 1.5B
+shape's GEMMs are 1.23 ms of a 1.94 ms forward in ``docs/benchmarks/fast-profile-h200.json``). Here:
 
 ``_gemv_kernel``, grid ``(row tiles, column blocks, splits)``: program ``(i, j, s)`` computes
 ``y[rows, cols] = x[rows, ks] @ W[cols, ks]^T`` for the ``BLOCK_M = 16`` rows of tile ``i``
