@@ -55,6 +55,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--widths", type=int, nargs="+", default=[1, 4], help="tokens per row (0.5B, 1.5B; the others: 1)")
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS,
+                   help="options to time (torch alone: a rerun after a kernel fault ends a run's CUDA context)")
     p.add_argument("--nf4", action=argparse.BooleanOptionalAction, default=True, help="NF4 1.5B at batch 1")
     p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
                    help="Inductor-fused elementwise ops (CUDA only; the e2e benchmark's default)")
@@ -142,7 +144,7 @@ def run_shape(role: str, shape: str, args: argparse.Namespace, device: torch.dev
     weights = random_weights(margs, torch.bfloat16 if device.type == "cuda" else torch.float32, device)
     widths = tuple(args.widths) if role in REAL else (1,)
     rows, failed = [], []
-    for kernels in KERNELS:
+    for kernels in args.kernels:
         try:
             meta = {"role": role, "shape": shape, "kernels": kernels, "quantization": "none"}
             rows += measure(Transformer(margs, weights, args.max_len, fuse=args.fuse and device.type == "cuda",
