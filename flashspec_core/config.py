@@ -486,5 +486,7 @@ def _build(cls: type, keys: dict[str, Any], source: str, where: str, what: str, 
             source, where, missing[0] if missing else None, f"missing required key for {what}" if missing else str(exc)
         ) from None
     except ValueError as exc:
-        bad = next((k for k in keys if re.search(rf"\b{re.escape(k)}\b", str(exc))), None)
-        raise ConfigError(source, where, bad, str(exc)) from None
+        # attrs' in_ validator puts the attribute's repr and the options after its message
+        message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+        bad = next((k for k in keys if re.search(rf"\b{re.escape(k)}\b", message)), None)
+        raise ConfigError(source, where, bad, message) from None

@@ -88,7 +88,12 @@ class Registry:
             for impl in hook.get_hookimpls():
                 plugin_name = manager.get_name(impl.plugin) or repr(impl.plugin)
                 dist, version = dists.get(plugin_name, ("unknown", "unknown"))
-                for spec in impl.function() or ():
+                try:
+                    provided = list(impl.function() or ())
+                except Exception as exc:  # a third party's bug must name the third party
+                    raise PluginError(f"plugin {plugin_name!r} ({dist} {version}) raised in {hook_name}(): "
+                                      f"{type(exc).__name__}: {exc}") from exc
+                for spec in provided:
                     self._add(kind, Provided(spec, plugin_name, dist, version))
 
     def _add(self, kind: ComponentKind, item: Provided) -> None:
@@ -147,7 +152,9 @@ def build_registry(extra_plugins: Iterable[object] = (), autoload: bool | None =
             try:
                 plugin = ep.load()
             except Exception as exc:  # a broken third-party plugin must name itself
-                raise PluginError(f"cannot load flashspec plugin {ep.name!r} ({ep.value}): {exc}") from exc
+                where = f"{ep.value}, {ep.dist.name} {ep.dist.version}" if ep.dist is not None else ep.value
+                raise PluginError(f"cannot load flashspec plugin {ep.name!r} ({where}): "
+                                  f"{type(exc).__name__}: {exc}") from exc
             _register(pm, plugin, ep.name)
             dist = ep.dist
             dists[ep.name] = (dist.name, dist.version) if dist is not None else ("unknown", "unknown")

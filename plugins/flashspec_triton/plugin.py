@@ -22,6 +22,7 @@ copies of the inputs when the logits take up to ``graph_max_bytes`` bytes.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -143,6 +144,13 @@ def _make(config: Any, device: torch.device | str | None = None) -> Verifier:
             "the 'triton' verifier needs the triton package (pip install 'flashspec-engine[triton]'); "
             "use verifier 'reference' without it"
         ) from exc
+    where = torch.device(device) if device is not None else None
+    if where is not None and where.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        # Triton finds no driver off CUDA and says only "0 active drivers": name the way out instead
+        raise RuntimeError(
+            f"the 'triton' verifier runs on a CUDA GPU and the target is on {where}: use verifier 'reference' "
+            "(or 'auto', which takes triton only on CUDA); TRITON_INTERPRET=1 runs it through Triton's interpreter"
+        )
     return TritonVerifier(config if config is not None else TritonVerifierConfig(), device)
 
 

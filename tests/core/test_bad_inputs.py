@@ -231,7 +231,8 @@ CONFIG_ROWS: list[tuple[str, Edit, str, str, bool]] = [
     ("target-use-int", _set("target", "use", 1), "[target] key 'use'", "must be a component's name", True),
     ("target-use-unknown", _set("target", "use", "tf"), "[target] key 'use'", "tf", False),
     ("target-unknown-key", _set("target", "modle", "x"), "[target] key 'modle'", "unknown key for target 'hf'", False),
-    ("target-dtype", _set("target", "dtype", "float8"), "[target] key 'dtype'", "float8", False),
+    ("target-dtype", _set("target", "dtype", "float8"), "[target] key 'dtype'",
+     "'dtype' must be in ('auto', 'float32', 'float64', 'bfloat16', 'float16') (got 'float8')", False),
     ("target-model-missing", _set("target", "model", "/nowhere/model"), "[target] key 'model'",
      "is neither an existing directory nor a known model name (known: smollm2-135m-instruct, ", False),
     ("device-not-a-device", _set("target", "device", "tpu"), "[target] key 'device'", "is not a torch device", False),
@@ -262,6 +263,7 @@ def test_bad_config_key(
     path.write_text(_toml(data))
     line = _refused(["generate", "t1", "--config", str(path)], capsys)  # one line: no model was loaded
     assert line.startswith(f"{path}: {where}: ") and fragment in line, line
+    assert "Attribute(" not in line, line  # attrs' own repr is not for users
     if early:
         with pytest.raises(ConfigError) as info:
             check_config_file(path)
@@ -306,6 +308,18 @@ def test_device_the_machine_lacks(table: str, models: Path, tmp_path: Path, caps
     assert line.startswith(f"{path}: {where} key 'device': device 'cuda:7' is not on this machine: "), line
     if not torch.cuda.is_available():
         assert line.endswith("torch sees no cuda device (use \"cpu\" or \"auto\")"), line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the triton verifier runs on this machine")
+def test_triton_verifier_without_a_gpu(models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    path = tmp_path / "triton.toml"
+    path.write_text(_toml({**_base(models), "verifier": {"use": "triton"}}))
+    line = _refused(["generate", "t1", "--config", str(path)], capsys, alone=False)
+    assert line.startswith("the 'triton' verifier runs on a CUDA GPU and the target is on cpu: use verifier "
+                           "'reference'"), line
 
 
 def test_prompt_with_control_characters_is_passed_on(models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

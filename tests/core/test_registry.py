@@ -103,3 +103,41 @@ def test_a_misspelled_entry_point_plugin_names_the_entry_point(monkeypatch: pyte
     monkeypatch.setattr("importlib.metadata.entry_points", lambda group: [EP()] if group == "flashspec" else [])
     with pytest.raises(PluginError, match=r"plugin 'acme': unknown hook 'flashspec_verifier'"):
         build_registry(autoload=True)
+
+
+class _EntryPoint:
+    """A third-party entry point of distribution flashspec-acme 1.2.3 whose ``load`` runs ``load``."""
+
+    name, value = "acme", "flashspec_acme.plugin"
+    dist = types.SimpleNamespace(name="flashspec-acme", version="1.2.3")
+
+    def __init__(self, load: object) -> None:
+        self._load = load
+
+    def load(self) -> object:
+        return self._load()  # type: ignore[operator]
+
+
+def test_a_plugin_that_fails_to_import_names_its_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
+    def load() -> object:
+        raise ModuleNotFoundError("No module named 'numpyy'")
+
+    monkeypatch.setattr("importlib.metadata.entry_points",
+                        lambda group: [_EntryPoint(load)] if group == "flashspec" else [])
+    with pytest.raises(PluginError, match=r"^cannot load flashspec plugin 'acme' \(flashspec_acme.plugin, "
+                                          r"flashspec-acme 1.2.3\): ModuleNotFoundError: No module named 'numpyy'$"):
+        build_registry(autoload=True)
+
+
+def test_a_hook_that_raises_names_its_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    @hookimpl
+    def flashspec_verifiers():
+        raise KeyError("oops")
+
+    plugin = types.ModuleType("flashspec_acme.plugin")
+    plugin.flashspec_verifiers = flashspec_verifiers  # type: ignore[attr-defined]
+    monkeypatch.setattr("importlib.metadata.entry_points",
+                        lambda group: [_EntryPoint(lambda: plugin)] if group == "flashspec" else [])
+    with pytest.raises(PluginError, match=r"^plugin 'acme' \(flashspec-acme 1.2.3\) raised in "
+                                          r"flashspec_verifiers\(\): KeyError: 'oops'$"):
+        build_registry(autoload=True)
