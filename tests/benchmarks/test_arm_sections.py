@@ -324,3 +324,32 @@ def test_sweep_section_end_to_end_on_tiny_checkpoints(tmp_path: Path) -> None:
     assert depth["self-l16-g3"]["acceptance_rate"] == 1.0  # every layer: the draft is the target
     assert len(depth["self-l8-g3"]["acceptance_by_position"]) == secs.SELF_GAMMA
     assert s["arm_sections_budget"] == {}
+
+
+@pytest.mark.slow
+def test_tree_section_on_the_fast_back_end(tmp_path: Path) -> None:
+    """tree_b1 as the GPU runs it, on the fast back-end (float32, SDPA on the CPU): whatever tree
+    arms this checkout supports run, and float32 greedy output matches target-only for all."""
+    support = secs.tree_support()
+    if secs.tree_problem() is not None:
+        pytest.skip(f"no fast tree support in this checkout: {support}")
+    from flashspec_bench.harness import main
+    from flashspec_core.testing.tiny import perturbed_lm, tiny_lm
+
+    target = tiny_lm(tmp_path / "target", vocab=16, seed=0, scale=8.0)
+    draft = perturbed_lm(target, tmp_path / "draft", noise=0.05, seed=1)
+    text = secs.tree_toml(PATHS, "reference", 128, False, attention="sdpa", support=support)
+    for role, path in (("target", target), ("draft", draft)):
+        text = text.replace(json.dumps(PATHS[role]), json.dumps(str(path)))
+    config = tmp_path / "tree.toml"
+    config.write_text(text.replace('dtype = "bf16"', 'dtype = "float32"\nchat_template = false'))
+    work = tmp_path / "w.jsonl"
+    work.write_text('{"prompt": "t1 t2 t3 t4 t1 t2 t3", "domain": "code"}\n{"prompt": "t5 t6 t7 t5", "domain": "prose"}\n')
+    extra = list(secs.plan(fuse=False)["tree_b1"])
+    extra[extra.index("--max-new-tokens") + 1] = "8"
+    assert main(["--workload", str(work), "--config", str(config), "--out", str(tmp_path / "out"), *extra]) == 0
+    bench = json.loads((tmp_path / "out" / "bench.json").read_text())
+    trees = {n for n, k in arm_summary.arm_kinds(text).items() if k["tree"]}
+    assert trees and set(bench["exactness"]["tree_arms"]) == trees
+    assert bench["exactness"]["greedy_identical"] is True and all(bench["exactness"]["systems"].values())
+    assert all(s.get("tokens_per_s") for s in bench["summaries"].values())
