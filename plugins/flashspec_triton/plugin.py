@@ -116,6 +116,8 @@ class TritonVerifier:
         """The kernels, launched directly or replayed from the graph captured for this shape.
         Inputs outside the contract are refused or flagged first (third parties call it directly)."""
         flags = verifier_inputs(logits, tokens, probs)
+        if flags is not None:  # on an accelerator bad rows are only flagged: the kernels must not index by their ids
+            tokens = tokens.clamp(0, logits.shape[-1] - 1)
         programs, draw = self.config.programs or None, self.config.philox_draw
         has_q, has_noise, has_state = probs is not None, noise is not None, state is not None
 
