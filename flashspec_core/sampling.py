@@ -193,7 +193,8 @@ def gumbel_noise(seeds: torch.Tensor, starts: torch.Tensor, width: int, vocab: i
 
     Entry ``[b, i, v]`` is a function of ``seeds[b]``, ``starts[b] + i`` and ``v`` only, so a
     seeded row draws the same noise at the same sequence index in any batch, on any device.
-    seeds, starts: ``[B]`` int64 (seeds taken modulo 2^64). Uniforms have 24 bits.
+    seeds, starts: ``[B]`` int64 (seeds taken modulo 2^64). Uniforms have 23 bits: with 24,
+    the top value plus a half rounds to 2^24 in float32, so u = 1 and the noise is +inf.
     """
     seed = seeds.to(torch.int64)
     key = _mix32(_mix32((seed >> 32) & _MASK32) ^ (seed & _MASK32))  # [B]
@@ -201,7 +202,7 @@ def gumbel_noise(seeds: torch.Tensor, starts: torch.Tensor, width: int, vocab: i
     key = _mix32(key[:, None] ^ _mix32(index & _MASK32))  # [B, width]
     token = _mix32(torch.arange(vocab, device=seeds.device, dtype=torch.int64) * 0x9E3779B9 & _MASK32)  # [V]
     bits = _mix32(_mix32(key[..., None] ^ token) ^ 0x2545F491)  # [B, width, V]
-    u = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1)
+    u = ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))  # in (0, 1), 1 - u >= 2^-24
     return -torch.log(-torch.log(u))
 
 
