@@ -208,10 +208,12 @@ class TreeVerdict:
     path: torch.Tensor  # [B, D] int64 accepted node at depth d + 1, -1 from num_accepted on
     num_accepted: torch.Tensor  # [B] int64 in [0, D]
     tokens: torch.Tensor  # [B, D + 1] int64, padded with -1
+    # [B] int32 or int64 Broken bits a verifier found in its inputs on the device, as Verdict.flags
+    flags: torch.Tensor | None = None
 
     def as_verdict(self) -> Verdict:
-        """The chain :class:`~flashspec_core.contracts.Verdict` of the emitted tokens."""
-        return Verdict(tokens=self.tokens, num_accepted=self.num_accepted)
+        """The chain :class:`~flashspec_core.contracts.Verdict` of the emitted tokens (and the flags)."""
+        return Verdict(tokens=self.tokens, num_accepted=self.num_accepted, flags=self.flags)
 
 
 def _check_inputs(p: torch.Tensor, draft: TreeDraft, noise: Noise | None) -> None:

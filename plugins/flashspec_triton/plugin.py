@@ -10,6 +10,15 @@ the same generator; the distribution is the same. ``philox_draw`` picks how the 
 bonus token is drawn (``auto``: one race over the vocabulary, or at large batch and vocabulary
 a block by its mass and then a race in it; :mod:`flashspec_kernels.verify`, "Philox draws").
 
+Trees (:class:`flashspec_core.contracts.VerifiesTrees`): ``verify_tree`` and
+``verify_tree_with_noise`` run :mod:`flashspec_kernels.verify_tree` with the same noise
+conventions (exact mode: the reference verifier's tokens), graph-replayed per tree shape.
+Inputs outside the contract are flagged per row in the verdict's ``flags`` on the device, on
+every device (no host sync; the pipeline reads them with its one copy): the kernels flag draft
+ids outside ``[0, V)`` and logits NaN, ``+inf`` or all ``-inf`` at a position as they read them,
+and one reduction over ``q`` (:func:`flashspec_core.checks.draft_flags`) flags a ``q`` that is
+not a distribution.
+
 ``noise = "exact"`` draws :class:`flashspec_core.sampling.Noise` from the generator
 exactly as the reference verifier does (one ``[B, V]`` float32 exponential tensor per
 step, which the race then reads) and so emits the reference's tokens.
@@ -30,9 +39,10 @@ import attrs
 import torch
 
 from flashspec_core import ComponentSpec, SamplingParams, Verdict, Verifier, hookimpl
-from flashspec_core.checks import flagged, verifier_inputs
+from flashspec_core.checks import draft_flags, flagged, verifier_inputs
 from flashspec_core.contracts import RowSampling
 from flashspec_core.sampling import Noise, verify_rows
+from flashspec_core.tree import TreeVerdict
 from flashspec_triton.stepgraphs import StepGraphs
 
 
@@ -136,6 +146,88 @@ class TritonVerifier:
         inputs += [noise.uniform, noise.exponential] if noise is not None else []
         inputs += [state] if state is not None else []
         return flagged(self._graphs((sampling, has_q, has_noise, has_state, programs, draw), step, *inputs), flags)
+
+    def verify_tree(
+        self,
+        target_logits: torch.Tensor,  # [B, N+1, V]
+        draft_tokens: torch.Tensor,  # [B, N] int64
+        parents: torch.Tensor,  # [N] int64 CPU, -1 = a child of the root
+        draft_probs: torch.Tensor | None,  # [B, N, V] or None (every node deterministic)
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        *,
+        without_replacement: bool = False,
+    ) -> TreeVerdict:
+        """Multi-draft rejection sampling over the tree (greedy descent at temperature 0).
+        ``without_replacement``: each sibling was drawn without its elder siblings' tokens."""
+        if sampling.greedy:
+            return self._run_tree(target_logits, draft_tokens, parents, draft_probs, sampling, None, None,
+                                  without_replacement)  # fmt: skip
+        if self.config.noise == "exact":
+            batch, nodes = draft_tokens.shape
+            noise = Noise.draw(batch, nodes, target_logits.shape[-1], generator, target_logits.device)
+            return self._run_tree(target_logits, draft_tokens, parents, draft_probs, sampling, noise, None,
+                                  without_replacement)  # fmt: skip
+        state = self._ops.new_philox_state(generator, target_logits.device)
+        return self._run_tree(target_logits, draft_tokens, parents, draft_probs, sampling, None, state,
+                              without_replacement)  # fmt: skip
+
+    def verify_tree_with_noise(
+        self,
+        target_logits: torch.Tensor,  # [B, N+1, V]
+        draft_tokens: torch.Tensor,  # [B, N] int64
+        parents: torch.Tensor,  # [N] int64 CPU
+        draft_probs: torch.Tensor | None,  # [B, N, V] or None
+        sampling: SamplingParams,
+        noise: Noise | None,  # None only when greedy
+        *,
+        without_replacement: bool = False,
+    ) -> TreeVerdict:
+        """Same as :meth:`verify_tree` with the reference's noise (token-exact comparisons)."""
+        if not sampling.greedy and noise is None:
+            raise ValueError("verify_tree_with_noise: sampling is not greedy, so noise is required")
+        noise = None if sampling.greedy else noise
+        return self._run_tree(target_logits, draft_tokens, parents, draft_probs, sampling, noise, None,
+                              without_replacement)  # fmt: skip
+
+    def _run_tree(
+        self,
+        logits: torch.Tensor,
+        tokens: torch.Tensor,
+        parents: torch.Tensor,
+        probs: torch.Tensor | None,
+        sampling: SamplingParams,
+        noise: Noise | None,
+        state: torch.Tensor | None,
+        without: bool,
+    ) -> TreeVerdict:
+        """The tree kernels, launched directly or replayed from the graph of this shape."""
+        from flashspec_kernels import verify_tree
+
+        plist = verify_tree.parents_tuple(parents)  # host data: part of the graph's key, not an input
+        programs = self.config.programs or None
+        has_q, has_noise, has_state = probs is not None, noise is not None, state is not None
+
+        def step(*inputs: torch.Tensor) -> TreeVerdict:
+            it = iter(inputs)
+            logits, tokens = next(it), next(it)
+            probs = next(it) if has_q else None
+            noise = Noise(uniform=next(it), exponential=next(it)) if has_noise else None
+            state = next(it) if has_state else None
+            verdict = verify_tree.verify_tree_triton(
+                logits, tokens, plist, probs, sampling, noise=noise, state=state, without_replacement=without,
+                programs=programs,
+            )  # fmt: skip
+            assert verdict.flags is not None
+            return attrs.evolve(verdict, flags=verdict.flags | draft_flags(tokens, probs, logits.shape[-1]))
+
+        inputs = [logits, tokens]
+        inputs += [probs] if probs is not None else []
+        inputs += [noise.uniform, noise.exponential] if noise is not None else []
+        inputs += [state] if state is not None else []
+        key = ("tree", plist, without, sampling, has_q, has_noise, has_state, programs)
+        verdict: TreeVerdict = self._graphs(key, step, *inputs)
+        return verdict
 
 
 def _make(config: Any, device: torch.device | str | None = None) -> Verifier:

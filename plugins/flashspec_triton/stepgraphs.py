@@ -33,9 +33,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+import attrs
 import torch
 
-from flashspec_core.contracts import Verdict
 from flashspec_core.cudagraph import capture
 
 # Logits of up to this many bytes, at an address not seen before: copy in and replay. In the H200
@@ -49,8 +49,20 @@ MAX_GRAPHS = 32  # captured graphs kept (least recently used dropped)
 PIN_MIN_BYTES = 1 << 20
 SEEN = 64  # pinned keys remembered after one sighting (least recently seen dropped)
 
-Step = Callable[..., Verdict]
-Capture = Callable[[Step, Sequence[torch.Tensor], Any, int], tuple[Any, Verdict]]
+# A step returns tensors, attrs records of tensors (Verdict, TreeVerdict), or tuples of these.
+Step = Callable[..., Any]
+Capture = Callable[[Step, Sequence[torch.Tensor], Any, int], tuple[Any, Any]]
+
+
+def _clone(out: Any) -> Any:
+    """A copy of a step's output whose tensors the next replay does not overwrite."""
+    if out is None:  # an optional field (Verdict.flags) the step left unset
+        return None
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, tuple):
+        return tuple(_clone(x) for x in out)
+    return attrs.evolve(out, **{f.name: _clone(getattr(out, f.name)) for f in attrs.fields(type(out))})
 
 
 class StepGraphs:
@@ -68,7 +80,7 @@ class StepGraphs:
         self.pin = pin
         self._capture_fn = capture_fn
         # key -> (graph, static copies (None where a pinned graph reads the caller's input), outputs)
-        self._graphs: OrderedDict[Hashable, tuple[Any, list[torch.Tensor | None], Verdict]] = OrderedDict()
+        self._graphs: OrderedDict[Hashable, tuple[Any, list[torch.Tensor | None], Any]] = OrderedDict()
         self._seen: OrderedDict[Hashable, None] = OrderedDict()
         self._pool: Any = None
         self.pinned_replays = 0  # counters for benchmarks and tests
@@ -85,7 +97,7 @@ class StepGraphs:
         """Whether a call with these logits copies its inputs into a graph when not pinned."""
         return self.usable(logits) and logits.numel() * logits.element_size() <= self.max_bytes
 
-    def __call__(self, key: Hashable, step: Step, *inputs: torch.Tensor) -> Verdict:
+    def __call__(self, key: Hashable, step: Step, *inputs: torch.Tensor) -> Any:
         if not self.usable(inputs[0]):
             return step(*inputs)
         layout = (key, *((tuple(t.shape), t.stride(), t.dtype, t.device) for t in inputs))
@@ -103,7 +115,7 @@ class StepGraphs:
         self.copied_replays += 1
         return self._replay((layout, None), step, inputs, [])
 
-    def _replay(self, key: Hashable, step: Step, inputs: Sequence[torch.Tensor], pinned: list[int]) -> Verdict:
+    def _replay(self, key: Hashable, step: Step, inputs: Sequence[torch.Tensor], pinned: list[int]) -> Any:
         entry = self._graphs.get(key)
         if entry is None:
             static = [None if i in pinned else t.clone() for i, t in enumerate(inputs)]
@@ -123,4 +135,4 @@ class StepGraphs:
             if dst is not None:
                 dst.copy_(src, non_blocking=True)
         graph.replay()
-        return Verdict(tokens=out.tokens.clone(), num_accepted=out.num_accepted.clone())
+        return _clone(out)

@@ -60,10 +60,10 @@ def test_law_holds_with_filtering(law_setup: dict[str, Any], sampling: dict[str,
     assert gate(pipe, law_of(law_setup, sampling), sampling) > ALPHA
 
 
-# Draft trees (hf target, reference verifier): prompt lookup with sibling branches, the close
-# draft's top-k tree, and a suffix tree whose state every row of the batch shares (a row's tree
-# depends on the other rows' sampled tokens, never on its own step's draws); alone (fixed) and
-# among the chain arms (adversarial selector).
+# Draft trees (hf target): prompt lookup with sibling branches, the close draft's top-k tree,
+# and a suffix tree whose state every row of the batch shares (a row's tree depends on the
+# other rows' sampled tokens, never on its own step's draws); alone (fixed) and among the
+# chain arms (adversarial selector); reference verifier, and the triton verifier below.
 TREE_ARMS = ["lookup-tree", "hf-tree", "suffix-tree"]
 
 
@@ -89,7 +89,26 @@ def test_law_holds_for_tree_arms(law_setup: dict[str, Any], arm: str, sampling: 
     assert gate(pipe, law_of(law_setup, sampling), sampling) > ALPHA
 
 
-def test_law_holds_with_trees_among_chains(law_setup: dict[str, Any]) -> None:
+@pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")  # the interpreter's log(0)
+@pytest.mark.parametrize("verifier", ["reference", "triton"])
+def test_law_holds_with_trees_among_chains(law_setup: dict[str, Any], verifier: str) -> None:
     sampling = SAMPLINGS[0]
-    pipe = build_pipeline(tree_dict(law_setup, "alternate_on_rejection"), law_setup["registry"])
+    if verifier == "triton":
+        pytest.importorskip("triton")
+    config = {**tree_dict(law_setup, "alternate_on_rejection"), "verifier": {"use": verifier}}
+    pipe = build_pipeline(config, law_setup["registry"])
+    assert gate(pipe, law_of(law_setup, sampling), sampling) > ALPHA
+
+
+# The triton verifier (philox noise, Triton's interpreter on the CPU) on the lookup tree alone;
+# the hf tree (whose forwards cost the most CPU time) it verifies among the chains above.
+TRITON_TREE_CASES = [("lookup-tree", SAMPLINGS[0]), ("lookup-tree", SAMPLINGS[2])]
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")  # the interpreter's log(0)
+@pytest.mark.parametrize(("arm", "sampling"), TRITON_TREE_CASES, ids=["lookup-t1", "lookup-top_p"])
+def test_law_holds_for_tree_arms_on_triton(law_setup: dict[str, Any], arm: str, sampling: dict[str, Any]) -> None:
+    pytest.importorskip("triton")
+    config = {**tree_dict(law_setup, arm=TREE_ARMS.index(arm)), "verifier": {"use": "triton"}}
+    pipe = build_pipeline(config, law_setup["registry"])
     assert gate(pipe, law_of(law_setup, sampling), sampling) > ALPHA

@@ -3,6 +3,10 @@
 The gate is the one tests/stats/test_tree_stats.py runs on the reference (Holm at
 GATE_ALPHA per case). A u = 0 draw has probability ~2^-24, so the strict accept test
 (zero_probability_accepted) is checked on a case built to have one.
+
+The triton kernels carry two of the verifier-side bugs as a switch
+(``flashspec_kernels.verify_tree``, ``bug=``); the gate must catch them there too, and
+the draft-side bugs with the triton verifier behind the same gate.
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from _tree_verifiers import triton_tree_verify
 
+from flashspec_core.contracts import SamplingParams
 from flashspec_core.sampling import Noise
 from flashspec_core.testing.tree_exactness import (
     TreeCase,
@@ -31,7 +37,10 @@ from flashspec_core.testing.tree_mutants import (
 )
 from flashspec_core.tree import verify_tree_random
 
-pytestmark = pytest.mark.stats
+pytestmark = [
+    pytest.mark.stats,
+    pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning"),  # the interpreter's log(0)
+]
 
 SEED = 7
 DISTINCT_CASES = sorted({c.name: c for c in POWER_CASES.values()}.values(), key=lambda c: c.name)
@@ -84,3 +93,30 @@ def test_zero_probability_node_accepted_when_u_is_zero() -> None:
     assert impossible_emissions(p, verify_tree_random(p, draft, noise)) == 0
     bad = verify_tree_mutant(p, draft, noise, bug="zero_probability_accepted")
     assert impossible_emissions(p, bad) > 0, "u * q <= p accepted no zero-probability node"
+
+
+# The bugs the triton kernels can switch on, and those the drafter plants (verifier unchanged).
+TRITON_KERNEL_BUGS = ["sibling_residual_not_updated"]
+DRAFT_SIDE_BUGS = ["with_replacement_verified_without", "deterministic_with_real_q"]
+
+
+@pytest.mark.parametrize("bug", TRITON_KERNEL_BUGS + DRAFT_SIDE_BUGS)
+def test_gate_rejects_triton_mutant(bug: str) -> None:
+    in_kernel = bug in TRITON_KERNEL_BUGS
+    verify = triton_tree_verify("triton-exact", bug if in_kernel else None)
+    _, report = tree_mutant(bug)
+    decision = tree_gate(verify, POWER_CASES[bug], SEED, report=report)
+    assert decision.rejected, f"triton {bug} ({TREE_MUTANTS[bug]}) passed: {decision.result.pvalues}"
+
+
+@pytest.mark.parametrize("bug", [None, "zero_probability_accepted"])
+def test_triton_zero_probability_node_accepted_when_u_is_zero(bug: str | None) -> None:
+    """The kernel's strict accept test, and its planted ``<=``, on the u = 0 case."""
+    pytest.importorskip("triton")
+    from flashspec_kernels.verify_tree import verify_tree_triton
+
+    p, draft, noise = zero_uniform_inputs()
+    verdict = verify_tree_triton(p.log(), draft.tokens, draft.parents, None, SamplingParams(1.0), noise=noise,
+                                 bug=bug)  # type: ignore[arg-type]  # fmt: skip
+    bad = impossible_emissions(p, verdict)
+    assert bad > 0 if bug else bad == 0, f"bug={bug}: {bad} zero-probability emissions"
