@@ -209,7 +209,9 @@ def test_gamma_zero_arm_runs_on_fast_path(models: dict[str, Path]) -> None:
 def test_max_len_too_small_is_a_clear_error(models: dict[str, Path]) -> None:
     cfg = _config(models, "fast", "float64", arms=[{"use": "none", "name": "none"}])
     cfg["target"]["max_len"] = 12
-    with pytest.raises(ValueError, match="max_len"):
+    # refused before the prefill, naming both lengths (the context is max_len less one scratch slot)
+    with pytest.raises(ValueError, match=r"^a prompt of \d+ tokens plus max_new_tokens = 8 plus 0 draft slots exceeds "
+                                         r"the target's context of 11 tokens$"):
         build_pipeline(cfg).generate([PROMPTS[2]], max_new_tokens=8)
 
 
