@@ -18,6 +18,10 @@ maximum per position (NaN, ``+inf`` or all ``-inf`` make it non-finite), the dra
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import attrs
 import torch
 
@@ -54,21 +58,41 @@ def logits_flags(logits: torch.Tensor) -> torch.Tensor:
     return (~torch.isfinite(top)).any(dim=1).long() * int(Broken.TARGET_LOGITS)
 
 
+_CALLER_CHECKS = contextvars.ContextVar("flashspec_caller_checks", default=False)
+
+
+@contextlib.contextmanager
+def checked_by_caller() -> Iterator[None]:
+    """Within this block the caller checks the step's values itself (the pipeline's
+    :func:`step_flags`), so :func:`verifier_inputs` on an accelerator flags only the draft ids
+    (kernels index by them) instead of reading the logits and ``q`` a second time."""
+    token = _CALLER_CHECKS.set(True)
+    try:
+        yield
+    finally:
+        _CALLER_CHECKS.reset(token)
+
+
 def verifier_inputs(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
                     draft_probs: torch.Tensor | None) -> torch.Tensor | None:
     """A verifier's own check of its inputs: ``None`` when nothing is wrong, or on an
     accelerator each row's :class:`Broken` flags ([B] int64) for :func:`flagged`.
 
     Reading the values there would cost a host sync inside the step, so the flags go back
-    with the verdict instead (the pipeline reads them with its one copy).
+    with the verdict instead (the pipeline reads them with its one copy); inside
+    :func:`checked_by_caller` only the draft ids are flagged there.
 
     :raises ValueError: a shape or dtype off, naming the argument.
     :raises VerifierInputError: inputs in host memory with values outside the contract,
         naming the argument and the rows.
     """
     _check_verifier_shapes(target_logits, draft_tokens, draft_probs)
-    flags = draft_flags(draft_tokens, draft_probs, target_logits.shape[-1]) | logits_flags(target_logits)
-    if target_logits.device.type != "cpu":
+    vocab = target_logits.shape[-1]
+    on_host = target_logits.device.type == "cpu"
+    if not on_host and _CALLER_CHECKS.get():
+        return draft_flags(draft_tokens, None, vocab)
+    flags = draft_flags(draft_tokens, draft_probs, vocab) | logits_flags(target_logits)
+    if not on_host:
         return flags
     rows = flags.nonzero().flatten().tolist()
     if rows:

@@ -30,7 +30,7 @@ from typing import Any, cast
 import attrs
 import torch
 
-from flashspec_core.checks import Names, blame, check_shapes, step_flags
+from flashspec_core.checks import Names, blame, check_shapes, checked_by_caller, step_flags
 from flashspec_core.config import check_generation, check_prompt_text
 from flashspec_core.contracts import (
     ArmSelector,
@@ -352,14 +352,15 @@ class Pipeline:
             # sampled, not coupled, so their tokens may depend on the batch there.
             logits, sampling = warp_logits(logits, sampling.params), UNIT
         try:
-            if isinstance(sampling, RowSampling):
-                verdict = self._verify_rows(logits, ids, draft.probs, sampling, generator)
-                return verdict, verdict.num_accepted.new_zeros((ids.shape[0], 0))
-            if draft.parents is None:
-                verdict = self.verifier.verify(logits, ids, draft.probs, sampling, generator)
-                return verdict, verdict.num_accepted.new_zeros((ids.shape[0], 0))
-            tree = cast(VerifiesTrees, self.verifier).verify_tree(logits, ids, draft.parents, draft.probs,
-                                                                  sampling, generator)
+            with checked_by_caller():  # step_flags reads the logits and q once, for every verifier
+                if isinstance(sampling, RowSampling):
+                    verdict = self._verify_rows(logits, ids, draft.probs, sampling, generator)
+                    return verdict, verdict.num_accepted.new_zeros((ids.shape[0], 0))
+                if draft.parents is None:
+                    verdict = self.verifier.verify(logits, ids, draft.probs, sampling, generator)
+                    return verdict, verdict.num_accepted.new_zeros((ids.shape[0], 0))
+                tree = cast(VerifiesTrees, self.verifier).verify_tree(logits, ids, draft.parents, draft.probs,
+                                                                      sampling, generator)
         except VerifierInputError as exc:
             culprit = names.target if exc.flag & Broken.TARGET_LOGITS else names.drafter
             raise ContractViolation(culprit, f"{exc.flag.describe()} ({names.verifier} refused its {exc})") from exc

@@ -105,3 +105,32 @@ def test_a_broken_component_is_named(component: dict[str, str], words: list[str]
     assert "broke its contract" in message and "plugin" in message, message
     for word in words:
         assert word in message, message
+
+
+def test_a_verifier_inside_the_pipeline_reads_logits_and_q_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an accelerator (here the meta device, which has no values) a verifier called inside
+    checked_by_caller flags only the draft ids: the pipeline's own step_flags read the rest."""
+    from flashspec_core import checks
+
+    read: list[str] = []
+    real = checks.logits_flags
+    monkeypatch.setattr(checks, "logits_flags", lambda logits: read.append("logits") or real(logits))
+    logits = torch.zeros((2, 3, VOCAB), device="meta")
+    ids = torch.zeros((2, 2), dtype=torch.long, device="meta")
+    q = torch.zeros((2, 2, VOCAB), device="meta")
+    flags = checks.verifier_inputs(logits, ids, q)
+    assert read == ["logits"] and flags is not None and flags.shape == (2,)
+    with checks.checked_by_caller():
+        flags = checks.verifier_inputs(logits, ids, q)
+    assert read == ["logits"] and flags is not None and flags.shape == (2,)
+    assert checks.verifier_inputs(logits, ids, q) is not None and read == ["logits", "logits"]  # the block ended
+
+
+def test_values_in_host_memory_are_refused_inside_the_pipeline_too() -> None:
+    """On the CPU a refusal costs no sync, and a verifier must not index by a bad id: still refused."""
+    from flashspec_core import checks
+    from flashspec_core.contracts import VerifierInputError
+
+    logits = torch.zeros((1, 2, VOCAB))
+    with checks.checked_by_caller(), pytest.raises(VerifierInputError, match="^draft_probs: "):
+        checks.verifier_inputs(logits, torch.zeros((1, 1), dtype=torch.long), torch.full((1, 1, VOCAB), 0.5))
