@@ -16,7 +16,7 @@ from flashspec_serve.engine import Engine, Handle, Job
 REQUESTS, WAVE, MAX_BATCH = 1000, 100, 16
 PROMPTS = [(1, 2, 3), (3, 4), (7, 8, 9, 1, 2), (5,), (2, 2, 6), (9, 8, 7, 6), (11, 3, 5, 1), (4, 12)]
 SETTINGS = [SamplingParams(0.0), SamplingParams(0.8, top_p=0.9), SamplingParams(1.2, top_k=4)]
-# Allocator noise over the waves after the first two (measured: a few MB); a leak of one
+# Allocator noise over the waves after the first two (measured: under 1 MB); a leak of one
 # KV cache row or token buffer per request would be over 10x this by the last wave.
 RSS_GROWTH_MB = 24.0
 
@@ -33,7 +33,7 @@ def _cache_rows(pipeline: object) -> int:
     return 0 if keys is None else int(keys.shape[0])
 
 
-@pytest.mark.slow  # about 50 s of CPU: 1,000 requests, each join re-prefilling the batch
+@pytest.mark.slow  # about 20 s on an idle CPU: 1,000 requests, each join re-prefilling the batch
 def test_a_thousand_requests_leave_memory_flat(tiny_models: dict[str, Path]) -> None:
     pipeline = make_pipeline(tiny_models)
     engine = Engine(pipeline, max_batch=MAX_BATCH, max_waiting=WAVE)

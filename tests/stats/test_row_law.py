@@ -118,8 +118,8 @@ def test_seeded_rows_follow_the_law_over_seeds(rows_verifier: VerifiesRows, case
 
 
 def test_the_mixed_rows_gate_catches_a_row_given_its_neighbours_setting(rows_verifier: VerifiesRows) -> None:
-    """Power: a verifier that warps every row with the batch's first setting but one (the
-    case's rows get their odd neighbour's) fails the gate the honest one passes."""
+    """Power: a verifier that warps each row with the next row's setting (a case row with its
+    neighbour's) fails the gate the honest one passes."""
 
     class Shifted:
         def verify_rows(self, logits: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor | None,
