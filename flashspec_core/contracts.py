@@ -8,7 +8,7 @@ A component may also offer an optional *capability*: a small runtime-checkable
 protocol below (:class:`RequestAware`, :class:`DeclaresExactness`,
 :class:`VerifiesWithNoise`, :class:`HasTokenizer`, :class:`Prewarmable`,
 :class:`CapturesGraphs`, :class:`NamesModel`, :class:`VerifiesRows`, :class:`HasContext`,
-and for draft trees :class:`ProposesTrees`, :class:`ScoresTrees`, :class:`VerifiesTrees`). Code that uses a capability tests
+:class:`ForgetsRequests`, and for draft trees :class:`ProposesTrees`, :class:`ScoresTrees`, :class:`VerifiesTrees`). Code that uses a capability tests
 ``isinstance(component, Capability)``, never ``hasattr``, so every capability a caller
 relies on is declared and documented here.
 
@@ -458,6 +458,21 @@ class Prewarmable(Protocol):
 
 
 @runtime_checkable
+class ForgetsRequests(Protocol):
+    """Optional extra of a :class:`DraftProvider` whose proposals depend on earlier requests.
+
+    :meth:`DraftProvider.reset` only ends the current batch; a provider that learns from
+    the sequences of finished requests (``suffix``: its corpus) keeps them. A benchmark
+    timing the same prompts more than once calls ``forget_requests()`` so that a timed
+    run never predicts outputs it has already seen.
+    """
+
+    def forget_requests(self) -> None:
+        """Drop everything learned from earlier requests and the current batch: the
+        provider proposes as it did when it was built. Called between requests."""
+
+
+@runtime_checkable
 class GraphCounter(Protocol):
     """What :class:`CapturesGraphs` exposes of a graph cache."""
 
@@ -601,6 +616,7 @@ CAPABILITIES: tuple[type, ...] = (
     VerifiesTrees,
     VerifiesRows,
     HasContext,
+    ForgetsRequests,
 )
 
 

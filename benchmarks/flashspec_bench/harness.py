@@ -35,6 +35,9 @@ from flashspec_bench.provenance import logger, provenance
 from flashspec_bench.runs import Always, batches, first_divergence, headline, run_pipeline, summarize_run
 
 SYSTEMS = ("flashspec", "target_only", *HF_SYSTEMS)
+# bench.json's record of how drafts that learn across requests were timed (own_learners); a
+# summary treats a run without it, whose suffix arms had seen the outputs they predicted, as invalid
+CROSS_REQUEST_STATE = "reset per system and pass"
 Record = Callable[[str, dict[str, Any]], None]  # (system, run) -> None: stores a finished run
 say = logger("bench")
 
@@ -159,9 +162,11 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
     for rep in range(args.repeats if timed else 0):
         # Systems take turns batch by batch, and the system that goes first rotates with the
         # batch and the repeat: a drift within the run (clocks, heat, allocator) then weighs on
-        # every system alike. Every repeat starts from untrained selectors and scorers: repeats
-        # are independent runs; within a repeat each system keeps its own, every bucket's.
+        # every system alike. Every repeat starts from untrained selectors and scorers and
+        # emptied corpora: repeats are independent runs; within a repeat each system keeps its
+        # own, every bucket's.
         state = {name: copy.deepcopy(start) for name, _, start, *_ in timed}
+        arms_of = {name: own_learners(use_arms) for name, use_arms, *_ in timed}
         parts: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in timed}
         for j, group in enumerate(groups):
             if time.perf_counter() > deadline and (rep or j):  # at least one batch of each system
@@ -169,8 +174,8 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
                 say(f"timed runs stopped at the deadline: repeat {rep}, {j} of {len(groups)} batches")
                 break
             turn = (rep + j) % len(timed)
-            for name, use_arms, _, own_limit, own_first, _ in timed[turn:] + timed[:turn]:
-                policy.arms = use_arms
+            for name, _, _, own_limit, own_first, _ in timed[turn:] + timed[:turn]:
+                policy.arms = arms_of[name]
                 policy.settings = attrs.evolve(settings, speculate_max_batch=own_limit, first=own_first)
                 state[name].restore(policy)
                 parts[name].append(run_pipeline(pipeline, prompts, [group], args, domains))
@@ -188,6 +193,27 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
     policy.arms, policy.settings = arms, settings
     kept.restore(policy)
     return prewarm
+
+
+def own_learners(arms: list[Any]) -> list[Any]:
+    """``arms`` with each provider that learns across requests (:class:`ForgetsRequests`)
+    replaced by an emptied copy (arms sharing a provider share its copy). Systems take turns on
+    the same prompts, so with one shared corpus a suffix arm would predict outputs another
+    system, the warm-up or an earlier repeat had just produced; with its own emptied copy a
+    system's timed pass learns only from its own earlier requests in that pass."""
+    from flashspec_core.contracts import ForgetsRequests
+
+    fresh: dict[int, Any] = {}
+
+    def own(provider: Any) -> Any:
+        if not isinstance(provider, ForgetsRequests):
+            return provider
+        if id(provider) not in fresh:
+            provider.forget_requests()  # first, so that nothing learned is copied
+            fresh[id(provider)] = copy.deepcopy(provider)
+        return fresh[id(provider)]
+
+    return [attrs.evolve(a, provider=own(a.provider)) for a in arms]
 
 
 @attrs.frozen
@@ -384,7 +410,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     workload = (interleave(workload) if args.order == "interleaved" else workload)[: args.prompts or None]
     result: dict[str, Any] = {"environment": provenance("flashspec bench", args.commit),
                               "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                              "config": args.config.read_text(), "workload": workload, "runs": {}, "summaries": {}}
+                              "config": args.config.read_text(), "workload": workload, "runs": {}, "summaries": {},
+                              "cross_request_state": CROSS_REQUEST_STATE}
     out_file = args.out / "bench.json"
 
     def record(name: str, run: dict[str, Any]) -> None:

@@ -86,7 +86,7 @@ class SuffixDraft:
     proposes, so rows of a batch read each other's sequences as of this step. A row's
     sequence enters the corpus for good when the request ends (:meth:`reset`, or a
     batch of another size): up to the last tokens this provider saw of it, so tokens
-    emitted after its last proposal are not kept.
+    emitted after its last proposal are not kept. :meth:`forget_requests` empties the corpus.
     """
 
     def __init__(self, config: SuffixConfig) -> None:
@@ -100,6 +100,11 @@ class SuffixDraft:
             self.tree.close(row)
         self._rows = []
         self.tree.evict(self.config.max_tokens)
+
+    def forget_requests(self) -> None:
+        """An empty corpus (:class:`flashspec_core.contracts.ForgetsRequests`)."""
+        self.tree = SuffixTree(self.config.max_match + 1)
+        self._rows = []
 
     def propose(
         self,

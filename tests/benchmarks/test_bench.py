@@ -389,3 +389,43 @@ def test_a_short_budget_keeps_target_only_and_the_bandit_first_and_cuts_batches_
     kept = {n: [r["prompt"] for r in runs[n]["requests"]] for n in ("target_only", "bandit:UCB1")}
     assert kept["target_only"] == kept["bandit:UCB1"] and 0 < len(kept["target_only"]) < 6
     assert runs["target_only"]["stopped"]["why"] == "out of budget"
+
+
+def test_a_suffix_arm_never_predicts_outputs_of_a_warm_up_another_system_or_an_earlier_repeat(
+    setup: dict[str, Path],
+) -> None:
+    """The suffix arm learns from every request it serves, and the bench runs the same prompts
+    in warm-ups, in every system and in every repeat: each timed pass must accept exactly what
+    a never-used provider accepts in one pass over the prompts (its own earlier requests
+    only), while a second pass on a provider that kept its corpus accepts more (what the
+    check guards against)."""
+    from flashspec_core.build import build_pipeline
+
+    config = setup["root"] / "suffix.toml"
+    config.write_text(f'[target]\nuse = "fast"\nmodel = "{setup["root"] / "target"}"\ndtype = "float32"\n'
+                      'chat_template = false\nmax_len = 128\n[[arm]]\nuse = "suffix"\ngamma = 4\nname = "suffix"\n'
+                      '[[arm]]\nuse = "none"\nname = "none"\n[verifier]\nuse = "reference"\n[selector]\nuse = "ucb1"\n')
+    args = bench.parser().parse_args(["--workload", str(setup["workload"]), "--config", str(config),
+                                      "--out", str(setup["root"] / "o_suffix"), "--max-new-tokens", "24",
+                                      "--repeats", "2"])
+    args.systems = ["flashspec", "target_only"]
+    prompts, domains = [[1, 2, 3, 4, 1, 2], [5, 6], [7, 8, 9, 1, 2, 3]], ["code", "prose", "code"]
+
+    def accepted(run: dict[str, Any]) -> list[list[int]]:
+        return [s["accepted"] for s in run["steps"] if s["arm_name"] == "suffix"]
+
+    def fresh() -> Any:
+        pipe = build_pipeline(bench.load_config_dict(config, None, False))
+        pipe.policy.selector = bench.Always(0, len(pipe.choices))
+        return pipe
+
+    pipe = fresh()
+    cold = accepted(bench.run_pipeline(pipe, prompts, batches(3, 1), args, domains))
+    again = accepted(bench.run_pipeline(pipe, prompts, batches(3, 1), args, domains))
+    assert sum(map(sum, again)) > sum(map(sum, cold)) > 0  # a kept corpus has the outputs it predicts
+
+    runs: dict[str, dict] = {}
+    bench.flashspec_runs(fresh(), prompts, batches(3, 1), args, domains, runs.__setitem__)
+    timed = runs["fixed:suffix"]["steps"]
+    for rep in (0, 1):
+        assert accepted({"steps": [s for s in timed if s["repeat"] == rep]}) == cold, rep
