@@ -2,7 +2,7 @@
 
     python benchmarks/e2e_h200.py smoke --out DIR
     python benchmarks/e2e_h200.py full --gguf DIR --out DIR --budget 480 [--sections ...]
-    python benchmarks/e2e_h200.py summarize --from DIR --out docs/benchmarks --commit SHA
+    python benchmarks/e2e_h200.py summarize --from DIR --out docs/benchmarks --commit SHA [--merge E2E_JSON]
 
 The sections live in :mod:`flashspec_bench.sections`, the summary in :mod:`flashspec_bench.e2e`;
 ``summarize`` leaves the raw rows in the git-ignored ``benchmarks/.results/``.

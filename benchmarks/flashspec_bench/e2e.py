@@ -5,6 +5,12 @@ token of every system (``runs``), the prompts (``workload``) and each prompt's b
 divergence. ``summarize`` writes all of it to the raw file under the ignored
 ``benchmarks/.results/`` and commits only ``slim_section`` of each section beside the
 ``summary`` the docs quote.
+
+A run that did not record ``cross_request_state`` timed its suffix arms on a corpus that
+already held the outputs they predicted: those systems (and the bandits over a suffix arm)
+are withheld from the committed sections and from every ratio and goal, and named with the
+reason in ``summary.invalid_systems`` (:func:`invalid_systems`). ``--merge`` lays a run of the
+tree and sweep sections over a committed file (:func:`merge_committed`).
 """
 
 from __future__ import annotations
@@ -12,13 +18,14 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
 from flashspec_bench.arm_sections import SWEEP_SECTIONS, TREE_SECTIONS
 from flashspec_bench.arm_summary import arm_summary
 from flashspec_bench.provenance import RESULTS, write_json
-from flashspec_bench.runs import by_domain, summarize_run
+from flashspec_bench.runs import CROSS_REQUEST_STATE, by_domain, summarize_run
 
 RAW = RESULTS / "e2e-h200-raw.json.gz"
 SECTIONS = ("b1_greedy", "b1_adaptive", "b1_adaptive_gammas", "b1_gated", "b1_gated_every", "b2_greedy", "b4_greedy",
@@ -48,7 +55,49 @@ WORKLOADS = (  # summary key, interleaved section, blocked section, what the lab
 GOAL_EVERY_DOMAIN, GOAL_CODE = 1.0, 1.2  # the bandit's tokens/s over own target-only, batch 1, greedy
 # kept as they are: small, and what the docs and the readme renderer read
 KEPT = ("environment", "args", "config", "summaries", "summary", "floor", "bandwidth_bytes_per_s",
-        "draft_prewarm", "exactness", "synthetic_scaling", "wall_s")
+        "draft_prewarm", "exactness", "synthetic_scaling", "wall_s", "cross_request_state", "invalid_systems")
+
+
+STALE_CORPUS = ("its suffix arm had learned from the warm-up's and the other systems' outputs of the same prompts "
+                "(a run without cross_request_state), so it predicted outputs it had seen: not a measurement")
+ARM_KEYS = ("tree", "batch_sweep", "suffix_vs_target_only_code_edit_b1", "self_spec", "arm_sections_budget", "forward")
+
+
+def invalid_systems(section: dict[str, Any]) -> dict[str, str]:
+    """The systems of a section whose figures a stale suffix corpus inflated, with the reason:
+    where its run did not give every system and repeat its own emptied corpus
+    (``cross_request_state``), every bandit over a suffix arm and every fixed arm that is a
+    suffix arm or falls back to one (every system but target-only if a suffix arm goes first);
+    systems the run skipped keep their error instead."""
+    if section.get("cross_request_state") == CROSS_REQUEST_STATE:
+        return {}
+    config = tomllib.loads(section["config"])
+    arms = config.get("arm", [])
+    suffix = {a.get("name", f"suffix-g{a.get('gamma', 0)}") for a in arms if a.get("use") == "suffix"}
+    if not suffix:
+        return {}
+    first = config.get("selector", {}).get("first") in suffix
+    tainted = suffix | {a.get("name") for a in arms if a.get("fallback") in suffix}
+    return {name: STALE_CORPUS for name, summary in section["summaries"].items() if not summary.get("error")
+            and (name.startswith("bandit:") or (name.startswith("fixed:") and (first or name[6:] in tainted)))}
+
+
+def withhold(sections: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The sections without their :func:`invalid_systems` (so no ratio or goal reads them), and
+    per section each such system's reason and mean accepted length (the evidence: near
+    ``gamma + 1`` on prompts a draft cannot know)."""
+    kept, invalid = {}, {}
+    for key, sec in sections.items():
+        bad = invalid_systems(sec) if sec else {}
+        if not bad:
+            kept[key] = sec
+            continue
+        invalid[key] = {n: {"reason": why, "mean_accepted_length": sec["summaries"][n].get("mean_accepted_length")}
+                        for n, why in bad.items()}
+        kept[key] = {**sec, **{k: {n: v for n, v in sec[k].items() if n not in bad}
+                               for k in ("runs", "summaries", "bf16_divergence") if isinstance(sec.get(k), dict)},
+                     "invalid_systems": bad}
+    return kept, invalid
 
 
 def slim_section(section: dict[str, Any]) -> dict[str, Any]:
@@ -179,7 +228,7 @@ def build_summary(sections: dict[str, Any], commit: str, section_commits: dict[s
     ``reasons``: why a section was skipped; ``forward``: where ``forward-h200.json`` may be),
     and what ran where (``section_commits`` names sections measured at another commit than
     ``commit``)."""
-    sections = {k: sections.get(k) for k in SECTIONS} | sections
+    sections, invalid = withhold({k: sections.get(k) for k in SECTIONS} | sections)
     b1 = sections["b1_greedy"] or {}
     summary: dict[str, Any] = {**(b1.get("summary") or {}), "label": "real pair: Qwen2.5-Coder-1.5B-Instruct target, "
                                "0.5B draft (bf16, dequantized Q4_K_M GGUF)"}
@@ -199,6 +248,7 @@ def build_summary(sections: dict[str, Any], commit: str, section_commits: dict[s
         adaptive["selector_vs_all_arms_best_fixed"] = adaptive["best_selector_tps"] / every["best_fixed_tps"]
     summary["bandit_goal"] = bandit_goal(summary)
     summary |= arm_summary(sections, reasons or {}, forward)
+    summary["invalid_systems"] = invalid
     ran = {k: v for k, v in sections.items() if v is not None}
     summary["skipped_sections"] = [k for k, v in sections.items() if v is None]
     summary["unfused_sections"] = [k for k, v in ran.items() if not v["args"].get("fuse")]
@@ -207,9 +257,11 @@ def build_summary(sections: dict[str, Any], commit: str, section_commits: dict[s
     return summary
 
 
-def summarize(src: Path, out: Path, commit: str, section_commits: dict[str, str], raw: Path = RAW) -> dict[str, Any]:
+def summarize(src: Path, out: Path, commit: str, section_commits: dict[str, str], raw: Path = RAW,
+              merge: Path | None = None) -> dict[str, Any]:
     """Rebuild ``out/e2e-h200.json`` from the sections a ``full`` run left in ``src``; every
-    row goes to ``raw``."""
+    row goes to ``raw``. ``merge``: a committed ``e2e-h200.json`` whose sections this run did not
+    measure are kept as they are, with their summary (:func:`merge_committed`)."""
     sections = {k: json.loads((src / k / "bench.json").read_text()) if (src / k / "bench.json").is_file() else None
                 for k in SECTIONS}
     for sec in sections.values():  # recomputed from the raw rows, so newer summary fields appear too
@@ -226,13 +278,39 @@ def summarize(src: Path, out: Path, commit: str, section_commits: dict[str, str]
         json.dump({"summary": summary, "sections": sections}, f)
     dates = {k: v["environment"].get("date") for k, v in sections.items() if v}
     envs = [v["environment"] for v in sections.values() if v]
-    write_json(out / "e2e-h200.json", {
-        "commit": commit, "device": envs[0]["device"] if envs else None,
-        "date": max((d for d in dates.values() if d), default=None), "section_dates": dates,
-        "commit_note": "the newest run's commit; each section's own commit is summary.section_commits, its date "
-                       "section_dates", "summary": summary,
-        "sections": {k: slim_section(v) if v else v for k, v in sections.items()}})
-    return summary
+    committed = withhold(sections)[0]
+    data = {"commit": commit, "device": envs[0]["device"] if envs else None,
+            "date": max((d for d in dates.values() if d), default=None), "section_dates": dates,
+            "commit_note": "the newest run's commit; each section's own commit is summary.section_commits, its date "
+                           "section_dates", "summary": summary,
+            "sections": {k: slim_section(v) if v else v for k, v in committed.items()}}
+    if merge is not None:
+        data = merge_committed(json.loads(merge.read_text()), data)
+    write_json(out / "e2e-h200.json", data)
+    return data["summary"]
+
+
+def merge_committed(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` (a summarize of the tree and sweep sections alone) laid over a committed ``old``:
+    the sections ``new`` did not run keep their data, dates and commits, the summary keeps
+    theirs and takes the arm sections' keys (``ARM_KEYS``) and ``invalid_systems`` from ``new``.
+    A run with other sections is refused: their summary keys mix several sections."""
+    ran = {k for k, v in new["sections"].items() if v}
+    other = sorted(ran - set(TREE_SECTIONS) - set(SWEEP_SECTIONS))
+    if other:
+        raise ValueError(f"--merge: only tree and sweep sections can be laid over a committed file, not {other}")
+    sections = {**old["sections"], **{k: v for k, v in new["sections"].items() if v}}
+    sections |= {k: None for k in SECTIONS if k not in sections}
+    old_s, new_s = old["summary"], new["summary"]
+    summary = {**old_s, **{k: new_s[k] for k in (*ARM_KEYS, "invalid_systems")}}
+    summary["invalid_systems"] = {**old_s.get("invalid_systems", {}), **new_s["invalid_systems"]}
+    summary["skipped_sections"] = [k for k in SECTIONS if not sections[k]]
+    summary["unfused_sections"] = sorted({*old_s.get("unfused_sections", []), *new_s["unfused_sections"]})
+    summary["measured_at_commit"] = new_s["measured_at_commit"]
+    summary["section_commits"] = {**old_s.get("section_commits", {}), **new_s["section_commits"]}
+    dates = {**old.get("section_dates", {}), **new["section_dates"]}
+    return {**new, "date": max((d for d in dates.values() if d), default=None), "section_dates": dates,
+            "summary": summary, "sections": sections}
 
 
 def load_raw(path: Path = RAW) -> dict[str, Any]:
@@ -246,5 +324,5 @@ def load_raw(path: Path = RAW) -> dict[str, Any]:
 def summarize_main(args: argparse.Namespace) -> int:
     """``e2e_h200.py summarize``."""
     other = dict(x.split("=", 1) for x in args.section_commit)
-    print(json.dumps(summarize(args.src, args.out, args.commit, other, args.raw), indent=1))
+    print(json.dumps(summarize(args.src, args.out, args.commit, other, args.raw, args.merge), indent=1))
     return 0

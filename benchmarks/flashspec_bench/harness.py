@@ -32,12 +32,17 @@ import torch
 from flashspec_bench.baselines import HF_SYSTEMS, hf_runs
 from flashspec_bench.floors import copy_bandwidth, floors, synthetic_scaling
 from flashspec_bench.provenance import logger, provenance
-from flashspec_bench.runs import Always, batches, first_divergence, headline, run_pipeline, summarize_run
+from flashspec_bench.runs import (
+    CROSS_REQUEST_STATE,
+    Always,
+    batches,
+    first_divergence,
+    headline,
+    run_pipeline,
+    summarize_run,
+)
 
 SYSTEMS = ("flashspec", "target_only", *HF_SYSTEMS)
-# bench.json's record of how drafts that learn across requests were timed (own_learners); a
-# summary treats a run without it, whose suffix arms had seen the outputs they predicted, as invalid
-CROSS_REQUEST_STATE = "reset per system and pass"
 Record = Callable[[str, dict[str, Any]], None]  # (system, run) -> None: stores a finished run
 say = logger("bench")
 

@@ -18,6 +18,11 @@ from typing import Any
 import attrs
 import torch
 
+# bench.json's record of how drafts that learn across requests were timed (harness.own_learners); a
+# summary treats a run without it, whose suffix arms had seen the outputs they predicted, as invalid
+CROSS_REQUEST_STATE = "reset per system and pass"
+
+
 BATCH_IDS = itertools.count()  # one id per generate() call, unique across every system of a process
 
 

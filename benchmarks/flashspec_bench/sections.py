@@ -2,7 +2,7 @@
 
     python benchmarks/e2e_h200.py smoke --out DIR          # tiny + random-shape checks (~1 min)
     python benchmarks/e2e_h200.py full --gguf DIR --out DIR --budget 480
-    python benchmarks/e2e_h200.py summarize --from DIR --out docs/benchmarks --commit SHA
+    python benchmarks/e2e_h200.py summarize --from DIR --out docs/benchmarks --commit SHA [--merge E2E_JSON]
 
 ``full`` converts the carried GGUF files once to bf16 safetensors under /tmp, then runs
 ``flashspec bench`` sections in priority order, each with what is left of the budget:
@@ -352,6 +352,9 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--commit", required=True, help="the commit the run measured (the GPU copy has no .git)")
     m.add_argument("--section-commit", action="append", default=[], metavar="SECTION=SHA",
                    help="a section measured at another commit than --commit (sections merged from several runs)")
+    m.add_argument("--merge", type=Path, default=None, metavar="E2E_JSON",
+                   help="a committed e2e-h200.json: the sections this run did not measure keep their data and "
+                        "summary (tree and sweep sections only)")
     return p
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from flashspec_bench import arm_sections as secs
 from flashspec_bench import arm_summary, e2e, sections
+from flashspec_bench.runs import CROSS_REQUEST_STATE
 from flashspec_core.config import parse_config
 from flashspec_core.registry import build_registry
 
@@ -219,7 +220,7 @@ def test_batch_sweep_summary_counts_a_domain_only_in_its_own_batches() -> None:
     assert arm_summary.sweep_goals(worse, 1.5) | {"bandit_worst": None} == {
         "bandit_0_98x_everywhere": False, "bandit_worst": None, "bandit_code_edit_b8_1_15x": None,
         "bandit_code_edit_b32_1_1x": None, "suffix_code_edit_b1_1_8x": False}
-    full = e2e.build_summary({"sweep_b1": b1}, "abc1234", {})
+    full = e2e.build_summary({"sweep_b1": b1 | {"cross_request_state": CROSS_REQUEST_STATE}}, "abc1234", {})
     assert full["suffix_vs_target_only_code_edit_b1"] == 4.0 and full["batch_sweep"]["1"] == s["1"]
 
 

@@ -8,7 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from flashspec_bench import e2e, sections
+from flashspec_bench.runs import CROSS_REQUEST_STATE
 
 
 def _section(summary: dict[str, Any], tps: float) -> dict[str, Any]:
@@ -129,3 +132,85 @@ def test_slim_section_keeps_what_the_docs_read() -> None:
     assert set(slim) == {"environment", "args", "config", "summaries", "summary", "floor", "exactness",
                          "bf16_divergence"}
     assert len(json.dumps(slim)) < len(json.dumps(sec)) / 2
+
+
+# ---------------------------------------------------------------- suffix arms timed on a stale corpus
+
+
+def _by_domain_run(wall: float, mal: float | None = None) -> dict[str, Any]:
+    return {"requests": [{"prompt": 0, "domain": "code_edit", "new_tokens": 10, "wall_s": wall, "batch": [0],
+                          "batch_id": 1}], "steps": [], "mal": mal}
+
+
+def _sweep(**more: Any) -> dict[str, Any]:
+    """A batch-1 sweep section whose suffix arm and bandit look 4x and 2x faster than target-only."""
+    from flashspec_bench.arm_sections import sweep_toml
+
+    runs = {"target_only": _by_domain_run(1.0), "fixed:suffix-g8": _by_domain_run(0.25, 8.3),
+            "fixed:lookup-match-g6": _by_domain_run(0.8, 1.5), "bandit:Thompson": _by_domain_run(0.5, 6.8)}
+    summaries = {n: {"tokens_per_s": 10 / r["requests"][0]["wall_s"], "mean_accepted_length": r.pop("mal")}
+                 for n, r in runs.items()}
+    summaries["fixed:self-l8-g3"] = {"error": "out of budget: warm-ups past their share of the section's budget"}
+    return {"config": sweep_toml(dict(sections.MODELS), "auto", 1024, True), "runs": runs, "summaries": summaries,
+            "args": {"fuse": True, "max_new_tokens": 64, "temperature": 0.0}, "workload": [],
+            "environment": {"device": "test GPU", "date": "2026-12-03"}, **more}
+
+
+def test_suffix_systems_of_a_run_without_cross_request_state_are_withheld_from_every_ratio() -> None:
+    """Without the record that every system and repeat had its own emptied corpus, the suffix
+    arm and the bandits over it are named invalid with the reason and their mean accepted
+    length, and no ratio or goal reads them; lookup and target-only stay. With the record
+    the same figures count."""
+    s = e2e.build_summary({"sweep_b1": _sweep()}, "abc1234", {})
+    bad = s["invalid_systems"]["sweep_b1"]
+    assert set(bad) == {"fixed:suffix-g8", "bandit:Thompson"}  # the skipped fixed arm keeps its error instead
+    assert bad["fixed:suffix-g8"]["mean_accepted_length"] == 8.3 and "cross_request_state" in bad["bandit:Thompson"]["reason"]
+    assert s["batch_sweep"]["1"]["code_edit"] == {"target_only": 10.0, "lookup-match-g6": 12.5}
+    assert s["suffix_vs_target_only_code_edit_b1"] is None and s["batch_sweep"]["goals"]["bandit_0_98x_everywhere"] is None
+    assert s["arm_sections_budget"]["sweep_b1"]["skipped_systems"] == ["fixed:self-l8-g3"]
+    ok = e2e.build_summary({"sweep_b1": _sweep(cross_request_state=CROSS_REQUEST_STATE)}, "abc1234", {})
+    assert ok["invalid_systems"] == {} and ok["suffix_vs_target_only_code_edit_b1"] == 4.0
+    assert ok["batch_sweep"]["1"]["code_edit"]["bandit_vs_target_only"] == 2.0
+
+
+def test_a_fixed_arm_falling_back_to_suffix_or_behind_a_suffix_first_arm_is_invalid_too() -> None:
+    arms = ('[[arm]]\nuse = "suffix"\ngamma = 8\nname = "sfx"\nselect = false\n'
+            '[[arm]]\nuse = "prompt_lookup"\ngamma = 6\nname = "lk"\nfallback = "sfx"\n'
+            '[[arm]]\nuse = "prompt_lookup"\ngamma = 6\nname = "plain"\n')
+    summaries = {n: {"tokens_per_s": 1.0} for n in ("target_only", "fixed:sfx", "fixed:lk", "fixed:plain", "bandit:x")}
+    sec = {"config": arms, "summaries": summaries}
+    assert set(e2e.invalid_systems(sec)) == {"fixed:sfx", "fixed:lk", "bandit:x"}
+    first = {"config": arms + '[selector]\nfirst = "sfx"\n', "summaries": summaries}
+    assert set(e2e.invalid_systems(first)) == {"fixed:sfx", "fixed:lk", "fixed:plain", "bandit:x"}
+    assert e2e.invalid_systems({"config": arms.replace('"suffix"', '"prompt_lookup"'), "summaries": summaries}) == {}
+
+
+def test_summarize_merges_a_sweep_run_into_the_committed_file(tmp_path: Path) -> None:
+    """The committed sections the run did not measure keep their data, date, commit and summary
+    keys; the arm sections' keys come from the run; the withheld systems are left out of the
+    committed section (their rows stay in the raw file). A run with other sections is refused."""
+    old_src, src, out = tmp_path / "old", tmp_path / "new", tmp_path / "docs"
+    (old_src / "b1_greedy").mkdir(parents=True)
+    (old_src / "b1_greedy" / "bench.json").write_text(json.dumps(_bench_json(100.0)))
+    e2e.summarize(old_src, out, "old1234", {}, tmp_path / "raw_old.json.gz")
+    committed = tmp_path / "committed.json"
+    committed.write_text((out / "e2e-h200.json").read_text())
+    (src / "sweep_b1").mkdir(parents=True)
+    (src / "sweep_b1" / "bench.json").write_text(json.dumps(_sweep()))
+    raw = tmp_path / "raw.json.gz"
+    s = e2e.summarize(src, out, "new5678", {}, raw, merge=committed)
+    data = json.loads((out / "e2e-h200.json").read_text())
+    old = json.loads(committed.read_text())
+    assert data["sections"]["b1_greedy"] == old["sections"]["b1_greedy"] and data["summary"] == s
+    assert s["tokens_per_s"] == old["summary"]["tokens_per_s"] and s["bandit_goal"] == old["summary"]["bandit_goal"]
+    assert s["section_commits"] == {"b1_greedy": "old1234", "sweep_b1": "new5678"} and data["commit"] == "new5678"
+    assert set(s["invalid_systems"]["sweep_b1"]) == {"fixed:suffix-g8", "bandit:Thompson"}
+    assert "b1_greedy" not in s["skipped_sections"] and "sweep_b1" not in s["skipped_sections"]
+    assert "fixed:suffix-g8" not in data["sections"]["sweep_b1"]["summaries"]
+    assert data["sections"]["sweep_b1"]["invalid_systems"]["fixed:suffix-g8"] == e2e.STALE_CORPUS
+    with gzip.open(raw, "rt") as f:
+        assert "fixed:suffix-g8" in json.load(f)["sections"]["sweep_b1"]["runs"]
+    (src / "b1_greedy").mkdir()
+    (src / "b1_greedy" / "bench.json").write_text(json.dumps(_bench_json(90.0)))
+    with pytest.raises(ValueError, match="b1_greedy"):
+        e2e.summarize(src, out, "new5678", {}, raw, merge=committed)
