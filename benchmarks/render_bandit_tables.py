@@ -147,7 +147,7 @@ def render_replay(data: dict[str, Any]) -> str:
 def render_gpu(data: dict[str, Any]) -> str:
     """Table (e): per design and serving order, the best selector measured on the GPU."""
     s = data["summary"]
-    dates = data["section_dates"].values()
+    dates = [d for k, d in data["section_dates"].items() if k.startswith("workload")]  # this table's sections
     lines = [
         f"**(e) Measured end to end** (`docs/benchmarks/e2e-h200.json`, `summary.workload_gpu*`; "
         f"{data['device']}, {min(dates)} to {max(dates)}; batch 1, greedy, 48 new tokens; three repeats, one in "

@@ -2,7 +2,9 @@
 
 The README quotes no number by hand in its table: this script fills the block between
 ``<!-- results:begin -->`` and ``<!-- results:end -->`` with the batch-1 end-to-end table
-that ``benchmarks/e2e_h200.py`` measured. ``--check`` exits 1 when the README differs from
+that ``benchmarks/e2e_h200.py`` measured, then the training-free arms (draft trees against
+chains, target-only per batch size, self-speculation, the forward against its floor) and
+the systems the summary withholds. ``--check`` exits 1 when the README differs from
 what the JSON gives (tests/core/test_docs.py runs it).
 
     python benchmarks/render_readme.py [--check]
@@ -49,11 +51,85 @@ def table(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def arms(data: dict[str, Any]) -> str:
+    """Draft trees against chains at batch 1, target-only per batch, self-speculation's
+    acceptance per depth, the forward over its floor, and what ``summary.invalid_systems`` withholds."""
+    from flashspec_bench.arm_summary import arm_kinds
+
+    s, sec = data["summary"], data["sections"]["tree_b1"]
+    kinds, rows = arm_kinds(sec["config"]), sec["summaries"]
+    base = rows["target_only"]["tokens_per_s"]
+    lines = [f"Draft trees against chains: batch 1, greedy, {sec['args']['max_new_tokens']} new tokens, code and prose "
+             f"prompts, measured {data['section_dates']['tree_b1']} ([`{SOURCE}`]({SOURCE}) "
+             "`sections.tree_b1.summaries`, `summary.tree`):", "",
+             "| system | draft forwards per step | tokens/s | vs own target-only | tokens per target forward |",
+             "|---|---:|---:|---:|---:|"]
+    for name, row in rows.items():
+        if row.get("tokens_per_s"):
+            arm = kinds.get(name.removeprefix("fixed:"), {"draft_forwards": 0})
+            lines.append(f"| {name} | {arm['draft_forwards']} | {row['tokens_per_s']:.1f} | "
+                         f"{row['tokens_per_s'] / base:.2f}x | {row['mean_accepted_length']:.2f} |")
+    measured = {n: k for n, k in kinds.items() if k["family"] == "model" and rows.get(f"fixed:{n}", {}).get("tokens_per_s")}
+    tps = {n: rows[f"fixed:{n}"]["tokens_per_s"] for n in measured}
+    per_forward = {n: rows[f"fixed:{n}"]["mean_accepted_length"] for n in measured}
+    chains = [n for n, k in measured.items() if not k["tree"]]
+    best = max(chains, key=tps.__getitem__)
+
+    def chain_of(tree: str) -> str:  # the chain of as many draft forwards that accepts the most per forward
+        same = [n for n in chains if measured[n]["draft_forwards"] == measured[tree]["draft_forwards"]]
+        return max(same, key=per_forward.__getitem__)
+
+    trees = [n for n, k in measured.items() if k["tree"] and chains]
+    said = [f"{n} {per_forward[n] / per_forward[chain_of(n)]:.2f}x {chain_of(n)}'s tokens per target forward, "
+            f"{tps[n] / tps[best]:.2f}x the tokens/s of the fastest chain ({best})" for n in trees]
+    lines += ["", "Each tree against the chain of as many draft forwards: " + "; ".join(said) + "."]
+    sweep, fwd = s["batch_sweep"], s["forward"]
+    lines += ["", f"Target-only per batch size (`summary.batch_sweep`: whole requests, {sweep['config']['max_new_tokens']}"
+                  " new tokens; `summary.forward`: one decoding forward alone, random weights with the same shapes):",
+              "", "| batch | target-only tokens/s, end to end | one forward alone |", "|---:|---:|---:|"]
+    for b in sorted((k for k in sweep if k.isdigit()), key=int):
+        alone = fwd.get("target_only_tokens_per_s" if b == "1" else f"target_only_tokens_per_s_b{b}")
+        lines.append(f"| {b} | {sweep[b]['all']['target_only']:.1f} | {alone:.1f} |" if alone else
+                     f"| {b} | {sweep[b]['all']['target_only']:.1f} | - |")
+    lines += ["", "Self-speculation (the target's first layers as the draft, no training; `summary.self_spec`):",
+              "", "| batch | arm | layers | gamma | acceptance rate | by draft position | vs own target-only |",
+              "|---:|---|---:|---:|---:|---|---:|"]
+    for b, arms_at in s["self_spec"].items():
+        for name, r in arms_at.items():
+            at = ", ".join(f"{x:.3f}" for x in r["acceptance_by_position"])
+            lines.append(f"| {b} | {name} | {r['layers']} | {r['gamma']} | {r['acceptance_rate']:.3f} | {at} | "
+                         f"{r['vs_target_only']:.2f}x |")
+    lines += ["", f"A target forward (1.5B shape, batch 1) takes {fwd['target_forward_over_floor']:.2f}x its bandwidth "
+                  f"floor and a draft forward (0.5B) {fwd['draft_forward_over_floor']:.2f}x; the 7B shape runs at "
+                  f"{fwd['synthetic_7b_fraction_of_floor']:.2f} of its floor's speed (`summary.forward`, "
+                  "[`benchmarks/forward_kernels.py`](benchmarks/forward_kernels.py))."]
+    withheld = s.get("invalid_systems") or {}
+    if withheld:
+        named = "; ".join(f"{sec_name}: {', '.join(sorted(bad))}" for sec_name, bad in withheld.items())
+        lines += ["", f"Withheld (`summary.invalid_systems`), so left out of the tables and of every ratio: {named}. "
+                      "In those sections the suffix arm's corpus had already learned the warm-up's and the other "
+                      "systems' outputs of the same prompts, so it predicted tokens it had seen (its largest mean "
+                      f"accepted length: {evidence(withheld)}), and every bandit there has the suffix arm among its "
+                      "arms. The bench now gives each "
+                      "system and repeat its own emptied corpus (`cross_request_state` in `bench.json`)."]
+    return "\n".join(lines)
+
+
+def evidence(withheld: dict[str, Any]) -> str:
+    """The withheld fixed arm with the largest mean accepted length, as ``<value> (<system>, <section>)``."""
+    cases = [(bad["mean_accepted_length"], name, sec) for sec, systems in withheld.items()
+             for name, bad in systems.items() if name.startswith("fixed:") and bad.get("mean_accepted_length")]
+    if not cases:
+        return "not recorded"
+    value, name, sec = max(cases)
+    return f"{value:.2f} tokens per target forward, {name} in {sec}"
+
+
 def render(text: str) -> str:
     """``text`` with its results block replaced by the table from the committed JSON."""
     data = json.loads((ROOT / SOURCE).read_text())
     start, stop = text.index(BEGIN), text.index(END) + len(END)
-    return f"{text[:start]}{BEGIN}\n{table(data)}\n{END}{text[stop:]}"
+    return f"{text[:start]}{BEGIN}\n{table(data)}\n\n{arms(data)}\n{END}{text[stop:]}"
 
 
 def main(argv: list[str] | None = None) -> int:
