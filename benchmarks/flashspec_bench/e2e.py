@@ -279,11 +279,12 @@ def summarize(src: Path, out: Path, commit: str, section_commits: dict[str, str]
     dates = {k: v["environment"].get("date") for k, v in sections.items() if v}
     envs = [v["environment"] for v in sections.values() if v]
     committed = withhold(sections)[0]
-    data = {"commit": commit, "device": envs[0]["device"] if envs else None,
-            "date": max((d for d in dates.values() if d), default=None), "section_dates": dates,
-            "commit_note": "the newest run's commit; each section's own commit is summary.section_commits, its date "
-                           "section_dates", "summary": summary,
-            "sections": {k: slim_section(v) if v else v for k, v in committed.items()}}
+    data: dict[str, Any] = {
+        "commit": commit, "device": envs[0]["device"] if envs else None,
+        "date": max((d for d in dates.values() if d), default=None), "section_dates": dates,
+        "commit_note": "the newest run's commit; each section's own commit is summary.section_commits, its date "
+                       "section_dates", "summary": summary,
+        "sections": {k: slim_section(v) if v else v for k, v in committed.items()}}
     if merge is not None:
         data = merge_committed(json.loads(merge.read_text()), data)
     write_json(out / "e2e-h200.json", data)
