@@ -10,7 +10,7 @@ untrained selector and reward scale, as each ``flashspec generate`` process does
 The two systems alternate request by request (A B A B), and the one that goes first flips
 with every prompt and repeat, so a drift in the machine's load weighs on both alike; the
 load averages before and after are recorded beside the numbers. Each system runs every
-prompt once untimed first (allocations, first-call costs).
+prompt once untimed first (two tokens: allocations, first-call costs).
 
 ``--smoke`` runs the same default config with its models replaced by the tiny random
 models of :mod:`flashspec_core.testing.tiny` (a few seconds); its result goes under
@@ -41,7 +41,6 @@ DEFAULT, TARGET_ONLY = "default", "target_only"
 README_PROMPT = "Write a Python function that checks whether a string is a palindrome."
 PROMPTS = (
     README_PROMPT,
-    "Explain in two sentences what a hash table is.",
     # An edit that repeats most of its input: prompt lookup can copy whole lines.
     "Rename the variable `total` to `subtotal` in this function and return the whole function:\n\n"
     "def cart_total(items):\n"
@@ -51,6 +50,7 @@ PROMPTS = (
     "    if total > 100:\n"
     "        total = total * 0.9\n"
     "    return total\n",
+    "Explain in two sentences what a hash table is.",
 )
 SMOKE_PROMPTS = ("t1 t2 t3 t4 t1 t2", "t5 t6", "t7 t8 t9 t1 t2 t3")
 
@@ -218,10 +218,10 @@ class Systems:
 
 def measure(systems: Systems, prompts: Sequence[str], repeats: int, max_new_tokens: int,
             say: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Warm both systems on every prompt (a few tokens), then time :func:`schedule`'s order."""
+    """Warm both systems on every prompt (two tokens), then time :func:`schedule`'s order."""
     for i, prompt in enumerate(prompts):
         for system in (DEFAULT, TARGET_ONLY):
-            systems.generate(system, prompt, min(8, max_new_tokens))
+            systems.generate(system, prompt, min(2, max_new_tokens))
         say(f"warmed up on prompt {i}")
     runs = []
     for n, (i, system) in enumerate(schedule(len(prompts), repeats)):
