@@ -44,7 +44,8 @@ from flashspec_fast.target import (
     bucket,
     catch_up_width,
     check_room,
-    path_moves,
+    kept_counts,
+    move_path,
     ragged_forward,
     ragged_inputs,
     tree_inputs,
@@ -86,7 +87,7 @@ def tree_levels(parents: Sequence[int]) -> list[list[tuple[int, int, int]]]:
 
 class FastDraft:
     """Draft LM over its own static KV cache; rollback is host bookkeeping only (a tree's
-    accepted path: one slot copy)."""
+    accepted path: one graph replay of slot copies)."""
 
     def __init__(self, model: Transformer, vocab: int, opts: FastOptions, tree_width: Sequence[int] = ()) -> None:
         self.model = model
@@ -95,6 +96,8 @@ class FastDraft:
         self.proposes_trees = any(w > 1 for w in self.tree_width)
         self.graphs = GraphCache(model.device, opts.compile)
         self._stage = HostInputs(model.device)
+        self._stage_path = HostInputs(model.device)  # rollback_path's own: one copy per step
+        self._root = torch.zeros(0, dtype=torch.long, device=model.device)  # [B]: the last tree's root slots
         self.seen: list[int] = []  # per row: slots 0..seen-1 hold the row's sequence
         self._lengths: list[int] = []
         self._fed = 0  # draft tokens the last proposal's loop fed through the model
@@ -172,7 +175,9 @@ class FastDraft:
         loop = lambda h, t: self._tree_loop(h, t, levels, sampling, span)  # noqa: E731
         dev = self._stage(torch.cat([host.flatten(), tree_inputs(parents).flatten()]))  # one staged copy
         split = host.numel()
-        out = self.graphs(key, loop, dev[:split].view(host.shape), dev[split:].view(2, -1))
+        first = dev[:split].view(host.shape)
+        out = self.graphs(key, loop, first, dev[split:].view(2, -1))
+        self._root = first[1, :, -1]  # rollback_path's: each row's last position, already on the device
         # levels but the last were fed: their nodes' keys and values sit at slots lengths[b] + n
         self._lengths, self._fed, self._tree = lengths, levels[-1][0][1], True
         chain = parents == list(range(-1, len(parents) - 1))
@@ -209,7 +214,8 @@ class FastDraft:
         draft step after the draft sat out, catching up at a width or span it had not met).
 
         The drafting loop at each span and first-forward width (2 .. FUSED_CATCH_UP), and
-        the separate catch-up forward at each span and wider width. It runs the graphs on
+        the separate catch-up forward at each span and wider width; a tree draft's
+        :meth:`rollback_path` too. It runs the graphs on
         dummy tokens, writing the draft's cache from slot 0: call it between requests,
         never inside one (the next request's catch-up rewrites every slot it reads).
         Returns the number of keys it asked for. Without CUDA graphs there is nothing to
@@ -232,6 +238,8 @@ class FastDraft:
             for width in (w for w in (2, 4, 8, 16) if w <= min(FUSED_CATCH_UP, length)):
                 self.seen = [length - width] * batch  # first token the cache lacks: `width` behind
                 self.propose(tokens, [length] * batch, gamma, sampling, gen)
+            if self._tree:  # the accepted path's moves: one graph per batch and depth
+                self.rollback_path(torch.full((batch, len(tree_levels(tree_shape(self.tree_width, gamma)))), -1))
             # the catch-up forward feeds at least FUSED_CATCH_UP - 1 tokens (a first forward wider than
             # FUSED_CATCH_UP less the last two), at most `end`: the largest need of each width
             widest = {catch_up_width(n, top): n for n in range(FUSED_CATCH_UP - 1, end + 1)}
@@ -252,14 +260,14 @@ class FastDraft:
 
     def rollback_path(self, paths: torch.Tensor) -> None:
         """Keep the accepted nodes the last tree proposal fed (those of every level but the
-        last), moved in the cache to the slots right after each row's last token."""
+        last), moved in the cache to the slots right after each row's last token: the moves are
+        made on the device (:func:`~flashspec_fast.target.move_path`), the kept counts read
+        from ``paths``, the pipeline's host copy, so nothing is read back from the device."""
         if not self._tree:  # an empty proposal, or a chain: paths hold nothing it fed
             self.rollback([0] * len(self._lengths))
             return
-        moves, kept = path_moves(self._lengths, torch.where(paths < self._fed, paths, -1), self.model.max_len)
-        if moves.shape[1]:
-            self.model.move_slots(moves.to(self.model.device))
-        self.seen = [n + k for n, k in zip(self._lengths, kept, strict=True)]
+        move_path(self.model, self.graphs, self._stage_path, paths, self._root, below=self._fed)
+        self.seen = [n + k for n, k in zip(self._lengths, kept_counts(paths, below=self._fed), strict=True)]
 
 
 def first_inputs(tokens: torch.Tensor, starts: Sequence[int], lengths: Sequence[int], width: int, scratch: int

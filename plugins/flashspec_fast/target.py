@@ -2,12 +2,15 @@
 
 Host traffic per step: one small host-to-device copy (each row's last token and
 position, from a pinned buffer, asynchronous) and no device-to-host read at all;
-the pipeline's single read of the verdict is the step's only sync.
+the pipeline's single read of the verdict is the step's only sync. A tree step's
+commit adds one such copy (the accepted paths) and one graph replay that moves
+their keys and values.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -111,23 +114,43 @@ def tree_inputs(parents: Sequence[int]) -> torch.Tensor:
     return torch.tensor([[0, *node_depths(parents)], [0, *ancestor_bits(parents)]], dtype=torch.long)
 
 
-def path_moves(starts: Sequence[int], paths: torch.Tensor, max_len: int) -> tuple[torch.Tensor, list[int]]:
-    """The slot copies that compact each row's accepted tree nodes to a chain, and the kept counts.
+def path_moves(paths: torch.Tensor, starts: torch.Tensor, max_len: int, below: int | None = None) -> torch.Tensor:
+    """The slot copies that compact each row's accepted tree nodes to a chain, on the device.
 
-    Row ``b``'s tree block holds node ``n`` at slot ``starts[b] + n``; ``paths`` [B, D] int64 lists
-    its accepted nodes in path order, -1 from its count on. Node ``paths[b, i]`` moves to slot
-    ``starts[b] + i``; a row with fewer than the batch's most kept nodes pads with slots that copy
-    onto themselves. Returns ([2, M] int64 flat ``b * max_len + slot`` sources then destinations,
-    for :meth:`~flashspec_fast.model.Transformer.move_slots`; M = 0 when nothing is kept) and the
-    kept counts.
+    Row ``b``'s tree block holds node ``n`` at slot ``starts[b] + n`` (``starts`` [B] int64);
+    ``paths`` [B, D] int64 lists its accepted nodes in path order, -1 from its count on (with
+    ``below``: a node ``>= below`` ends the kept prefix too). Kept node ``paths[b, i]`` moves to
+    slot ``starts[b] + i``; every other column copies slot ``starts[b] + i`` onto itself, so the
+    shape is fixed ([2, B * D]: a graph per (B, D)) and nothing is read back to the host.
+    Returns flat ``b * max_len + slot`` sources then destinations for
+    :meth:`~flashspec_fast.model.Transformer.move_slots`.
     """
-    paths = paths.cpu()
-    kept = (paths >= 0).long().cumprod(1).sum(1) if paths.shape[1] else torch.zeros(paths.shape[0], dtype=torch.long)
-    width = int(kept.max()) if kept.numel() else 0
-    cols = torch.arange(width)[None]  # [1, width]
-    base = torch.arange(len(starts))[:, None] * max_len + torch.tensor(list(starts), dtype=torch.long)[:, None]
-    src = base + torch.where(cols < kept[:, None], paths[:, :width], cols)
-    return torch.stack([src.flatten(), (base + cols).flatten()]), [int(k) for k in kept.tolist()]
+    batch, depth = paths.shape
+    ok = paths >= 0 if below is None else (paths >= 0) & (paths < below)
+    keep = ok.long().cumprod(1) > 0  # [B, D]: the kept prefix
+    cols = torch.arange(depth, device=paths.device)[None]  # [1, D]
+    base = torch.arange(batch, device=paths.device)[:, None] * max_len + starts[:, None]  # [B, 1]
+    src = base + torch.where(keep, paths, cols)
+    return torch.stack([src.flatten(), (base + cols).expand(batch, -1).flatten()])
+
+
+def kept_counts(paths: torch.Tensor, below: int | None = None) -> list[int]:
+    """Per row, the nodes :func:`path_moves` keeps: ``paths`` is the pipeline's host copy of
+    the verdict (CPU), so reading it costs no device sync."""
+    stop = math.inf if below is None else below
+    return [next((i for i, n in enumerate(row) if not 0 <= n < stop), len(row)) for row in paths.tolist()]
+
+
+def move_path(model: Transformer, graphs: GraphCache, stage: HostInputs, paths: torch.Tensor, root: torch.Tensor,
+              below: int | None = None) -> None:
+    """Queue the compaction of ``paths`` [B, D] (host) after each row's ``root`` slot ([B] on the
+    device: node ``n`` sits at ``root + 1 + n``): one staged copy and one graph replay per
+    (B, D, below), no host read. ``stage`` must serve this call alone (one copy per step), so
+    its pinned buffer is never rewritten while the previous step's copy may be in flight."""
+    if paths.shape[1] == 0:
+        return
+    run = lambda p, r: model.move_slots(path_moves(p, r + 1, model.max_len, below))  # noqa: E731
+    graphs(("path", *paths.shape, below), run, stage(paths), root)
 
 
 def check_room(model: Transformer, longest: int, what: str) -> None:
@@ -157,6 +180,8 @@ class FastTarget:
         self.eos_token_ids = eos_ids(path, tokenizer)
         self.graphs = GraphCache(model.device, opts.compile)
         self._stage = HostInputs(model.device)
+        self._stage_path = HostInputs(model.device)  # commit_path's own: one copy per step
+        self._root = torch.zeros(0, dtype=torch.long, device=model.device)  # [B]: the last score_tree's root slots
         self.cached: list[int] = []
         self.prefills = 0
         self.allocations = 0
@@ -227,7 +252,9 @@ class FastTarget:
         host = torch.cat([ids, last, tree_inputs(plist).flatten()])  # one staged copy: [2B + 2(N+1)]
         span = self.model.span_for(max(lengths) + nodes)
         run = lambda h, d: self._tree_forward(h, d, span)  # noqa: E731
-        return self.graphs(("tree", batch, tuple(plist), span), run, self._stage(host), draft_tokens)  # type: ignore[no-any-return]
+        dev = self._stage(host)
+        self._root = dev[batch : 2 * batch]  # commit_path's: no second copy of the lengths
+        return self.graphs(("tree", batch, tuple(plist), span), run, dev, draft_tokens)  # type: ignore[no-any-return]
 
     def _tree_forward(self, host: torch.Tensor, draft_tokens: torch.Tensor, span: int) -> torch.Tensor:
         batch, nodes = draft_tokens.shape
@@ -242,11 +269,12 @@ class FastTarget:
         """Keep the accepted path of the last :meth:`score_tree` (``paths`` [B, D] node ids, -1
         padded): its nodes' keys and values move, in every layer, to the slots right after each
         row's last token, where a chain forward of them would have written them; ``cached`` ends
-        after them, so no later forward reads a slot of a rejected branch before rewriting it."""
-        moves, kept = path_moves(self._lengths, paths, self.model.max_len)
-        if moves.shape[1]:  # a plain copy, not the pinned stage: its buffer of this shape may be in flight
-            self.model.move_slots(moves.to(self.device))
-        self.cached = [n + k for n, k in zip(self._lengths, kept, strict=True)]
+        after them, so no later forward reads a slot of a rejected branch before rewriting it.
+
+        ``paths`` is the pipeline's host copy of the verdict: the moves are computed and made on
+        the device (:func:`move_path`), and only the kept counts are read here, on the host."""
+        move_path(self.model, self.graphs, self._stage_path, paths, self._root)
+        self.cached = [n + k for n, k in zip(self._lengths, kept_counts(paths), strict=True)]
 
     def rollback(self, num_accepted: Sequence[int]) -> None:
         """Nothing to move: the next :meth:`score` starts each row at ``lengths[b] - 1``,
