@@ -5,7 +5,7 @@ decode loop talks to each component through the protocols below, never through a
 pluggy call (hooks are for discovery and observation only).
 
 A component may also offer an optional *capability*: a small runtime-checkable
-protocol below (:class:`RequestAware`, :class:`DeclaresExactness`,
+protocol below (:class:`RequestAware`, :class:`ObservesSteps`, :class:`DeclaresExactness`,
 :class:`VerifiesWithNoise`, :class:`HasTokenizer`, :class:`Prewarmable`,
 :class:`CapturesGraphs`, :class:`NamesModel`, :class:`VerifiesRows`, :class:`HasContext`,
 :class:`ForgetsRequests`, and for draft trees :class:`ProposesTrees`, :class:`ScoresTrees`, :class:`VerifiesTrees`). Code that uses a capability tests
@@ -401,6 +401,25 @@ class RequestAware(Protocol):
 
 
 @runtime_checkable
+class ObservesSteps(Protocol):
+    """Optional extra of an :class:`ArmSelector`: sees each step's shape, not only its reward.
+
+    Before each ``select()`` the policy calls ``see_rows(rows)`` with the live rows of the
+    step being chosen (with draw-ahead: of the step in flight, since rows only finish).
+    After each step the selector chose, before ``update()``, it calls ``observe`` with the
+    step's live rows, draft width, accepted tokens per row and wall time. All of it comes
+    from finished steps, so the law is unchanged.
+    """
+
+    def see_rows(self, rows: int) -> None:
+        """The next ``select()`` chooses for a step over ``rows`` live rows (>= 1)."""
+
+    def observe(self, arm: int, rows: int, width: int, accepted: Sequence[int], step_s: float) -> None:
+        """A finished step of ``arm`` over ``rows`` rows that proposed ``width`` tokens per
+        row, accepted ``accepted`` (``rows`` ints) and took ``step_s`` seconds."""
+
+
+@runtime_checkable
 class DeclaresExactness(Protocol):
     """Optional extra of a :class:`Verifier`: whether it samples from the target's law.
 
@@ -605,6 +624,7 @@ class HasContext(Protocol):
 # Every optional capability (docs/plugins.md documents each; a test checks it).
 CAPABILITIES: tuple[type, ...] = (
     RequestAware,
+    ObservesSteps,
     DeclaresExactness,
     VerifiesWithNoise,
     HasTokenizer,

@@ -67,7 +67,15 @@ import attrs
 import torch
 
 from flashspec_core.config import batch_buckets_problem
-from flashspec_core.contracts import ArmSelector, Draft, DraftProvider, ProposesTrees, RequestAware, SamplingParams
+from flashspec_core.contracts import (
+    ArmSelector,
+    Draft,
+    DraftProvider,
+    ObservesSteps,
+    ProposesTrees,
+    RequestAware,
+    SamplingParams,
+)
 from flashspec_core.rewards import StepReward
 
 BATCH_LIMIT = "batch_limit"  # the arm name of steps that the batch limit ran without drafting
@@ -168,6 +176,7 @@ class StepPolicy:
         self._plain = Arm(name=BATCH_LIMIT, provider=NoDraft(), gamma=0, selectable=False)
         self._ahead: tuple[int, int] | None = None  # (bucket, choice) drawn ahead for the next step
         self._due: int | None = None  # the bucket whose draw ahead is due for the step in flight
+        self._rows = 1  # live rows of the step last chosen: a draw ahead's best guess of the next
 
     @property
     def selector(self) -> ArmSelector:
@@ -242,6 +251,7 @@ class StepPolicy:
         if first_proposes and first is None:
             raise ValueError("first_proposes = True, but the policy has no first arm (settings.first is None)")
         bucket = self.settings.bucket(len(rows))
+        self._rows = len(rows)
         ahead, self._ahead = self._ahead, None
         limited = self.limited(len(rows))
         # rows only finish, so the limit holds for the next step; its bucket is checked when it plays
@@ -250,7 +260,7 @@ class StepPolicy:
             return Plan(tuple(rows), BATCH_LIMIT_ARM, bucket=bucket)
         if first_proposes and first is not None:
             return Plan(tuple(rows), first, bucket=bucket)
-        choice = ahead[1] if ahead is not None and ahead[0] == bucket else self.selectors[bucket].select()
+        choice = ahead[1] if ahead is not None and ahead[0] == bucket else self._ask(bucket, len(rows))
         return Plan(tuple(rows), self.choices[choice], choice, bucket=bucket)
 
     def draw_next(self, rows: int | None = None) -> None:
@@ -265,7 +275,14 @@ class StepPolicy:
         if self._due is not None:
             bucket = self._due if rows is None else self.settings.bucket(rows)
             self._due = None
-            self._ahead = (bucket, self.selectors[bucket].select())
+            self._ahead = (bucket, self._ask(bucket, self._rows if rows is None else rows))
+
+    def _ask(self, bucket: int, rows: int) -> int:
+        """The choice of the bucket's selector for a step over ``rows`` live rows."""
+        selector = self.selectors[bucket]
+        if isinstance(selector, ObservesSteps):
+            selector.see_rows(rows)
+        return selector.select()
 
     def learn(self, plan: Plan, width: int, accepted: Sequence[int], step_s: float,
               emitted: int | None = None) -> float:
@@ -282,7 +299,10 @@ class StepPolicy:
         scorer = (self.first_rewards if plan.by_first else self.rewards)[plan.bucket]
         reward = scorer(width, acc, emitted, max(step_s, 1e-9))
         if plan.choice is not None:
-            self.selectors[plan.bucket].update(plan.choice, reward)
+            selector = self.selectors[plan.bucket]
+            if isinstance(selector, ObservesSteps):
+                selector.observe(plan.choice, len(acc), width, acc, max(step_s, 1e-9))
+            selector.update(plan.choice, reward)
         return reward
 
     # ------------------------------------------------------------------ the half with providers

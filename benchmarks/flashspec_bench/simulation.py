@@ -42,6 +42,7 @@ import numpy as np
 from scipy.special import rel_entr
 
 from flashspec_core import ArmSelector, ComponentSpec
+from flashspec_core.contracts import ObservesSteps
 from flashspec_core.rewards import ThroughputReward
 from flashspec_selectors.plugin import selector_specs
 
@@ -56,6 +57,7 @@ class Outcomes:
     reward: np.ndarray  # [T, K] float64 in [0, 1]: reward fed to the selector (acceptance kind)
     tokens: np.ndarray | None = None  # [T, K] int64: tokens emitted (costed envs)
     cost: np.ndarray | None = None  # [K] float64: time units per step (costed envs)
+    widths: np.ndarray | None = None  # [K] int64: tokens each arm drafts (costed envs), for ObservesSteps
 
 
 class Env(Protocol):
@@ -186,7 +188,7 @@ class SpecDecodeArms:
         ok &= np.arange(gmax)[None, None, :] < self.gammas[None, :, None]
         accepted = np.cumprod(ok, axis=-1).sum(-1)  # [T, K] leading successes
         fraction = accepted / np.maximum(self.gammas, 1)[None, :]  # gamma == 0 -> 0, as acceptance_reward
-        return Outcomes(fraction.astype(np.float64), accepted + 1, self.costs)
+        return Outcomes(fraction.astype(np.float64), accepted + 1, self.costs, self.gammas)
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"env": "acceptance" if self.costs is None else "costed"}
@@ -225,22 +227,29 @@ def thompson_bound_leading(means: Sequence[float], horizon: int) -> float:
 
 
 def play(selector: ArmSelector, env: Env, outcomes: Outcomes) -> np.ndarray:
-    """Run one selector through one seed's outcomes; returns the arms ``[T] int64``."""
+    """Run one selector through one seed's outcomes; returns the arms ``[T] int64``.
+
+    In a costed env a selector that declares ``ObservesSteps`` also sees each step as
+    the pipeline shows it: one row, the arm's width, its accepted count and its cost."""
     horizon = outcomes.reward.shape[0]
     arms = np.empty(horizon, dtype=np.int64)
+    observes = isinstance(selector, ObservesSteps) and outcomes.widths is not None
     if env.reward_kind == "throughput":
         assert outcomes.tokens is not None and outcomes.cost is not None
         tokens, cost, to_reward = outcomes.tokens.tolist(), outcomes.cost.tolist(), ThroughputReward()
-        for t in range(horizon):
-            a = selector.select()
-            selector.update(a, to_reward(tokens[t][a], cost[a]))
-            arms[t] = a
+        rewards = None
     else:
         rewards = outcomes.reward.tolist()
-        for t in range(horizon):
-            a = selector.select()
-            selector.update(a, rewards[t][a])
-            arms[t] = a
+    for t in range(horizon):
+        if observes:
+            selector.see_rows(1)  # type: ignore[attr-defined]
+        a = selector.select()
+        if observes:
+            assert outcomes.tokens is not None and outcomes.cost is not None and outcomes.widths is not None
+            n = int(outcomes.tokens[t, a]) - 1
+            selector.observe(a, 1, int(outcomes.widths[a]), [n], float(outcomes.cost[a]))  # type: ignore[attr-defined]
+        selector.update(a, rewards[t][a] if rewards is not None else to_reward(tokens[t][a], cost[a]))
+        arms[t] = a
     return arms
 
 

@@ -5,6 +5,8 @@ from flashspec_selectors.selectors import (
     UCB1,
     DiscountedThompson,
     DiscountedThompsonConfig,
+    Factored,
+    FactoredConfig,
     FixedConfig,
     FixedSelector,
     GLRThompson,
@@ -22,6 +24,8 @@ from flashspec_selectors.selectors import (
 __all__ = [
     "DiscountedThompson",
     "DiscountedThompsonConfig",
+    "Factored",
+    "FactoredConfig",
     "FixedConfig",
     "FixedSelector",
     "GLRThompson",

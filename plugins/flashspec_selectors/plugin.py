@@ -9,6 +9,8 @@ from flashspec_selectors.selectors import (
     UCB1,
     DiscountedThompson,
     DiscountedThompsonConfig,
+    Factored,
+    FactoredConfig,
     FixedConfig,
     FixedSelector,
     GLRThompson,
@@ -51,6 +53,10 @@ def _request_thompson(config: RequestThompsonConfig | None, num_arms: int) -> Ar
     return RequestThompson(config or RequestThompsonConfig(), num_arms)
 
 
+def _factored(config: FactoredConfig | None, num_arms: int) -> ArmSelector:
+    return Factored(config or FactoredConfig(), num_arms)
+
+
 def selector_specs() -> list[ComponentSpec[ArmSelector]]:
     """The selectors this plugin provides (also used directly by the simulator)."""
     return [
@@ -80,6 +86,14 @@ def selector_specs() -> list[ComponentSpec[ArmSelector]]:
             _request_thompson,
             RequestThompsonConfig,
             "latent-state Thompson sampling over past requests (Hong et al. 2020); uses begin_request",
+        ),
+        ComponentSpec(
+            "factored",
+            "selector",
+            _factored,
+            FactoredConfig,
+            "Thompson sampling on predicted tokens/s: pooled acceptance, step cost linear in rows and width; "
+            "uses see_rows and observe",
         ),
     ]
 

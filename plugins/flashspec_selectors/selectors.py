@@ -28,6 +28,18 @@ Algorithms and the papers they follow:
   state. It needs the pipeline's optional ``begin_request`` hook; without it every
   step belongs to one request and it is plain Thompson sampling with a Beta(1, 1)
   -smoothed prior of weight ``kappa``.
+* ``factored``: Thompson sampling on a model of the step rather than on its reward
+  (the factored view of speculative decoding's speed-up in Leviathan, Kalman & Matias
+  2023, "Fast inference from transformers via speculative decoding", section 3.4:
+  tokens per step over cost per step), so what one batch size teaches serves every
+  other. Each arm's accepted tokens per row are pooled over all steps (acceptance does
+  not depend on the batch); its step time is a Bayesian linear regression on
+  ``(1, rows, rows * width)``, shrunk toward a fit over all arms whose slopes are shared
+  (the target's forward costs the same whichever arm drafted). It plays the
+  argmax of ``rows * (E[accepted] + 1) / step time`` at the live rows, both factors
+  drawn from their posteriors. It needs the policy's optional ``see_rows`` and
+  ``observe`` calls (:class:`~flashspec_core.contracts.ObservesSteps`); fed rewards
+  alone it is plain Thompson sampling.
 
 Ties go to the lowest arm index, so UCB selectors are deterministic.
 """
@@ -36,6 +48,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -168,6 +181,46 @@ def glr_change(cumsum: np.ndarray, delta: float, split_every: int = 1) -> bool:
     return bool(stat.max() > glr_threshold(n, delta))
 
 
+def cost_features(rows: int | float, width: int | float) -> np.ndarray:
+    """Regressors of a step's time: ``[1, rows, rows * width]`` (``[3] float64``): a fixed
+    cost per step, a cost per row, and one per token the target scores beyond the row's
+    own (a drafted token widens every row's forward)."""
+    return np.array([1.0, float(rows), float(rows) * float(width)])
+
+
+def shared_slopes_fit(xtx: np.ndarray, xty: np.ndarray) -> np.ndarray:
+    """Least squares over every arm's steps with an intercept per arm and the slopes in
+    ``rows`` and ``rows * width`` shared (the target's forward is the same whichever arm
+    drafted), from each arm's sums ``X^T X [K, 3, 3]`` and ``X^T y [K, 3]`` on
+    :func:`cost_features`; returns each arm's coefficients ``[K, 3]``. An arm without
+    steps gets the mean intercept of the others."""
+    k = xtx.shape[0]
+    a = np.zeros((k + 2, k + 2))  # unknowns: K intercepts, then the two slopes
+    b = np.zeros(k + 2)
+    a[np.arange(k), np.arange(k)] = xtx[:, 0, 0]
+    a[:k, k:] = xtx[:, 0, 1:]
+    a[k:, :k] = xtx[:, 1:, 0].T
+    a[k:, k:] = xtx[:, 1:, 1:].sum(0)
+    b[:k], b[k:] = xty[:, 0], xty[:, 1:].sum(0)
+    played = xtx[:, 0, 0] > 0
+    unplayed = np.flatnonzero(~played)
+    a[unplayed, unplayed] = 1.0  # an unplayed arm's intercept is free: pin it, then fill it in below
+    # A slope no step identifies (every width 0 so far) stays near 0 rather than failing the solve.
+    a[np.arange(k, k + 2), np.arange(k, k + 2)] += 1e-9 * max(float(np.trace(a)), 1e-30)
+    solution = np.linalg.solve(a, b)
+    intercepts = solution[:k]
+    if played.any():
+        intercepts[~played] = intercepts[played].mean()
+    return np.column_stack([intercepts, np.broadcast_to(solution[k:], (k, 2))])
+
+
+def predicted_throughput(rows: int, accepted: Any, step_s: Any) -> Any:
+    """Tokens per second of a step over ``rows`` rows that accepts ``accepted`` draft
+    tokens per row (each row also emits the target's own token) in ``step_s`` seconds
+    (floats, or arrays of one value per arm)."""
+    return rows * (accepted + 1.0) / step_s
+
+
 # ------------------------------------------------------------------- configs
 
 
@@ -290,6 +343,29 @@ class RequestThompsonConfig:
     initial_round: int = attrs.field(default=0, validator=_int_at_least(0))
     skip_first: int = attrs.field(default=1, validator=_int_at_least(0))
     seed: int | None = attrs.field(default=None, validator=_optional_int_at_least(0))
+
+
+@attrs.frozen
+class FactoredConfig:
+    """``initial``: plays of every arm, in arm order, before the model chooses (a cost
+    fit needs a step of each arm); ``prior_rows``: pseudo-rows of the acceptance prior
+    (half the arm's width accepted, the widest spread a row's count can have);
+    ``ridge``: steps' worth of the fit over all arms (shared slopes) in each arm's own
+    fit (so an arm seen at a few batch sizes borrows the slopes from the others); ``outlier``: a step
+    slower than this many times its arm's predicted time is left out of the cost fit
+    (a CUDA graph capture, not the arm's cost; 0: keep every step); ``seed`` as for
+    ``thompson``."""
+
+    initial: int = attrs.field(default=1, validator=_int_at_least(0))
+    prior_rows: float = attrs.field(default=1.0, validator=_positive_number)
+    ridge: float = attrs.field(default=2.0, validator=_positive_number)
+    outlier: float = attrs.field(default=5.0)
+    seed: int | None = attrs.field(default=None, validator=_optional_int_at_least(0))
+
+    @outlier.validator
+    def _check_outlier(self, attr: attrs.Attribute[Any], value: object) -> None:
+        if not (_is_number(value) and (value == 0 or value > 1)):  # type: ignore[operator]
+            raise ValueError(f"{attr.name} must be 0 (off) or a number > 1, got {value!r}")
 
 
 # ----------------------------------------------------------------- selectors
@@ -571,3 +647,119 @@ class RequestThompson:
         self.totals += step
         means = np.append(self.profiles[:, arm], self.global_mean[arm])  # [J + 1]
         self.loglik -= self.eta * (r - means) ** 2 / (2.0 * self.sigma2)
+
+
+class Factored:
+    """Thompson sampling on tokens per second predicted from acceptance and step cost.
+
+    State per arm ``k``: accepted tokens per row (count, sum, sum of squares over rows),
+    the mean width it proposed, and the sums ``X^T X``, ``X^T y``, ``y^T y`` of its
+    steps' times on :func:`cost_features`. ``select`` draws for each arm an acceptance
+    ``a_k ~ Normal(posterior mean, variance / (rows seen + prior_rows))`` (mean and
+    variance both carry ``prior_rows`` rows at ``width_k / 2``) clipped to
+    ``[0, width_k]`` and cost coefficients ``beta_k ~ Normal(mean_k, sigma^2
+    precision_k^-1)``, whose prior is the fit over all arms with the arm's own intercept
+    and slopes shared by every arm (:func:`shared_slopes_fit`), worth ``ridge`` steps (so
+    the slopes carry over to batch sizes the arm has not played at), and plays ``argmax_k rows (a_k + 1) / (x(rows, width_k) .
+    beta_k)``. An arm that never drafts (``none``) has width 0 and ``a_k = 0`` exactly.
+    Until the first :meth:`observe` it is Beta-Bernoulli Thompson sampling on rewards.
+    """
+
+    def __init__(self, config: FactoredConfig, num_arms: int) -> None:
+        self.num_arms = _check_num_arms(num_arms)
+        self.initial, self.prior_rows = int(config.initial), float(config.prior_rows)
+        self.ridge, self.outlier = float(config.ridge), float(config.outlier)
+        self.rng = np.random.default_rng(config.seed)
+        self.rows = 1  # live rows of the step to choose for
+        self.steps = np.zeros(self.num_arms)  # [K] steps observed (outliers included)
+        self.acc = np.zeros((3, self.num_arms))  # [3, K] rows, sum, sum of squares of accepted per row
+        self.width = np.zeros(self.num_arms)  # [K] sum of widths over observed steps
+        # Cost fit sums weighted by 1 / time^2: a step's noise grows with its time (a batch of
+        # 32 varies by milliseconds, a batch of 1 by tens of microseconds), so errors are relative.
+        self.xtx = np.zeros((self.num_arms, 3, 3))  # [K, 3, 3] sum of w x x^T
+        self.xty = np.zeros((self.num_arms, 3))  # [K, 3] sum of w x y (y in seconds)
+        self.yty = np.zeros(self.num_arms)  # [K] sum of w y^2 (= steps fitted)
+        self.fastest = math.inf  # the fastest step seen: no prediction goes far below it
+        self.fitted = np.zeros(self.num_arms)  # [K] steps in the cost fit
+        self.skipped = [False] * self.num_arms  # whether each arm's last step was left out as an outlier
+        self._cache: tuple[np.ndarray, np.ndarray] | None = None  # the cost posterior (_posterior)
+        self.beta = Thompson(ThompsonConfig(), self.num_arms)  # rewards-only fallback
+        self.beta.rng = self.rng
+
+    def see_rows(self, rows: int) -> None:
+        self.rows = max(1, int(rows))
+
+    def _posterior(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each arm's cost coefficients: posterior means ``[K, 3]`` and covariances ``[K, 3, 3]``
+        (seconds), their prior the fit over all arms (:func:`shared_slopes_fit`) worth
+        ``ridge`` steps of the mean design. Cached until the next :meth:`observe`."""
+        if self._cache is None:
+            n = max(float(self.fitted.sum()), 1.0)
+            xtx = self.xtx.sum(0)
+            design = xtx / n + 1e-9 * max(float(np.trace(xtx)) / n, 1e-30) * np.eye(3)
+            prior = shared_slopes_fit(self.xtx, self.xty)  # [K, 3]
+            fit = np.einsum("ki,kij,kj->k", prior, self.xtx, prior)
+            resid = np.maximum(self.yty - 2.0 * np.einsum("ki,ki->k", prior, self.xty) + fit, 0.0)
+            # relative noise, at least 5%, so an exact fit on few steps keeps some doubt
+            sigma2 = max(float(resid.sum()) / max(n - self.num_arms - 2.0, 1.0), 0.05**2)
+            precision = self.ridge * design + self.xtx  # [K, 3, 3]
+            rhs = self.ridge * prior @ design.T + self.xty  # [K, 3]
+            mean = np.linalg.solve(precision, rhs[..., None])[..., 0]
+            self._cache = mean, sigma2 * np.linalg.inv(precision)
+        return self._cache
+
+    def cost_coefficients(self, arm: int) -> np.ndarray:
+        """Posterior mean of ``arm``'s step time in seconds on :func:`cost_features` (``[3]``)."""
+        return self._posterior()[0][_check_arm(arm, self.num_arms)]
+
+    def _draw_accepted(self, width: np.ndarray) -> np.ndarray:
+        """One draw per arm of the mean accepted tokens per row, in ``[0, width_k]`` (``[K]``)."""
+        n, s, ss = self.acc
+        prior = 0.5 * width  # the mean of a count spread evenly over [0, width]
+        # The prior's rows carry the widest spread too, so a few equal counts never read as certain.
+        squares = np.maximum(ss - s * s / np.maximum(n, 1.0), 0.0)
+        var = (squares + self.prior_rows * prior * prior) / (n + self.prior_rows)
+        mean = (s + self.prior_rows * prior) / (n + self.prior_rows)
+        draw = mean + np.sqrt(var / (n + self.prior_rows)) * self.rng.standard_normal(self.num_arms)
+        return np.clip(draw, 0.0, width)
+
+    def select(self) -> int:
+        if not self.steps.any():
+            return self.beta.select()
+        short = np.flatnonzero(self.steps < max(self.initial, 1))
+        if short.size:
+            return int(short[0])
+        mean, cov = self._posterior()
+        width = self.width / self.steps  # [K]
+        x = np.stack([np.ones(self.num_arms), np.full(self.num_arms, float(self.rows)), self.rows * width], 1)
+        spread = np.sqrt(np.maximum(np.einsum("ki,kij,kj->k", x, cov, x), 0.0))
+        step_s = np.einsum("ki,ki->k", x, mean) + spread * self.rng.standard_normal(self.num_arms)
+        step_s = np.maximum(step_s, max(0.5 * self.fastest, 1e-9))  # no step is near-free
+        scores = predicted_throughput(self.rows, self._draw_accepted(width), step_s)
+        return _argmax(scores.tolist())
+
+    def observe(self, arm: int, rows: int, width: int, accepted: Sequence[int], step_s: float) -> None:
+        arm = _check_arm(arm, self.num_arms)
+        if not (math.isfinite(step_s) and step_s > 0):
+            raise ValueError(f"step_s must be a finite number > 0, got {step_s!r}")
+        counts = np.asarray(accepted, dtype=np.float64)
+        x = cost_features(rows, width)
+        skip = False
+        # A second slow step in a row is the arm's real cost, not a one-off capture.
+        if self.outlier and self.fitted.sum() >= 2 and not self.skipped[arm]:
+            skip = step_s > self.outlier * max(float(x @ self.cost_coefficients(arm)), 1e-9)
+        self.skipped[arm] = skip
+        self.steps[arm] += 1
+        self.width[arm] += width
+        self.acc[:, arm] += (counts.size, counts.sum(), (counts * counts).sum())
+        if not skip:
+            self._cache = None
+            self.fitted[arm] += 1
+            w = 1.0 / (step_s * step_s)
+            self.xtx[arm] += w * np.outer(x, x)
+            self.xty[arm] += w * x * step_s
+            self.yty[arm] += 1.0
+            self.fastest = min(self.fastest, step_s)
+
+    def update(self, arm: int, reward: float) -> None:
+        self.beta.update(arm, reward)

@@ -34,7 +34,8 @@ from flashspec_selectors.selectors import (
     glr_threshold,
 )
 
-NAMES = ["fixed", "ucb1", "thompson", "sliding_window_ucb", "discounted_thompson", "glr_thompson", "request_thompson"]
+NAMES = ["fixed", "ucb1", "thompson", "sliding_window_ucb", "discounted_thompson", "glr_thompson", "request_thompson",
+         "factored"]
 
 
 def make(name: str, num_arms: int, **keys: object) -> ArmSelector:

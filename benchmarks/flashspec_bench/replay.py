@@ -1,0 +1,203 @@
+"""Replay of recorded H200 decode steps through the step policy (``benchmarks/bandit_replay.py``).
+
+The recorded steps (``benchmarks/workloads/h200-steps.json``, extracted from the bench
+runs by ``--extract``) give, for each arm, steps at the batch sizes it was played at:
+live rows, width, accepted tokens per row and step time. A replayed step of arm ``k``
+over ``r`` live rows draws one of ``k``'s steps at the recorded batch size nearest ``r``
+and takes its time and ``r`` of its rows' accepted counts (drawn with replacement where
+it had fewer rows); rows finish at their request's recorded length, so a batch drifts
+down through the batch sizes as in the engine. Steps slower than 5x their arm's median
+are graph captures, not the arm's cost, and are left out of the pool.
+
+Systems, all through :class:`~flashspec_core.policy.StepPolicy` with the throughput
+reward and draw-ahead as in the engine: the shipped per-bucket ``thompson`` (buckets
+1, 2, 4, 8, 16, 32), ``factored`` (one selector for every batch), every arm fixed, and
+per batch size the best fixed arm in hindsight. Each seed runs the recorded requests in
+batches of the batch size, one policy for the whole run (about 100 steps at batch 8).
+Regret: seconds beyond the best fixed arm's for the same tokens, per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flashspec_bench.provenance import DOCS, provenance, write_json
+from flashspec_core.contracts import ArmSelector
+from flashspec_core.policy import Arm, NoDraft, PolicySettings, StepPolicy
+from flashspec_core.rewards import make_reward
+from flashspec_selectors.selectors import Factored, FactoredConfig, FixedConfig, FixedSelector, Thompson, ThompsonConfig
+
+STEPS = Path(__file__).resolve().parents[1] / "workloads" / "h200-steps.json"
+OUT = DOCS / "bandit-replay.json"
+BUCKETS = (1, 2, 4, 8, 16, 32)
+CAPTURE = 5.0  # a step this many times its arm's median is a graph capture
+
+Pool = dict[int, list[tuple[int, float, tuple[int, ...]]]]  # batch size -> (width, step_s, accepted per row)
+
+
+def extract(bench_paths: Sequence[Path]) -> dict[str, Any]:
+    """Every step of every run in the bench JSONs, per arm, and the requests' lengths."""
+    arms: dict[str, list[list[Any]]] = {}
+    lengths: list[int] = []
+    for path in bench_paths:
+        data = json.loads(Path(path).read_text())
+        for run in data["runs"].values():
+            for s in run.get("steps", []):
+                arms.setdefault(s["arm_name"], []).append(
+                    [s["batch_size"], s["gamma"], round(s["step_ms"], 4), s["accepted"]])
+        requests = [r["new_tokens"] for r in data["runs"]["target_only"]["requests"]]
+        lengths = requests if len(requests) > len(lengths) else lengths  # the fullest list of requests
+    sources = [f"{Path(p).parent.name}/{Path(p).name}" for p in bench_paths]
+    return {"sources": sources, "request_tokens": lengths, "arms": arms}
+
+
+def pools(recorded: dict[str, Any]) -> tuple[list[str], list[Pool], int]:
+    """Arm names (``none`` first), each arm's steps by batch size without captures, captures dropped."""
+    names = sorted(recorded["arms"], key=lambda n: (n != "none", n))
+    out, dropped = [], 0
+    for name in names:
+        steps = recorded["arms"][name]
+        median = statistics.median(s[2] for s in steps)
+        pool: Pool = {}
+        for rows, width, ms, acc in steps:
+            if ms > CAPTURE * median:
+                dropped += 1
+                continue
+            pool.setdefault(rows, []).append((width, ms / 1e3, tuple(acc)))
+        out.append(pool)
+    return names, out, dropped
+
+
+def draw_step(pool: Pool, rows: int, rng: np.random.Generator) -> tuple[int, float, list[int]]:
+    """A recorded step at the batch size nearest ``rows`` (the larger on a tie): width, seconds,
+    ``rows`` accepted counts."""
+    size = min(pool, key=lambda b: (abs(b - rows), -b))
+    width, step_s, acc = pool[size][int(rng.integers(len(pool[size])))]
+    picked = acc[:rows] if len(acc) >= rows else [acc[int(i)] for i in rng.integers(len(acc), size=rows)]
+    return width, step_s, list(picked)
+
+
+def run(make_policy: Callable[[], StepPolicy], pool: list[Pool], lengths: Sequence[int], batch: int,
+        rng: np.random.Generator) -> tuple[float, int, list[int]]:
+    """Seconds, tokens and plays per arm of the requests decoded in batches of ``batch``."""
+    policy, seconds, tokens, plays = make_policy(), 0.0, 0, [0] * len(pool)
+    for start in range(0, len(lengths), batch):
+        left = list(lengths[start:start + batch])
+        policy.begin(len(left))
+        while any(n > 0 for n in left):
+            rows = [b for b, n in enumerate(left) if n > 0]
+            plan = policy.choose(rows)
+            width, step_s, acc = draw_step(pool[plan.arm], len(rows), rng)
+            emitted = 0
+            for b, n in zip(rows, acc, strict=True):
+                got = min(n + 1, left[b])
+                left[b] -= got
+                emitted += got
+            policy.learn(plan, width, acc, step_s, emitted)
+            seconds, tokens = seconds + step_s, tokens + emitted
+            plays[plan.arm] += 1
+    return seconds, tokens, plays
+
+
+def _policy(names: list[str], make: Callable[[int], ArmSelector], buckets: tuple[int, ...]) -> Callable[[], StepPolicy]:
+    arms = [Arm(name=n, provider=NoDraft(), gamma=16) for n in names]
+
+    def build() -> StepPolicy:
+        return StepPolicy(arms, make(len(arms)), make_reward("throughput"),
+                          PolicySettings(batch_buckets=buckets), make_selector=lambda: make(len(arms)))
+
+    return build
+
+
+def systems(names: list[str], seed: int) -> dict[str, Callable[[], StepPolicy]]:
+    """The replayed systems of one seed (a fresh selector stream per bucket)."""
+    counter = iter(range(10**6))
+    out = {
+        "thompson_per_bucket": _policy(
+            names, lambda k: Thompson(ThompsonConfig(seed=seed * 1000 + next(counter)), k), BUCKETS),
+        "factored": _policy(names, lambda k: Factored(FactoredConfig(seed=seed), k), (1,)),
+    }
+    for i, name in enumerate(names):
+        out[f"fixed:{name}"] = _policy(names, _fixed(i), (1,))
+    return out
+
+
+def _fixed(arm: int) -> Callable[[int], ArmSelector]:
+    return lambda k: FixedSelector(FixedConfig(arm=arm), k)
+
+
+def _ci(values: list[float]) -> list[float]:
+    mean = float(np.mean(values))
+    half = 1.96 * float(np.std(values, ddof=1)) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+    return [round(mean, 3), round(mean - half, 3), round(mean + half, 3)]
+
+
+def replay(recorded: dict[str, Any], batches: Sequence[int], seeds: int) -> dict[str, Any]:
+    names, pool, dropped = pools(recorded)
+    lengths = recorded["request_tokens"]
+    results: dict[str, Any] = {}
+    for batch in batches:
+        per: dict[str, dict[str, list[float]]] = {}
+        for seed in range(seeds):
+            for name, make in systems(names, seed).items():
+                rng = np.random.default_rng([seed, batch])  # same draws for every system's first steps
+                seconds, tokens, plays = run(make, pool, lengths, batch, rng)
+                entry = per.setdefault(name, {"tokens_per_s": [], "seconds": [], "plays": []})
+                entry["tokens_per_s"].append(tokens / seconds)
+                entry["seconds"].append(seconds)
+                entry["plays"].append(plays)  # type: ignore[arg-type]
+        fixed = {n: float(np.mean(e["tokens_per_s"])) for n, e in per.items() if n.startswith("fixed:")}
+        best = max(fixed, key=lambda n: fixed[n])
+        target = per["fixed:none"]["tokens_per_s"]
+        row: dict[str, Any] = {"best_fixed_arm": best.removeprefix("fixed:"), "systems": {}}
+        for name, e in per.items():
+            tps = e["tokens_per_s"]
+            regret = [(s - b) / len(lengths) for s, b in zip(e["seconds"], per[best]["seconds"], strict=True)]
+            row["systems"][name] = {
+                "tokens_per_s": _ci(tps),
+                "vs_target_only": round(float(np.mean(tps)) / float(np.mean(target)), 3),
+                "vs_best_fixed": round(float(np.mean(tps)) / fixed[best], 3),
+                "regret_ms_per_request": _ci([1e3 * r for r in regret]),
+                "plays": dict(zip(names, np.mean(e["plays"], axis=0).round(1).tolist(), strict=True)),
+            }
+        results[str(batch)] = row
+    return {"arms": names, "captures_dropped": dropped, "requests": len(lengths), "seeds": seeds,
+            "batches": results}
+
+
+def _relative(path: Path, root: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bandit_replay", description=__doc__.splitlines()[0])
+    p.add_argument("--extract", nargs="+", type=Path, help="bench.json files to extract steps from (writes --steps)")
+    p.add_argument("--steps", type=Path, default=STEPS, help=f"recorded steps (default {STEPS})")
+    p.add_argument("--batches", default="1,2,4,8,16,32")
+    p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--out", type=Path, default=OUT)
+    args = p.parse_args(argv)
+    if args.extract:
+        write_json(args.steps, extract(args.extract), indent=None)
+    recorded = json.loads(args.steps.read_text())
+    result = replay(recorded, [int(b) for b in args.batches.split(",")], args.seeds)
+    out = {**provenance("benchmarks/bandit_replay.py"), "config": vars(args),
+           "sources": recorded["sources"], **result}
+    root = Path(__file__).resolve().parents[2]
+    out["config"] = {k: (_relative(v, root) if isinstance(v, Path) else v)
+                     for k, v in out["config"].items() if k != "extract"}
+    write_json(args.out, out)
+    for batch, row in result["batches"].items():
+        line = ", ".join(f"{n} {row['systems'][n]['vs_target_only']:.2f}x" for n in ("thompson_per_bucket", "factored"))
+        print(f"batch {batch:>2}: best fixed {row['best_fixed_arm']} "
+              f"{row['systems']['fixed:' + row['best_fixed_arm']]['vs_target_only']:.2f}x; {line} (vs target only)")
+    return 0

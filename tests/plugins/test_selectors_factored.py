@@ -1,0 +1,174 @@
+"""flashspec_selectors: the ``factored`` selector (acceptance pooled over batch sizes, a linear step cost)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _tiny import pipeline_dict, tiny_family
+
+from flashspec_core.build import build_pipeline
+from flashspec_core.contracts import ObservesSteps
+from flashspec_core.policy import Arm, NoDraft, PolicySettings, StepPolicy
+from flashspec_core.registry import build_registry
+from flashspec_core.rewards import make_reward
+from flashspec_selectors.selectors import (
+    Factored,
+    FactoredConfig,
+    Thompson,
+    ThompsonConfig,
+    cost_features,
+    predicted_throughput,
+)
+
+PLANTED = np.array([2e-3, 5e-5, 2e-5])  # seconds: per step, per row, per drafted token of a row
+
+
+def planted_time(rows: int, width: int, coefficients: np.ndarray = PLANTED) -> float:
+    return float(cost_features(rows, width) @ coefficients)
+
+
+def feed(selector: Factored, arm: int, rows: int, width: int, accepted: int, step_s: float) -> None:
+    selector.observe(arm, rows, width, [accepted] * rows, step_s)
+
+
+def test_cost_model_recovers_a_planted_linear_cost() -> None:
+    rng = np.random.default_rng(0)
+    selector = Factored(FactoredConfig(seed=0), 2)
+    other = np.array([1e-3, 2e-4, 0.0])  # a second arm with another cost, so the pooled prior is off for arm 1
+    for _ in range(400):
+        rows, width = int(rng.integers(1, 33)), int(rng.integers(0, 9))
+        noise = 1.0 + 0.01 * rng.standard_normal()
+        feed(selector, 1, rows, width, 0, planted_time(rows, width) * noise)
+        feed(selector, 0, rows, 0, 0, planted_time(rows, 0, other) * noise)
+    np.testing.assert_allclose(selector.cost_coefficients(1), PLANTED, rtol=0.05, atol=2e-6)
+    np.testing.assert_allclose(selector.cost_coefficients(0)[:2], other[:2], rtol=0.05, atol=2e-6)
+
+
+def test_an_arm_seen_at_small_batches_predicts_its_cost_at_32_rows() -> None:
+    selector = Factored(FactoredConfig(seed=0), 2)
+    for rows in (1, 2, 4, 8, 16, 32):
+        for _ in range(20):
+            feed(selector, 0, rows, 0, 0, planted_time(rows, 0))
+    for rows in (1, 4):  # the draft arm never above four rows
+        for _ in range(20):
+            feed(selector, 1, rows, 4, 3, planted_time(rows, 4) + 1e-3)
+    at_32 = float(cost_features(32, 4) @ selector.cost_coefficients(1))
+    assert at_32 == pytest.approx(planted_time(32, 4) + 1e-3, rel=0.05)
+
+
+def test_picks_none_when_every_draft_predicts_lower_throughput() -> None:
+    selector = Factored(FactoredConfig(seed=1), 3)  # arm 0 drafts nothing
+    for rows in (1, 8, 32):
+        for _ in range(30):
+            feed(selector, 0, rows, 0, 0, planted_time(rows, 0))
+            feed(selector, 1, rows, 4, 0, planted_time(rows, 4) + 1e-3)  # rejects everything, and slower
+            feed(selector, 2, rows, 2, 1, 2.5 * planted_time(rows, 2))  # accepts 1 of 2 at 2.5x the time
+    for rows in (1, 8, 32):
+        selector.see_rows(rows)
+        assert [selector.select() for _ in range(200)] == [0] * 200
+
+
+def test_drafts_at_one_row_and_not_at_32_from_the_same_steps() -> None:
+    # The draft's cost grows with rows * width; at one row it pays, at 32 it does not.
+    cost = np.array([2e-3, 5e-5, 2e-4])
+    selector = Factored(FactoredConfig(seed=2), 2)
+    for rows in (1, 2, 4, 8, 16, 32):
+        for _ in range(15):
+            feed(selector, 0, rows, 0, 0, planted_time(rows, 0, cost))
+            feed(selector, 1, rows, 4, 2, planted_time(rows, 4, cost))
+    assert predicted_throughput(1, 2, planted_time(1, 4, cost)) > predicted_throughput(1, 0, planted_time(1, 0, cost))
+    assert predicted_throughput(32, 2, planted_time(32, 4, cost)) < predicted_throughput(32, 0, planted_time(32, 0, cost))
+    selector.see_rows(1)
+    assert sum(selector.select() == 1 for _ in range(200)) > 190
+    selector.see_rows(32)
+    assert sum(selector.select() == 0 for _ in range(200)) > 190
+
+
+def test_plays_every_arm_once_then_the_model() -> None:
+    selector = Factored(FactoredConfig(seed=0, initial=1), 3)
+    feed(selector, 0, 1, 0, 0, 2e-3)
+    assert selector.select() == 1
+    feed(selector, 1, 1, 4, 0, 3e-3)
+    assert selector.select() == 2
+
+
+def test_a_capture_is_left_out_once_but_a_second_slow_step_counts() -> None:
+    selector = Factored(FactoredConfig(seed=0), 1)
+    for _ in range(5):
+        feed(selector, 0, 4, 2, 1, 3e-3)
+    feed(selector, 0, 4, 2, 1, 60e-3)  # a graph capture
+    assert selector.fitted[0] == 5 and selector.steps[0] == 6
+    feed(selector, 0, 4, 2, 1, 60e-3)  # the arm really got slow
+    assert selector.fitted[0] == 6
+    off = Factored(FactoredConfig(seed=0, outlier=0), 1)
+    for _ in range(5):
+        feed(off, 0, 4, 2, 1, 3e-3)
+    feed(off, 0, 4, 2, 1, 60e-3)
+    assert off.fitted[0] == 6
+
+
+def test_without_observations_it_is_thompson_on_rewards() -> None:
+    factored, thompson = Factored(FactoredConfig(seed=5), 3), Thompson(ThompsonConfig(seed=5), 3)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        a, b = factored.select(), thompson.select()
+        assert a == b
+        r = float(rng.random())
+        factored.update(a, r)
+        thompson.update(b, r)
+
+
+@pytest.mark.parametrize(("keys", "message"), [
+    ({"outlier": 1.0}, "outlier must be 0"), ({"prior_rows": 0}, "prior_rows must be"),
+    ({"ridge": -1.0}, "ridge must be"), ({"initial": -1}, "initial must be")])
+def test_bad_config(keys: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        FactoredConfig(**keys)  # type: ignore[arg-type]
+
+
+def test_observe_refuses_a_bad_step_time() -> None:
+    with pytest.raises(ValueError, match="step_s"):
+        Factored(FactoredConfig(), 2).observe(0, 1, 0, [0], float("nan"))
+
+
+class _Recording(Factored):
+    def __init__(self) -> None:
+        super().__init__(FactoredConfig(seed=0), 2)
+        self.calls: list[tuple[object, ...]] = []
+
+    def see_rows(self, rows: int) -> None:
+        self.calls.append(("rows", rows))
+        super().see_rows(rows)
+
+    def observe(self, arm: int, rows: int, width: int, accepted: object, step_s: float) -> None:
+        self.calls.append(("observe", arm, rows, width, tuple(accepted), step_s))  # type: ignore[arg-type]
+        super().observe(arm, rows, width, accepted, step_s)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("draw_ahead", [False, True])
+def test_the_policy_shows_the_selector_each_steps_rows_and_shape(draw_ahead: bool) -> None:
+    selector = _Recording()
+    assert isinstance(selector, ObservesSteps)
+    arms = [Arm(name="none", provider=NoDraft(), gamma=0), Arm(name="draft", provider=NoDraft(), gamma=4)]
+    policy = StepPolicy(arms, selector, make_reward("throughput"), PolicySettings(draw_ahead=draw_ahead))
+    policy.begin(3)
+    plan = policy.choose([0, 1, 2])
+    assert selector.calls == [("rows", 3)]
+    policy.learn(plan, 4, [1, 2, 0], 0.004)
+    observed = [c for c in selector.calls if c[0] == "observe"]
+    assert observed == [("observe", plan.choice, 3, 4, (1, 2, 0), 0.004)]
+    if draw_ahead:  # the next step's choice was drawn for this step's rows, before the observation
+        assert selector.calls[1] == ("rows", 3) and selector.calls[2][0] == "observe"
+    plan = policy.choose([0, 2])
+    assert ("rows", 2) in selector.calls or draw_ahead
+
+
+def test_factored_in_a_pipeline_learns_from_every_chosen_step(tmp_path_factory: pytest.TempPathFactory) -> None:
+    tiny = tiny_family(tmp_path_factory.mktemp("factored"))
+    registry = build_registry(autoload=False)
+    pipe = build_pipeline(pipeline_dict(tiny["target"], [tiny["close"]], "factored", seed=0), registry)
+    out = pipe.generate([[1, 2, 3], [4, 5], [6, 7, 8, 9]], max_new_tokens=6)
+    assert all(len(ids) == 6 for ids in out.token_ids)
+    selector = pipe.selector
+    assert isinstance(selector, Factored)
+    assert selector.steps.sum() > 0 and selector.acc[0].sum() >= selector.steps.sum()  # rows per step seen
