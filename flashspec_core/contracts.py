@@ -242,6 +242,9 @@ class StepRecord:
     target_ms: float
     verify_ms: float
     step_ms: float
+    # The step's target or a draft captured a CUDA graph (a graph cache missed): its time
+    # holds that one-off setup, not the arm's cost, so the policy does not learn from it.
+    captured: bool = False
 
 
 @attrs.frozen
@@ -363,7 +366,8 @@ class ArmSelector(Protocol):
     """Picks the draft arm for the next step from past rewards only.
 
     ``select()`` returns an arm index in ``[0, num_arms)``; ``update(arm, reward)`` is
-    called after each step that played a selected arm, with its reward in ``[0, 1]``.
+    called after each step that played a selected arm, with its reward in ``[0, 1]``,
+    except a step that captured a CUDA graph (``StepRecord.captured``).
     With ``[selector] draw_ahead`` (the default) the pipeline calls ``select()`` for the
     next step while the device still runs this one, so before this step's ``update()``
     (feedback one step late), and drops a drawn choice that goes unplayed (the first arm

@@ -35,8 +35,10 @@ from flashspec_core.config import check_generation, check_prompt_text
 from flashspec_core.contracts import (
     ArmSelector,
     Broken,
+    CapturesGraphs,
     ContractViolation,
     Draft,
+    GraphCounter,
     HasContext,
     RowSampling,
     SamplingParams,
@@ -128,6 +130,7 @@ class Pipeline:
         self._target_name = origins.get("target") or f"target {type(target).__name__}"
         self._verifier_name = origins.get("verifier") or f"verifier {type(verifier).__name__}"
         self._step = 0
+        self._counters: tuple[tuple[int, ...], list[GraphCounter]] = ((), [])
         self._check_trees()
 
     # The policy's parts, for callers that inspect them, or swap arms and selector between requests.
@@ -290,6 +293,7 @@ class Pipeline:
         rows = [b for b in range(len(active)) if active[b]]
         clock = _Clock(self.target.device)
         t0 = time.perf_counter()
+        captures = self._captures()
         clock.mark()
         sampling = _per_step(sampling, lengths)
         drafting = sampling.draft_params if isinstance(sampling, RowSampling) else sampling
@@ -301,6 +305,7 @@ class Pipeline:
         clock.mark()
         verdict, path = self._verify(logits, draft, sampling, generator, names)
         clock.mark()
+        captured = self._captures() != captures  # captures run on the host, so they are all counted by now
         self.policy.draw_next()  # while the device runs this step
         check_shapes(draft, logits, verdict, names)
         flags = step_flags(draft, logits, verdict, path if draft.parents is not None else None)
@@ -312,7 +317,7 @@ class Pipeline:
         paths = host[:, 1 + verdict.tokens.shape[1] : -1] if draft.parents is not None else None
         self._commit(accepted, paths)
         width = int(draft.tokens.shape[1])  # the arm's gamma, or fewer (a lookup without a match)
-        reward = self.policy.commit(plan, accepted, step_s, drafter, width, paths)
+        reward = self.policy.commit(plan, accepted, step_s, drafter, width, paths, captured=captured)
         acc = tuple(accepted[b] for b in rows)
         record = StepRecord(
             step=self._step,
@@ -327,10 +332,21 @@ class Pipeline:
             target_ms=clock.ms(1, 2),
             verify_ms=clock.ms(2, 3),
             step_ms=step_s * 1e3,
+            captured=captured,
         )
         self._step += 1
         self._observe(record, self.policy.settings.batch_buckets[plan.bucket])
         return record, [host[b, 1 : 2 + n].tolist() for b, n in enumerate(accepted)]
+
+    def _captures(self) -> int:
+        """CUDA graphs the target, the verifier and the arms' providers have captured so far
+        (:class:`CapturesGraphs`; a cache shared by several counts once)."""
+        parts = (self.target, self.verifier, *(a.provider for a in self.policy.arms))
+        key = tuple(map(id, parts))
+        if key != self._counters[0]:  # arms may be swapped between requests: find the caches again
+            caches = {id(x.graphs): x.graphs for x in parts if isinstance(x, CapturesGraphs)}
+            self._counters = (key, list(caches.values()))
+        return sum(g.captures for g in self._counters[1])
 
     def _score(self, tokens: torch.Tensor, lengths: list[int], draft: Draft) -> torch.Tensor:
         """The target's logits of the draft: [B, g + 1, V] (a tree: one row per node, after the root's)."""

@@ -285,20 +285,22 @@ class StepPolicy:
         return selector.select()
 
     def learn(self, plan: Plan, width: int, accepted: Sequence[int], step_s: float,
-              emitted: int | None = None) -> float:
+              emitted: int | None = None, captured: bool = False) -> float:
         """Score a finished step and update the selector where it chose; returns the reward.
 
         :param width: tokens the step proposed per row (the drafter's gamma, or fewer).
         :param accepted: accepted draft tokens per live row (``plan.rows``' order).
         :param step_s: the step's wall time in seconds.
         :param emitted: tokens emitted over the live rows; default ``sum(n + 1)`` over ``accepted``.
+        :param captured: the step captured a CUDA graph: it is scored, but the selector does not
+            learn from it (its time holds one-off setup, not what the arm costs).
         """
         self.draw_next()
         acc = tuple(accepted)
         emitted = sum(n + 1 for n in acc) if emitted is None else emitted
         scorer = (self.first_rewards if plan.by_first else self.rewards)[plan.bucket]
         reward = scorer(width, acc, emitted, max(step_s, 1e-9))
-        if plan.choice is not None:
+        if plan.choice is not None and not captured:
             selector = self.selectors[plan.bucket]
             if isinstance(selector, ObservesSteps):
                 selector.observe(plan.choice, len(acc), width, acc, max(step_s, 1e-9))
@@ -332,13 +334,14 @@ class StepPolicy:
         return _checked(draft, drafter), drafter
 
     def commit(self, plan: Plan, accepted: Sequence[int], step_s: float, drafter: Arm, width: int,
-               paths: torch.Tensor | None = None) -> float:
+               paths: torch.Tensor | None = None, captured: bool = False) -> float:
         """Roll the draft providers back to the accepted tokens, then :meth:`learn`.
 
         :param accepted: accepted draft tokens of every row of the batch (B ints; finished rows too).
         :param drafter: the arm :meth:`propose` returned; ``width`` its draft's width (nodes of a tree).
         :param paths: after a tree proposal, the accepted nodes ([B, D] int64 CPU, -1 padded):
             the drafter learns them through :meth:`~flashspec_core.contracts.ProposesTrees.rollback_path`.
+        :param captured: the step captured a CUDA graph (see :meth:`learn`).
         """
         arm = self.played(plan)
         if paths is not None and isinstance(drafter.provider, ProposesTrees):
@@ -347,7 +350,7 @@ class StepPolicy:
             drafter.provider.rollback(accepted)
         if drafter.provider is not arm.provider:  # the arm proposed nothing: none of its tokens entered the sequences
             arm.provider.rollback([0] * len(accepted))
-        return self.learn(plan, width, [accepted[b] for b in plan.rows], step_s)
+        return self.learn(plan, width, [accepted[b] for b in plan.rows], step_s, captured=captured)
 
     def _first_proposal(self, first: int, tokens: torch.Tensor, lengths: Sequence[int], sampling: SamplingParams,
                         generator: torch.Generator) -> Draft:

@@ -44,7 +44,7 @@ from typing import Any
 import attrs
 import torch
 
-from flashspec_core.contracts import Verdict
+from flashspec_core.contracts import Draft, Verdict
 from flashspec_core.sampling import Noise, emit, race
 
 ROOT = -1
@@ -123,6 +123,58 @@ def tree_shape(widths: Sequence[int], gamma: int) -> list[int]:
         if not level:
             break
     return parents
+
+
+def fan_depths(gamma: int, branches: int) -> tuple[int, ...]:
+    """Chain lengths of the widest *fan* of ``gamma`` nodes: up to ``branches`` chains from the root.
+
+    A fan is the shape of a deterministic tree draft (prompt lookup's and suffix decoding's
+    ``branches``): one chain per alternative next token, best first. The chains after the
+    first take ``gamma // chains`` nodes each and the first takes the rest, so the best
+    alternative looks furthest ahead. :func:`fan_draft` proposes only the first ``j``
+    chains of it (``j = 1 .. len(fan_depths(...))``): nested shapes, at most ``branches``
+    of them, so a target that captures one CUDA graph per tree shape stops capturing after
+    a few steps instead of meeting a new shape nearly every step.
+    """
+    if gamma <= 0:
+        return ()
+    chains = max(1, min(branches, gamma))
+    rest = gamma // chains
+    return (gamma - rest * (chains - 1),) + (rest,) * (chains - 1)
+
+
+def fan_parents(depths: Sequence[int]) -> list[int]:
+    """The parents of chains of ``depths[i]`` nodes from the root, chain after chain."""
+    parents: list[int] = []
+    for depth in depths:
+        start = len(parents)
+        parents += [ROOT] + list(range(start, start + depth - 1))
+    return parents
+
+
+def fan_draft(rows: Sequence[Sequence[Sequence[int]]], last: Sequence[int], depths: Sequence[int]) -> Draft:
+    """The batch's deterministic draft in the smallest fan that holds every row's chains.
+
+    ``rows[b]`` holds row ``b``'s chains, best first (chain ``i`` is cut to ``depths[i]``
+    tokens, and chains past ``len(depths)`` are dropped); ``last[b]`` is its last token.
+    The fan has as many chains as the row with the most. Every slot a row leaves empty
+    repeats its parent's token (a missing chain repeats ``last[b]``): a real deterministic
+    proposal, so ``q`` stays one-hot and the output law the target's. One chain is proposed
+    as a chain (``parents`` None); no chain in any row is an empty draft (a plain step).
+    """
+    width = min(max((len(r) for r in rows), default=0), len(depths))
+    if width == 0:
+        return Draft(tokens=torch.empty((len(rows), 0), dtype=torch.long), probs=None)
+    tokens = []
+    for b, row in enumerate(rows):
+        out: list[int] = []
+        for i in range(width):
+            chain = list(row[i][: depths[i]]) if i < len(row) else []
+            chain = chain or [int(last[b])]
+            out += chain + [chain[-1]] * (depths[i] - len(chain))
+        tokens.append(out)
+    parents = None if width == 1 else torch.tensor(fan_parents(depths[:width]), dtype=torch.long)
+    return Draft(tokens=torch.tensor(tokens, dtype=torch.long), probs=None, parents=parents)
 
 
 def _check_tokens(instance: Any, attribute: attrs.Attribute[Any], tokens: torch.Tensor) -> None:

@@ -3,12 +3,17 @@
 Deterministic and weightless: the proposal is a function of the context alone, so
 its ``q`` is one-hot and the verifier accepts ``x`` with probability ``p(x)``.
 
-With ``branches = k > 1`` it proposes a draft tree: the continuations of up to ``k``
-earlier matches (most recent first, longest n-gram first), each cut to ``gamma // k``
-tokens, merged into a trie so shared prefixes are one node; the batch shares one tree
-shape, the union of the rows' tries by child index (a row fills a node it lacks with its
-parent's token). Every node stays deterministic, so the tree verifies as one-hot
-siblings and the output law is the target's (``docs/exactness-tree.md``).
+With ``branches = k > 1`` it proposes a draft tree, a *fan* (:func:`flashspec_core.tree.fan_depths`):
+the continuations of up to ``k`` earlier matches (longest n-gram first, most recent match
+first) that begin with different tokens, one chain from the root each; the first is cut to
+the nodes the others leave over, the others to ``gamma // k`` tokens. A match whose
+continuation begins like an earlier one's adds nothing there (its sibling could never be
+accepted after the first was rejected) and is passed over. The batch's tree is the first
+``j`` chains of the fan, ``j`` the most any row has, so an arm proposes at most ``k`` tree
+shapes (a target capturing a CUDA graph per shape captures those few, not one per step);
+a row fills a slot it lacks with its parent's token. Every node stays deterministic, so
+the tree verifies as one-hot siblings and the output law is the target's
+(``docs/exactness-tree.md``).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 
 from flashspec_core import Draft, SamplingParams
 from flashspec_core.pipeline import NoDraft
+from flashspec_core.tree import fan_depths, fan_draft
 
 
 @attrs.frozen
@@ -66,25 +72,31 @@ def lookup(seq: torch.Tensor, gamma: int, cfg: LookupConfig) -> list[int]:
 def lookup_branches(seq: torch.Tensor, gamma: int, cfg: LookupConfig) -> list[list[int]]:
     """Continuations of up to ``cfg.branches`` earlier matches, by a full scan (the reference of
     :meth:`NgramIndex.propose_branches`): longest suffix n-gram first, most recent match first,
-    distinct continuations of ``max(1, gamma // branches)`` tokens (padded as :func:`lookup` pads).
+    each beginning with another token than those before it, chain ``i`` cut to
+    ``fan_depths(gamma, branches)[i]`` tokens (padded as :func:`lookup` pads).
     """
     if gamma == 0:
         return []
     seq = seq[-cfg.window :]
-    length, cut = seq.shape[0], max(1, gamma // cfg.branches)
+    length, cuts = seq.shape[0], fan_depths(gamma, cfg.branches)
     found: list[list[int]] = []
     for n in range(min(cfg.max_ngram, length - 1), cfg.min_ngram - 1, -1):
         windows = seq[: length - 1].unfold(0, n, 1)
         hits = (windows == seq[length - n :]).all(dim=1).nonzero().squeeze(1)
         for start in reversed(hits[hits + n < length].tolist()):
-            _add(found, _fit(seq[start + n : start + n + cut].tolist(), cut, cfg), cfg.branches)
+            if len(found) == len(cuts):
+                break
+            cut = cuts[len(found)]
+            _add(found, _fit(seq[start + n : start + n + cut].tolist(), cut, cfg))
     if not found and cfg.fill:
-        found.append(_fit([int(seq[-1])] if length else [0], cut, cfg))
+        found.append(_fit([int(seq[-1])] if length else [0], cuts[0], cfg))
     return found
 
 
-def _add(found: list[list[int]], branch: list[int], most: int) -> None:
-    if len(found) < most and branch not in found:
+def _add(found: list[list[int]], branch: list[int]) -> None:
+    """A branch opens a new chain only with a first token no chain has: after a rejected
+    sibling its token has no probability left, so a second chain behind it is never accepted."""
+    if all(f[0] != branch[0] for f in found):
         found.append(branch)
 
 
@@ -132,15 +144,16 @@ class NgramIndex:
         seq, cfg, length = self.seq, self.cfg, len(self.seq)
         if gamma == 0:
             return []
-        first, cut = length - cfg.window, max(1, gamma // cfg.branches)
+        first, cuts = length - cfg.window, fan_depths(gamma, cfg.branches)
         found: list[list[int]] = []
         for n in range(min(cfg.max_ngram, length - 1), cfg.min_ngram - 1, -1):
             for start in reversed(self.recent.get(tuple(seq[length - n :]), [])):
-                if start < first or len(found) == cfg.branches:
+                if start < first or len(found) == len(cuts):
                     break
-                _add(found, _fit(seq[start + n : start + n + cut], cut, cfg), cfg.branches)
+                cut = cuts[len(found)]
+                _add(found, _fit(seq[start + n : start + n + cut], cut, cfg))
         if not found and cfg.fill:
-            found.append(_fit([seq[-1]] if length else [0], cut, cfg))
+            found.append(_fit([seq[-1]] if length else [0], cuts[0], cfg))
         return found
 
 
@@ -180,7 +193,8 @@ class PromptLookupDraft:
                 index.extend(ids[b, len(index.seq) : n].tolist())
         if self.proposes_trees:
             branches = [index.propose_branches(gamma) for index in self._rows]
-            return _tree_draft(branches, [int(ids[b, n - 1]) for b, n in enumerate(lengths)], gamma)
+            return fan_draft(branches, [int(ids[b, n - 1]) for b, n in enumerate(lengths)],
+                             fan_depths(gamma, self.config.branches))
         rows = [index.propose(gamma) for index in self._rows]
         width = max(len(r) for r in rows)  # rows alike: shorter matches repeat their last token
         if width == 0:  # no row matched: a plain step (this runs before every step a lookup gates)
@@ -194,66 +208,6 @@ class PromptLookupDraft:
 
     def rollback_path(self, paths: torch.Tensor) -> None:
         """Nothing to undo after a tree either."""
-
-
-Trie = list[tuple[int, "Trie"]]  # (token, children), children eldest first
-
-
-def _trie(branches: list[list[int]]) -> Trie:
-    """The branches merged so that shared prefixes are one node (first-seen order)."""
-    root: Trie = []
-    for branch in branches:
-        level = root
-        for token in branch:
-            kid = next((k for k in level if k[0] == token), None)
-            if kid is None:
-                kid = (token, [])
-                level.append(kid)
-            level = kid[1]
-    return root
-
-
-def _shape(tries: list[Trie]) -> list[tuple[int, ...]]:
-    """The union of the tries by child index, as child-index paths in preorder (parents first)."""
-    out: list[tuple[int, ...]] = []
-
-    def walk(levels: list[Trie], prefix: tuple[int, ...]) -> None:
-        for i in range(max((len(t) for t in levels), default=0)):
-            out.append((*prefix, i))
-            walk([t[i][1] for t in levels if i < len(t)], (*prefix, i))
-
-    walk(tries, ())
-    return out
-
-
-def _tree_draft(rows: list[list[list[int]]], last: list[int], gamma: int) -> Draft:
-    """One tree shape for the batch (cut to ``gamma`` nodes in preorder, which keeps parents
-    before children); a chain shape is proposed as a chain."""
-    tries = [_trie(r) for r in rows]
-    shape = _shape(tries)[:gamma]
-    if not shape:
-        return Draft(tokens=torch.empty((len(rows), 0), dtype=torch.long), probs=None)
-    index = {path: n for n, path in enumerate(shape)}
-    parents = [index[path[:-1]] if len(path) > 1 else -1 for path in shape]
-    tokens = torch.empty((len(rows), len(shape)), dtype=torch.long)
-    for b, trie in enumerate(tries):
-        for n, path in enumerate(shape):
-            tokens[b, n] = _token_at(trie, path, tokens[b, parents[n]] if parents[n] >= 0 else last[b])
-    if parents == list(range(-1, len(shape) - 1)):
-        return Draft(tokens=tokens, probs=None)
-    return Draft(tokens=tokens, probs=None, parents=torch.tensor(parents, dtype=torch.long))
-
-
-def _token_at(trie: Trie, path: tuple[int, ...], fill: torch.Tensor | int) -> int:
-    """The row's token at the child-index ``path``, or ``fill`` (its parent's token) where it has none."""
-    level = trie
-    for depth, i in enumerate(path):
-        if i >= len(level):
-            return int(fill)
-        token, level = level[i][0], level[i][1]
-        if depth == len(path) - 1:
-            return token
-    return int(fill)
 
 
 def make(config: LookupConfig, context: Any) -> PromptLookupDraft:

@@ -8,10 +8,13 @@ tokens, at least ``min_match``), token by token, while the product of the contin
 count ratios (the score) stays at or above ``min_score``; so a row with little evidence
 proposes fewer tokens or none.
 
-With ``branches = k > 1`` a row proposes a tree instead (:meth:`SuffixTree.propose_tree`):
-up to ``k`` of each node's most frequent continuations, the best-scored first, each
-branch held to ``min_score``, ``gamma`` nodes at most. The batch shares one tree shape,
-the union of the rows' trees (:func:`tree_draft`).
+With ``branches = k > 1`` a row proposes a tree instead, a *fan*
+(:func:`flashspec_core.tree.fan_depths`, :meth:`SuffixTree.propose_fan`): one chain per
+most frequent continuation of its suffix, up to ``k``, each going on as the chain does
+and held to ``min_score``; the first chain gets the nodes the others leave over, the
+others ``gamma // k`` each. The batch's tree is the first ``j`` chains of the fan, ``j``
+the most any row has, so an arm proposes at most ``k`` tree shapes (a target capturing a
+CUDA graph per shape captures those few, not one per step).
 
 Deterministic and weightless: the proposal is a function of the sequences this provider
 has seen (the batch's and earlier requests'), never of the step's random draws, so its
@@ -29,7 +32,8 @@ import attrs
 import torch
 
 from flashspec_core import Draft, SamplingParams
-from flashspec_suffix.tree import Proposed, Row, SuffixTree
+from flashspec_core.tree import fan_depths, fan_draft
+from flashspec_suffix.tree import Row, SuffixTree
 
 MAX_MATCH = 256  # longest allowed max_match: each token a row appends costs O(max_match)
 MAX_BRANCHES = 64  # as many as an arm's largest gamma has nodes
@@ -117,8 +121,9 @@ class SuffixDraft:
         self._catch_up(tokens, lengths)
         cfg, last = self.config, [row.ids[-1] if row.ids else 0 for row in self._rows]
         if self.proposes_trees:
-            trees = [self.tree.propose_tree(row, gamma, cfg.min_match, cfg.min_score, cfg.branches) for row in self._rows]
-            return tree_draft(trees, last, gamma)
+            depths = fan_depths(gamma, cfg.branches)
+            fans = [self.tree.propose_fan(row, depths, cfg.min_match, cfg.min_score) for row in self._rows]
+            return fan_draft(fans, last, depths)
         rows = [self.tree.propose(row, gamma, cfg.min_match, cfg.min_score) for row in self._rows]
         width = max((len(r) for r in rows), default=0)
         if width == 0:  # no row has a continuation it trusts: a plain step
@@ -152,43 +157,6 @@ class SuffixDraft:
             if n > have:
                 self.tree.append(row, ids[b, have:n].tolist())
         self.tree.evict(self.config.max_tokens)
-
-
-def tree_draft(trees: Sequence[Sequence[Proposed]], last: Sequence[int], gamma: int) -> Draft:
-    """One tree shape for the batch: the union of the rows' trees, a node being its path of
-    sibling ranks, scored with its best row's score and cut to the ``gamma`` best (ties: the
-    shallower, then the lower ranks, which keeps parents before children). A row without a
-    node repeats its parent's token there (or its last token, ``last[b]``); a chain shape is
-    proposed as a chain."""
-    rows = [_by_rank(tree) for tree in trees]
-    best: dict[tuple[int, ...], float] = {}
-    for row in rows:
-        for rank, (_, score) in row.items():
-            best[rank] = max(best.get(rank, 0.0), score)
-    shape = sorted(best, key=lambda rank: (-best[rank], len(rank), rank))[:gamma]
-    if not shape:
-        return Draft(tokens=torch.empty((len(rows), 0), dtype=torch.long), probs=None)
-    index = {rank: n for n, rank in enumerate(shape)}
-    parents = [index[rank[:-1]] if len(rank) > 1 else -1 for rank in shape]
-    tokens = [[0] * len(shape) for _ in rows]
-    for b, row in enumerate(rows):
-        for n, rank in enumerate(shape):
-            fill = tokens[b][parents[n]] if parents[n] >= 0 else last[b]
-            tokens[b][n] = row[rank][0] if rank in row else fill
-    chain = parents == list(range(-1, len(shape) - 1))
-    return Draft(tokens=torch.tensor(tokens, dtype=torch.long), probs=None,
-                 parents=None if chain else torch.tensor(parents, dtype=torch.long))
-
-
-def _by_rank(tree: Sequence[Proposed]) -> dict[tuple[int, ...], tuple[int, float]]:
-    """A row's tree keyed by each node's path of sibling ranks: token and score."""
-    paths: list[tuple[int, ...]] = []
-    kids: dict[int, int] = {}  # parent -> children seen so far
-    for node in tree:
-        rank = kids.get(node.parent, 0)
-        kids[node.parent] = rank + 1
-        paths.append((*(paths[node.parent] if node.parent >= 0 else ()), rank))
-    return {path: (node.token, node.score) for path, node in zip(paths, tree, strict=True)}
 
 
 def make(config: SuffixConfig, context: Any) -> SuffixDraft:

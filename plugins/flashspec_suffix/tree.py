@@ -181,9 +181,33 @@ class SuffixTree:
         start = self._match(row, min_match)
         if start is None or gamma == 0:
             return []
+        return self._walk(row, [], start, self._hi[start], 1.0, gamma, min_score)
+
+    def propose_fan(self, row: Row, depths: Sequence[int], min_match: int, min_score: float) -> list[list[int]]:
+        """Up to ``len(depths)`` chains, one per most frequent continuation of the row's longest
+        matched suffix (matched as :meth:`propose` matches it), best first.
+
+        Chain ``i`` begins with the ``i``-th most frequent continuation (ties: the newest),
+        scored with its share of them, dropped below ``min_score``, and goes on as
+        :meth:`propose` goes on from there, up to ``depths[i]`` tokens. The first chain is
+        :meth:`propose`'s proposal (up to ``depths[0]`` tokens).
+        """
+        start = self._match(row, min_match)
+        if start is None or not depths:
+            return []
+        d = self._hi[start]
+        chains = []
+        for (kid, share), depth in zip(self._most_frequent(start, len(depths)), depths, strict=False):
+            if share < min_score or depth == 0:
+                break
+            chains.append(self._walk(row, [self._token(kid, d)], kid, d + 1, share, depth, min_score))
+        return chains
+
+    def _walk(self, row: Row, out: list[int], node: int, d: int, score: float, gamma: int,
+              min_score: float) -> list[int]:
+        """``out`` grown greedily to ``gamma`` tokens from a pattern that ends at depth ``d`` of
+        ``node``'s edge, with the score so far."""
         hi = self._hi
-        out: list[int] = []
-        node, d, score = start, hi[start], 1.0
         while len(out) < gamma:
             if d == self.depth:
                 node, d = self._reanchor(row, out)

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
+from _tiny import tiny_lm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flashspec_core import SamplingParams
+from flashspec_core.build import build_pipeline
+from flashspec_core.tree import fan_depths, fan_parents
 from flashspec_lookup.lookup import LookupConfig, NgramIndex, NoDraft, PromptLookupDraft, lookup, lookup_branches
 
 
@@ -109,30 +115,82 @@ def test_branches_from_the_index_are_those_of_a_full_scan(
         assert index.propose_branches(gamma) == lookup_branches(_t(seq[:n]), gamma, cfg)
 
 
-def test_branches_are_recent_distinct_matches_cut_to_gamma_over_k() -> None:
+def test_branches_are_recent_matches_with_distinct_first_tokens() -> None:
     seq = _t([1, 2, 3, 4, 1, 2, 5, 6, 7, 1, 2, 5, 6, 8, 1, 2])
-    # (1, 2) was followed by 5 6 8, 5 6 7, 3 4 1: most recent first, 6 // 2 = 3 tokens each
-    assert lookup_branches(seq, 6, LookupConfig(branches=2)) == [[5, 6, 8], [5, 6, 7]]
-    assert lookup_branches(seq, 9, LookupConfig(branches=3)) == [[5, 6, 8], [5, 6, 7], [3, 4, 1]]
+    # (1, 2) was followed by 5 6 8, 5 6 7, 3 4 1: most recent first, 6 // 2 = 3 tokens each;
+    # 5 6 7 begins as 5 6 8 does, so it opens no chain of its own
+    assert lookup_branches(seq, 6, LookupConfig(branches=2)) == [[5, 6, 8], [3, 4, 1]]
+    assert lookup_branches(seq, 9, LookupConfig(branches=3)) == [[5, 6, 8], [3, 4, 1]]
+    # the first chain takes the nodes the others leave over: 8 = 4 + 2 + 2
+    assert lookup_branches(seq, 8, LookupConfig(branches=3)) == [[5, 6, 8, 1], [3, 4]]
     assert lookup_branches(_t([4, 5, 6]), 4, LookupConfig(branches=2, fill=False)) == []
     assert lookup_branches(_t([4, 5, 6]), 4, LookupConfig(branches=2)) == [[6, 6]]
 
 
-def test_tree_proposal_merges_shared_prefixes_and_shares_one_shape() -> None:
+def test_a_tree_proposal_is_a_fan_of_chains_the_batch_shares() -> None:
     draft = PromptLookupDraft(LookupConfig(branches=2))
     assert draft.proposes_trees and not PromptLookupDraft(LookupConfig()).proposes_trees
     rows = [[1, 2, 3, 4, 1, 2, 5, 6, 7, 1, 2, 5, 6, 8, 1, 2], [9, 3, 9, 4, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 3, 9]]
     out = draft.propose(_t(rows), [16, 16], 6, SamplingParams(), None)
     assert out.probs is None and out.parents is not None
-    # row 0's trie: 5 -> 6 -> {8, 7}; row 1's: {4 -> 9 -> 9, 3 -> 9 -> 9}; their union by child
-    # index has 7 nodes in preorder, cut to gamma = 6; a row fills a node it lacks with its parent's token
-    assert out.parents.tolist() == [-1, 0, 1, 1, -1, 4]
-    assert out.tokens.tolist() == [[5, 6, 8, 7, 2, 2], [4, 9, 9, 9, 3, 9]]
+    # row 0: 5 6 8 | 3 4 1; row 1: (9 3 9) was followed by 4 9 9, (9) last by 3 9 (padded)
+    assert out.parents.tolist() == [-1, 0, 1, -1, 3, 4]
+    assert out.tokens.tolist() == [[5, 6, 8, 3, 4, 1], [4, 9, 9, 3, 9, 9]]
+    draft.reset()
+    one = draft.propose(_t([rows[0], [9] * 15 + [3]]), [16, 16], 6, SamplingParams(), None)
+    assert one.tokens.tolist()[1] == [3, 3, 3, 3, 3, 3]  # a row without a match: its last token, its parent's
     narrow = draft.propose(_t(rows), [16, 16], 4, SamplingParams(), None)
-    assert narrow.tokens.shape[1] == 4 and narrow.parents is not None and narrow.parents.tolist() == [-1, 0, -1, 2]
+    assert narrow.parents is not None and narrow.parents.tolist() == [-1, 0, -1, 2]
 
 
 def test_a_tree_of_one_branch_in_every_row_is_proposed_as_a_chain() -> None:
     draft = PromptLookupDraft(LookupConfig(branches=3))
     out = draft.propose(_t([[1, 2, 3, 1, 2]]), [5], 6, SamplingParams(), None)
     assert out.parents is None and out.tokens.tolist() == [[3, 1]]
+
+
+# --- on the pipeline: a few tree shapes, the target's greedy output -------------------------
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A context-dependent V = 16 model (init 0.3), saved in float32."""
+    return tiny_lm(tmp_path_factory.mktemp("lookup") / "target", vocab=16, seed=0, init=0.3, dtype=torch.float32)
+
+
+def _pipeline(target: Path, arm: dict[str, Any]) -> Any:
+    return build_pipeline({
+        "target": {"model": str(target), "dtype": "float32", "chat_template": False},
+        "arm": [arm],
+        "verifier": {"use": "reference"},
+        "selector": {"use": "fixed"},
+    })
+
+
+@pytest.mark.parametrize(("gamma", "branches"), [(6, 2), (12, 3), (7, 3)])
+def test_a_tree_arm_proposes_few_shapes_and_the_targets_greedy_output(target: Path, gamma: int, branches: int) -> None:
+    """A target that captures a CUDA graph per tree shape meets at most ``branches`` of them
+    (the fan's first j chains), however long the run; the output is the target's alone."""
+    alone = _pipeline(target, {"use": "none"})
+    pipe = _pipeline(target, {"use": "prompt_lookup", "gamma": gamma, "branches": branches, "fill": False})
+    shapes: set[tuple[int, ...]] = set()
+    score, score_tree = pipe.target.score, pipe.target.score_tree
+
+    def chain(tokens: Any, lengths: Any, ids: torch.Tensor) -> Any:
+        shapes.add(tuple(range(-1, ids.shape[1] - 1)))
+        return score(tokens, lengths, ids)
+
+    def tree(tokens: Any, lengths: Any, ids: torch.Tensor, parents: torch.Tensor) -> Any:
+        shapes.add(tuple(parents.tolist()))
+        return score_tree(tokens, lengths, ids, parents)
+
+    pipe.target.score, pipe.target.score_tree = chain, tree
+    prompts = [[1, 2, 3, 4, 5, 1, 2, 3, 6, 1, 2], [3, 4, 3, 5, 3, 4], [7, 8, 9, 1, 2, 3, 4, 5, 6, 2, 11, 7, 8]]
+    accepted = 0
+    for batch in ([prompts[0]], prompts, prompts[1:]):
+        result = pipe.generate(batch, max_new_tokens=60)
+        assert result.token_ids == alone.generate(batch, max_new_tokens=60).token_ids
+        accepted += sum(n for step in result.steps for n in step.accepted)
+    fans = {tuple(fan_parents(fan_depths(gamma, branches)[:j])) for j in range(1, branches + 1)}
+    assert shapes <= fans | {()}  # () : a plain step (no match in any row)
+    assert len(shapes - {()}) >= 2 and accepted > 20  # trees ran, and were accepted

@@ -18,7 +18,8 @@ from flashspec_core.build import build_pipeline
 from flashspec_core.config import ConfigError, parse_config
 from flashspec_core.registry import build_registry
 from flashspec_core.testing import draft_contract as dc
-from flashspec_suffix.suffix import SuffixConfig, SuffixDraft, tree_draft
+from flashspec_core.tree import fan_depths, fan_draft, fan_parents
+from flashspec_suffix.suffix import SuffixConfig, SuffixDraft
 from flashspec_suffix.tree import Proposed, Row, SuffixTree
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -354,21 +355,31 @@ def test_with_a_corpus_earlier_requests_change_the_proposal() -> None:
         dc.check_script(lambda: SuffixDraft(SuffixConfig(min_match=1)), 16, GREEDY, token_range=3)
 
 
-def test_the_batch_shares_the_union_of_the_rows_trees() -> None:
-    """A node is its path of sibling ranks, scored by its best row; a row lacking a node
-    repeats its parent's token (or its own last token) there."""
-    a = [Proposed(-1, 3, 0.5), Proposed(-1, 4, 0.3), Proposed(0, 7, 0.3)]
-    b = [Proposed(-1, 5, 0.9), Proposed(0, 6, 0.2)]
-    draft = tree_draft([a, b], [10, 11], 8)
-    assert draft.parents is not None and draft.parents.tolist() == [-1, -1, 0]  # (0) 0.9, (1) 0.3, (0 0) 0.3
-    assert draft.tokens.tolist() == [[3, 4, 7], [5, 11, 6]] and draft.probs is None
-    cut = tree_draft([a, b], [10, 11], 2)
-    assert cut.parents is not None and cut.parents.tolist() == [-1, -1] and cut.tokens.tolist() == [[3, 4], [5, 11]]
-    chain = tree_draft([[Proposed(-1, 3, 1.0), Proposed(0, 4, 0.5)], []], [10, 11], 8)
-    assert chain.parents is None and chain.tokens.tolist() == [[3, 4], [11, 11]]  # a chain shape: a chain
-    assert tree_draft([[], []], [10, 11], 8).tokens.shape == (2, 0)
-    deep = tree_draft([[Proposed(-1, 1, 0.4), Proposed(0, 2, 0.4), Proposed(-1, 3, 0.4)]], [0], 3)
-    assert deep.parents is not None and deep.parents.tolist() == [-1, -1, 0]  # ties: shallower first, parents first
+def test_the_batch_shares_the_smallest_fan_holding_every_rows_chains() -> None:
+    """The fan's first j chains, j the most any row has; a row lacking a slot repeats its
+    parent's token (or, for a whole chain, its own last token) there."""
+    assert fan_depths(6, 2) == (3, 3) and fan_depths(8, 3) == (4, 2, 2) and fan_depths(2, 3) == (1, 1)
+    assert fan_depths(5, 1) == (5,) and fan_depths(0, 2) == ()
+    assert fan_parents((3, 2)) == [-1, 0, 1, -1, 3]
+    draft = fan_draft([[[3, 7], [4]], [[5, 6, 1, 2, 9]]], [10, 11], (4, 2, 2))
+    assert draft.parents is not None and draft.parents.tolist() == [-1, 0, 1, 2, -1, 4]
+    assert draft.tokens.tolist() == [[3, 7, 7, 7, 4, 4], [5, 6, 1, 2, 11, 11]] and draft.probs is None
+    chain = fan_draft([[[3, 4]], []], [10, 11], (4, 2, 2))
+    assert chain.parents is None and chain.tokens.tolist() == [[3, 4, 4, 4], [11, 11, 11, 11]]
+    assert fan_draft([[], []], [10, 11], (4, 2, 2)).tokens.shape == (2, 0)
+
+
+def test_a_fan_begins_with_the_chain_and_takes_the_most_frequent_continuations() -> None:
+    # After (1 2): 3 three times, 4 twice, 5 once; after (1 2 3): 7 twice, 8 once; after (1 2 4): 9.
+    tree = _tree(8, [1, 2, 3, 7], [1, 2, 3, 7], [1, 2, 3, 8], [1, 2, 4, 9], [1, 2, 4, 9], [1, 2, 5])
+    row = tree.open()
+    tree.append(row, [0, 1, 2])
+    assert tree.propose_fan(row, (3, 2, 2), 2, 0.1) == [[3, 7], [4, 9], [5]]
+    assert tree.propose_fan(row, (3, 2, 2), 2, 0.1)[0] == tree.propose(row, 3, 2, 0.1)
+    assert tree.propose_fan(row, (3, 2, 2), 2, 0.2) == [[3, 7], [4, 9]]  # each chain held to min_score
+    assert tree.propose_fan(row, (3, 2, 2), 2, 0.4) == [[3]]
+    assert tree.propose_fan(row, (1, 1), 2, 0.1) == [[3], [4]]
+    assert tree.propose_fan(row, (), 2, 0.1) == [] and tree.propose_fan(row, (3, 2), 3, 0.1) == []
 
 
 def test_a_tree_draft_is_deterministic_and_each_row_keeps_its_own_tree() -> None:
@@ -378,9 +389,9 @@ def test_a_tree_draft_is_deterministic_and_each_row_keeps_its_own_tree() -> None
     draft.reset()
     tokens, lengths = _batch([5, 1, 2], [6, 4])
     got = draft.propose(tokens, lengths, 6, GREEDY, None)
-    # Row 0 after (1 2): 3 (3/4), then 7 (3/4 * 2/3), 4 (1/4), 8 (3/4 * 1/3), 9 (1/4); row 1 after (4): 9 (1).
-    assert got.parents is not None and got.parents.tolist() == [-1, 0, -1, 0, 2]
-    assert got.tokens.tolist() == [[3, 7, 4, 8, 9], [9, 9, 4, 9, 4]]  # row 1 repeats a parent's token, or its 4
+    # Row 0 after (1 2): 3 (3/4) then 7 (2/3), and 4 (1/4) then 9; row 1 after (4): 9 (1).
+    assert got.parents is not None and got.parents.tolist() == [-1, 0, 1, -1, 3, 4]
+    assert got.tokens.tolist() == [[3, 7, 7, 4, 9, 9], [9, 9, 9, 4, 4, 4]]  # row 1 repeats 9, then its 4
     assert got.probs is None
     again = draft.propose(tokens, lengths, 6, SamplingParams(temperature=0.7), torch.Generator().manual_seed(1))
     assert torch.equal(got.tokens, again.tokens) and again.parents is not None
@@ -388,7 +399,7 @@ def test_a_tree_draft_is_deterministic_and_each_row_keeps_its_own_tree() -> None
     draft.rollback_path(torch.tensor([[2, 4], [-1, -1]]))  # nothing to undo: the same sequences propose the same
     assert torch.equal(draft.propose(tokens, lengths, 6, GREEDY, None).tokens, got.tokens)
     narrow = draft.propose(tokens, lengths, 3, GREEDY, None)
-    assert narrow.parents is not None and narrow.parents.tolist() == [-1, 0, -1]  # gamma bounds the union
+    assert narrow.parents is not None and narrow.parents.tolist() == [-1, 0, -1]  # gamma bounds the fan
 
 
 def test_a_tree_draft_meets_the_per_request_contract() -> None:
@@ -471,10 +482,11 @@ def test_greedy_tree_output_is_the_target_alone(target: Path, branches: int) -> 
     """The hf target scores the suffix trees and the reference verifier walks them."""
     alone = _pipeline(target, {"use": "none"})
     suffix = _pipeline(target, {"use": "suffix", "gamma": 6, "min_match": 1, "branches": branches})
-    trees, score_tree = [0], suffix.target.score_tree
+    trees, score_tree, shapes = [0], suffix.target.score_tree, set()
 
     def counted(*args: Any) -> Any:
         trees[0] += 1
+        shapes.add(tuple(args[3].tolist()))
         return score_tree(*args)
 
     suffix.target.score_tree = counted
@@ -485,6 +497,8 @@ def test_greedy_tree_output_is_the_target_alone(target: Path, branches: int) -> 
         assert result.token_ids == want
         accepted += sum(n for step in result.steps for n in step.accepted)
     assert trees[0] > 10 and accepted > 40  # trees ran, and were accepted along their paths
+    # a target capturing a graph per tree shape meets only the fan's first j chains, j >= 2
+    assert shapes <= {tuple(fan_parents(fan_depths(6, branches)[:j])) for j in range(2, branches + 1)}
     sampled = suffix.generate(PROMPTS, max_new_tokens=12, temperature=0.9, top_k=6, seed=3)
     assert all(0 < len(ids) <= 12 and all(0 <= t < 16 for t in ids) for ids in sampled.token_ids)
 
