@@ -8,8 +8,16 @@ from typing import Any
 
 import torch
 
-from flashspec_core.config import ComponentChoice, PipelineConfig, load_config, parse_config
-from flashspec_core.contracts import ComponentKind, DraftContext, DraftProvider, StepRecord, Target, Verifier
+from flashspec_core.config import ComponentChoice, ConfigError, PipelineConfig, load_config, parse_config
+from flashspec_core.contracts import (
+    ComponentKind,
+    DraftContext,
+    DraftProvider,
+    ObservesSteps,
+    StepRecord,
+    Target,
+    Verifier,
+)
 from flashspec_core.logs import run_logger
 from flashspec_core.pipeline import Pipeline
 from flashspec_core.policy import Arm, PolicySettings, StepPolicy
@@ -34,6 +42,7 @@ def build_pipeline(
     registry = registry or build_registry()
     if not isinstance(config, PipelineConfig):
         config = parse_config(dict(config), registry)
+    _check_selector_buckets(config, registry)
     say = progress or (lambda _msg: None)
     say(f"loading target ({_describe(config.target)})")
     target: Target = registry.get("target", config.target.use).factory(config.target.config)
@@ -71,6 +80,19 @@ def build_pipeline(
     pipeline = Pipeline(target, verifier, policy, config, logger, on_step, origins)
     hook.flashspec_pipeline_built(pipeline=pipeline)
     return pipeline
+
+
+def _check_selector_buckets(config: PipelineConfig, registry: Registry) -> None:
+    """Refuse, before any model loads, a selector that sees every step's live rows split by batch_buckets:
+    one copy per bucket would divide what it learns across batch sizes."""
+    if len(config.batch_buckets) < 2:
+        return
+    probe = registry.get("selector", config.selector.use).factory(config.selector.config,
+                                                                  max(sum(a.select for a in config.arms), 1))
+    if isinstance(probe, ObservesSteps):
+        raise ConfigError(config.source, "selector", "batch_buckets",
+                          f"selector {config.selector.use!r} conditions on the batch size itself (it sees every "
+                          f"step's live rows): drop batch_buckets (got {list(config.batch_buckets)})")
 
 
 def _verifier(registry: Registry, choice: ComponentChoice, device: torch.device) -> tuple[str, Verifier]:

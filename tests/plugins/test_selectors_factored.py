@@ -7,6 +7,7 @@ import pytest
 from _tiny import pipeline_dict, tiny_family
 
 from flashspec_core.build import build_pipeline
+from flashspec_core.config import ConfigError
 from flashspec_core.contracts import ObservesSteps
 from flashspec_core.policy import Arm, NoDraft, PolicySettings, StepPolicy
 from flashspec_core.registry import build_registry
@@ -172,3 +173,16 @@ def test_factored_in_a_pipeline_learns_from_every_chosen_step(tmp_path_factory: 
     selector = pipe.selector
     assert isinstance(selector, Factored)
     assert selector.steps.sum() > 0 and selector.acc[0].sum() >= selector.steps.sum()  # rows per step seen
+
+
+def test_batch_buckets_with_factored_are_refused_before_any_model_loads(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    tiny = tiny_family(tmp_path_factory.mktemp("factored_buckets"))
+    said: list[str] = []  # build_pipeline reports each load here, the target's first
+    config = pipeline_dict(tiny["target"], [], "factored", batch_buckets=[1, 8])
+    with pytest.raises(ConfigError, match=r"\[selector\] key 'batch_buckets'.*drop batch_buckets"):
+        build_pipeline(config, build_registry(autoload=False), progress=said.append)
+    assert said == []
+    build_pipeline(pipeline_dict(tiny["target"], [], "factored"), build_registry(autoload=False), progress=said.append)
+    assert said and said[0].startswith("loading target")
