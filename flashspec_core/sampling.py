@@ -256,6 +256,24 @@ def verify_rows(
                         num_accepted=verdict.num_accepted.index_copy(0, index, coupled.num_accepted))
 
 
+class RowsOverVerify:
+    """Mixin for a verifier whose ``verify`` is exact: its ``verify_rows``
+    (:class:`~flashspec_core.contracts.VerifiesRows`) is :func:`verify_rows` over that ``verify``."""
+
+    verify: VerifyFn
+
+    def verify_rows(
+        self,
+        target_logits: torch.Tensor,  # [B, gamma+1, V]
+        draft_tokens: torch.Tensor,  # [B, gamma] int64
+        draft_probs: torch.Tensor | None,  # [B, gamma, V] or None
+        rows: RowSampling,
+        generator: torch.Generator | None,
+    ) -> Verdict:
+        """Per-row settings and seeds (:func:`verify_rows` over ``self.verify``)."""
+        return verify_rows(target_logits, draft_tokens, draft_probs, rows, generator, self.verify)
+
+
 def _as_int64(seed: int | None) -> int:
     """A seed as a signed 64-bit value (seeds are taken modulo 2^64)."""
     value = int(seed or 0) & ((1 << 64) - 1)

@@ -1,5 +1,5 @@
 """The tiny models of :mod:`flashspec_core.testing.tiny`, under the name the tests import."""
 
-from flashspec_core.testing.tiny import perturbed_lm, pipeline_dict, tiny_family, tiny_lm, tiny_tokenizer
+from flashspec_core.testing.tiny import one_arm_dict, perturbed_lm, pipeline_dict, tiny_family, tiny_lm, tiny_tokenizer
 
-__all__ = ["perturbed_lm", "pipeline_dict", "tiny_family", "tiny_lm", "tiny_tokenizer"]
+__all__ = ["one_arm_dict", "perturbed_lm", "pipeline_dict", "tiny_family", "tiny_lm", "tiny_tokenizer"]

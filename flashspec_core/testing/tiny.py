@@ -122,6 +122,17 @@ def pipeline_dict(
     }
 
 
+def one_arm_dict(target: Path, arm: dict[str, Any]) -> dict[str, Any]:
+    """A build_pipeline() dict: float32 ``target`` (no chat template), the one ``arm``, the
+    reference verifier and the fixed selector."""
+    return {
+        "target": {"model": str(target), "dtype": "float32", "chat_template": False},
+        "arm": [arm],
+        "verifier": {"use": "reference"},
+        "selector": {"use": "fixed"},
+    }
+
+
 def tiny_family(root: Path) -> dict[str, Path]:
     """A peaked V = 16 target, a close draft (its perturbed copy) and an unrelated one-layer draft."""
     target = tiny_lm(root / "target", vocab=16, seed=0, scale=8.0)

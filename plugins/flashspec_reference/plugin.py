@@ -22,12 +22,18 @@ import torch
 
 from flashspec_core import ComponentSpec, SamplingParams, Verdict, Verifier, hookimpl
 from flashspec_core.checks import flagged, verifier_inputs
-from flashspec_core.contracts import RowSampling
-from flashspec_core.sampling import Noise, filter_logits, probs_from_logits, verify_greedy, verify_random, verify_rows
+from flashspec_core.sampling import (
+    Noise,
+    RowsOverVerify,
+    filter_logits,
+    probs_from_logits,
+    verify_greedy,
+    verify_random,
+)
 from flashspec_core.tree import TreeDraft, TreeVerdict, verify_tree_greedy, verify_tree_random
 
 
-class ReferenceVerifier:
+class ReferenceVerifier(RowsOverVerify):
     """Rejection sampling in plain torch (see :mod:`flashspec_core.sampling`)."""
 
     def verify(
@@ -44,17 +50,6 @@ class ReferenceVerifier:
         batch, gamma = draft_tokens.shape
         noise = Noise.draw(batch, gamma, target_logits.shape[-1], generator, target_logits.device)
         return flagged(verify_random(target_logits, draft_tokens, draft_probs, sampling, noise), flags)
-
-    def verify_rows(
-        self,
-        target_logits: torch.Tensor,  # [B, gamma+1, V]
-        draft_tokens: torch.Tensor,  # [B, gamma] int64
-        draft_probs: torch.Tensor | None,  # [B, gamma, V] or None
-        rows: RowSampling,
-        generator: torch.Generator | None,
-    ) -> Verdict:
-        """Per-row settings and seeds (:func:`flashspec_core.sampling.verify_rows` over :meth:`verify`)."""
-        return verify_rows(target_logits, draft_tokens, draft_probs, rows, generator, self.verify)
 
     def verify_with_noise(
         self,

@@ -40,8 +40,7 @@ import torch
 
 from flashspec_core import ComponentSpec, SamplingParams, Verdict, Verifier, hookimpl
 from flashspec_core.checks import draft_flags, flagged, verifier_inputs
-from flashspec_core.contracts import RowSampling
-from flashspec_core.sampling import Noise, verify_rows
+from flashspec_core.sampling import Noise, RowsOverVerify
 from flashspec_core.tree import TreeVerdict
 from flashspec_triton.stepgraphs import StepGraphs
 
@@ -64,7 +63,7 @@ class TritonVerifierConfig:
     graph_pin: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
 
-class TritonVerifier:
+class TritonVerifier(RowsOverVerify):
     """Rejection sampling in three Triton kernels (see :mod:`flashspec_kernels.verify`)."""
 
     def __init__(self, config: TritonVerifierConfig, device: torch.device | str | None = None) -> None:
@@ -91,17 +90,6 @@ class TritonVerifier:
             return self.verify_with_noise(target_logits, draft_tokens, draft_probs, sampling, noise)
         state = self._ops.new_philox_state(generator, target_logits.device)
         return self._run(target_logits, draft_tokens, draft_probs, sampling, None, state)
-
-    def verify_rows(
-        self,
-        target_logits: torch.Tensor,  # [B, gamma+1, V]
-        draft_tokens: torch.Tensor,  # [B, gamma] int64
-        draft_probs: torch.Tensor | None,  # [B, gamma, V] or None
-        rows: RowSampling,
-        generator: torch.Generator | None,
-    ) -> Verdict:
-        """Per-row settings and seeds (:func:`flashspec_core.sampling.verify_rows` over :meth:`verify`)."""
-        return verify_rows(target_logits, draft_tokens, draft_probs, rows, generator, self.verify)
 
     def verify_with_noise(
         self,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from _tiny import tiny_lm
+from _tiny import one_arm_dict, tiny_lm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -454,12 +454,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _pipeline(target: Path, arm: dict[str, Any]) -> Any:
-    return build_pipeline({
-        "target": {"model": str(target), "dtype": "float32", "chat_template": False},
-        "arm": [arm],
-        "verifier": {"use": "reference"},
-        "selector": {"use": "fixed"},
-    })
+    return build_pipeline(one_arm_dict(target, arm))
 
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2], [3, 4], [7, 8, 9, 1, 2, 3, 4, 5, 6, 2, 11]]
