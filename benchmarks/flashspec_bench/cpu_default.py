@@ -61,13 +61,13 @@ def target_only(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def schedule(prompts: int, repeats: int) -> list[tuple[int, str]]:
-    """(prompt index, system) in run order: repeat by repeat, prompt by prompt, both systems,
-    the first of each pair flipping at every pair so neither always runs on the warmer or
-    quieter side of a drift."""
+    """(prompt index, system) in run order: repeat by repeat, prompt by prompt, both systems;
+    the first of a pair flips from prompt to prompt and, for each prompt, from repeat to
+    repeat, so neither system always runs on the warmer or quieter side of a drift."""
     order = []
     for rep in range(repeats):
         for i in range(prompts):
-            pair = (DEFAULT, TARGET_ONLY) if (rep * prompts + i) % 2 == 0 else (TARGET_ONLY, DEFAULT)
+            pair = (DEFAULT, TARGET_ONLY) if (rep + i) % 2 == 0 else (TARGET_ONLY, DEFAULT)
             order += [(i, system) for system in pair]
     return order
 

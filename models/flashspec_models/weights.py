@@ -220,7 +220,7 @@ def _heartbeat(progress: bool, doing: str) -> Iterator[None]:
 
     def beat() -> None:
         while not done.wait(_HEARTBEAT_S):
-            _log(True, f"... {doing} ({time.monotonic() - start:.0f} s)")
+            _log(True, f"still {doing}: {time.monotonic() - start:.0f} s")
 
     thread = threading.Thread(target=beat, name="flashspec-heartbeat", daemon=True)
     thread.start()

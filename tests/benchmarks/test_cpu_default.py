@@ -24,8 +24,11 @@ def test_schedule_pairs_the_systems_and_flips_who_goes_first() -> None:
     pairs = [order[i : i + 2] for i in range(0, 12, 2)]
     assert all({s for _, s in pair} == {cd.DEFAULT, cd.TARGET_ONLY} and pair[0][0] == pair[1][0] for pair in pairs)
     firsts = [pair[0][1] for pair in pairs]
-    assert firsts == [cd.DEFAULT, cd.TARGET_ONLY] * 3
+    assert firsts == [cd.DEFAULT, cd.TARGET_ONLY, cd.DEFAULT, cd.TARGET_ONLY, cd.DEFAULT, cd.TARGET_ONLY]
     assert [pair[0][0] for pair in pairs] == [0, 1, 2, 0, 1, 2]
+    two = cd.schedule(prompts=2, repeats=2)  # each prompt's pair flips between repeats too
+    assert [two[k] for k in (0, 4)] == [(0, cd.DEFAULT), (0, cd.TARGET_ONLY)]
+    assert [two[k] for k in (2, 6)] == [(1, cd.TARGET_ONLY), (1, cd.DEFAULT)]
 
 
 def test_summarize_takes_medians_per_prompt_and_the_first_prompts_ratio() -> None:
