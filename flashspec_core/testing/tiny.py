@@ -33,7 +33,7 @@ Law = dict[tuple[int, ...], float]  # a token sequence -> its probability
 
 N = 12_000
 BATCH = 2000
-ALPHA = 1e-3  # per gate; 11 gates in the suite, so a false alarm in ~1% of clean runs at most
+ALPHA = 1e-3  # per gate: a clean gate fails with probability <= 1e-3, so k gates raise a false alarm in <= k per mille of clean runs
 PROMPT = [1, 2, 3, 1, 2]
 LENGTH = 3
 EOS = 15
