@@ -121,7 +121,6 @@ def _generate(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         log_file = stack.enter_context(_output("--log-json", log_target, args.append)) if log_target else None
         stack.enter_context(logs.configured("info" if args.verbose else "warning", log_file))
-        _say("importing torch and transformers")  # the arguments are checked; this import alone takes seconds
         from flashspec_core.build import load_pipeline
 
         pipeline = load_pipeline(config, progress=_say)

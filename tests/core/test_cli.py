@@ -40,8 +40,6 @@ def test_generate_streams_text_and_writes_json_log(tiny_config: Path, tmp_path: 
     captured = capsys.readouterr()
     assert captured.out.strip()  # the generated words
     assert "tokens/s" in captured.err and "mean accepted length" in captured.err
-    # the slow imports are announced before they start, then each load
-    assert 0 <= captured.err.find("[flashspec] importing torch") < captured.err.find("[flashspec] loading target")
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     steps = [entry for entry in lines if entry["event"] == "step"]
     assert steps and all("run_id" in e and "accepted" in e and "verify_ms" in e for e in steps)
