@@ -326,6 +326,53 @@ def test_a_proposal_is_a_function_of_the_sequences_whatever_was_accepted() -> No
         assert got == _propose(fresh, history[:n]), n
 
 
+def _fed_whole(config: SuffixConfig, requests: list[list[list[int]]], now: list[list[int]], gamma: int) -> Any:
+    """A provider built from scratch: each earlier request's rows given in one piece (as the
+    incremental provider last saw them), then the current rows."""
+    fresh = SuffixDraft(config)
+    for rows in requests:
+        fresh.propose(*_batch(*rows), gamma, GREEDY, None)
+        fresh.reset()
+    return fresh, fresh.propose(*_batch(*now), gamma, GREEDY, None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    requests=st.lists(st.lists(st.lists(st.lists(st.integers(0, 3), max_size=5), min_size=1, max_size=6),
+                               min_size=1, max_size=3), min_size=1, max_size=3),
+    max_match=st.sampled_from([2, 4, 16]),
+    branches=st.sampled_from([1, 2]),
+    max_tokens=st.sampled_from([0, 30, 1 << 20]),
+    gamma=st.integers(0, 5),
+)
+def test_fed_step_by_step_a_row_proposes_what_one_fed_whole_does(
+        requests: list[list[list[list[int]]]], max_match: int, branches: int, max_tokens: int, gamma: int) -> None:
+    """Requests of a few rows, each row growing by a chunk of any size (none too) per step:
+    at every step the provider that was fed only each step's new tokens proposes exactly
+    what one built from the whole sequences proposes, and holds the same corpus; a token
+    missed or fed twice changes the sequences it holds."""
+    config = SuffixConfig(max_match=max_match, min_match=1, max_tokens=max_tokens, branches=branches)
+    stepped = SuffixDraft(config)
+    done: list[list[list[int]]] = []
+    for chunks in requests:  # chunks[step][row]: the tokens a row gains at that step
+        rows = max(len(c) for c in chunks)
+        seqs: list[list[int]] = [[7 + b] for b in range(rows)]  # a row is never empty
+        for step in chunks:
+            for b, gained in enumerate(step):
+                seqs[b] += gained
+            got = stepped.propose(*_batch(*seqs), gamma, GREEDY, None)
+            stepped.rollback([0] * rows)
+            fresh, want = _fed_whole(config, done, seqs, gamma)
+            assert torch.equal(got.tokens, want.tokens)
+            assert (got.parents is None) == (want.parents is None)
+            assert got.parents is None or torch.equal(got.parents, want.parents)
+            assert _corpus(stepped.tree) == _corpus(fresh.tree)
+            assert [list(r.ids) for r in stepped._rows] == seqs
+        stepped.reset()
+        done.append([list(s) for s in seqs])
+    stepped.tree.check()
+
+
 def test_a_row_that_is_not_the_same_sequence_starts_over() -> None:
     draft = SuffixDraft(SuffixConfig(min_match=1, max_tokens=0))
     _propose(draft, [4, 5, 6, 4, 5])
