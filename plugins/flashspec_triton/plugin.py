@@ -117,23 +117,15 @@ class TritonVerifier(RowsOverVerify):
         if flags is not None:  # on an accelerator bad rows are only flagged: the kernels must not index by their ids
             tokens = tokens.clamp(0, logits.shape[-1] - 1)
         programs, draw = self.config.programs or None, self.config.philox_draw
-        has_q, has_noise, has_state = probs is not None, noise is not None, state is not None
+        inputs, present = _pack(logits, tokens, probs, noise, state)
 
         def step(*inputs: torch.Tensor) -> Verdict:
-            it = iter(inputs)
-            logits, tokens = next(it), next(it)
-            probs = next(it) if has_q else None
-            noise = Noise(uniform=next(it), exponential=next(it)) if has_noise else None
-            state = next(it) if has_state else None
+            logits, tokens, probs, noise, state = _unpack(inputs, present)
             return self._ops.verify_triton(
                 logits, tokens, probs, sampling, noise=noise, state=state, programs=programs, draw=draw
             )
 
-        inputs = [logits, tokens]
-        inputs += [probs] if probs is not None else []
-        inputs += [noise.uniform, noise.exponential] if noise is not None else []
-        inputs += [state] if state is not None else []
-        return flagged(self._graphs((sampling, has_q, has_noise, has_state, programs, draw), step, *inputs), flags)
+        return flagged(self._graphs((sampling, *present, programs, draw), step, *inputs), flags)
 
     def verify_tree(
         self,
@@ -194,14 +186,10 @@ class TritonVerifier(RowsOverVerify):
 
         plist = verify_tree.parents_tuple(parents)  # host data: part of the graph's key, not an input
         programs = self.config.programs or None
-        has_q, has_noise, has_state = probs is not None, noise is not None, state is not None
+        inputs, present = _pack(logits, tokens, probs, noise, state)
 
         def step(*inputs: torch.Tensor) -> TreeVerdict:
-            it = iter(inputs)
-            logits, tokens = next(it), next(it)
-            probs = next(it) if has_q else None
-            noise = Noise(uniform=next(it), exponential=next(it)) if has_noise else None
-            state = next(it) if has_state else None
+            logits, tokens, probs, noise, state = _unpack(inputs, present)
             verdict = verify_tree.verify_tree_triton(
                 logits, tokens, plist, probs, sampling, noise=noise, state=state, without_replacement=without,
                 programs=programs,
@@ -209,13 +197,41 @@ class TritonVerifier(RowsOverVerify):
             assert verdict.flags is not None
             return attrs.evolve(verdict, flags=verdict.flags | draft_flags(tokens, probs, logits.shape[-1]))
 
-        inputs = [logits, tokens]
-        inputs += [probs] if probs is not None else []
-        inputs += [noise.uniform, noise.exponential] if noise is not None else []
-        inputs += [state] if state is not None else []
-        key = ("tree", plist, without, sampling, has_q, has_noise, has_state, programs)
+        key = ("tree", plist, without, sampling, *present, programs)
         verdict: TreeVerdict = self._graphs(key, step, *inputs)
         return verdict
+
+
+# Which optional step inputs a call has (draft probs, noise, philox state): part of a graph's key,
+# since a captured graph takes a fixed list of tensors.
+Present = tuple[bool, bool, bool]
+StepArgs = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, Noise | None, torch.Tensor | None]
+
+
+def _pack(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    probs: torch.Tensor | None,
+    noise: Noise | None,
+    state: torch.Tensor | None,
+) -> tuple[list[torch.Tensor], Present]:
+    """A step's arguments as the flat tensor list a graph captures and replays, and which are present."""
+    inputs = [logits, tokens]
+    inputs += [probs] if probs is not None else []
+    inputs += [noise.uniform, noise.exponential] if noise is not None else []
+    inputs += [state] if state is not None else []
+    return inputs, (probs is not None, noise is not None, state is not None)
+
+
+def _unpack(inputs: tuple[torch.Tensor, ...], present: Present) -> StepArgs:
+    """Inverse of :func:`_pack`: the arguments back from the tensors a graph hands its step."""
+    has_q, has_noise, has_state = present
+    it = iter(inputs)
+    logits, tokens = next(it), next(it)
+    probs = next(it) if has_q else None
+    noise = Noise(uniform=next(it), exponential=next(it)) if has_noise else None
+    state = next(it) if has_state else None
+    return logits, tokens, probs, noise, state
 
 
 def _make(config: Any, device: torch.device | str | None = None) -> Verifier:
