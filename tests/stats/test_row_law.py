@@ -176,18 +176,21 @@ def _check(setup: dict[str, Any], settings: list[dict[str, Any]], samples: list[
             assert p > ALPHA, f"{setting}: p = {p:.2e}"
 
 
-def test_a_mixed_batch_keeps_each_rows_law_cheap(law_setup: dict[str, Any]) -> None:
-    _check(law_setup, MIXED, _samples(_pipeline(law_setup), MIXED, 400, 1200))
+def sizes(cheap_batch: int, stats_batch: int) -> list[Any]:
+    """``(per_setting, batch)``: a few hundred sequences per setting by default, 12,000 under
+    the ``stats`` marker (the batch, or the engine's ``max_batch``, grows to match)."""
+    return [pytest.param(400, cheap_batch, id="cheap"),
+            pytest.param(12_000, stats_batch, id="stats", marks=pytest.mark.stats)]
 
 
-def test_seeded_rows_follow_the_law_over_seeds_cheap(law_setup: dict[str, Any]) -> None:
+@pytest.mark.parametrize(("per_setting", "batch"), sizes(1200, 6000))
+def test_a_mixed_batch_keeps_each_rows_law(law_setup: dict[str, Any], per_setting: int, batch: int) -> None:
+    _check(law_setup, MIXED, _samples(_pipeline(law_setup), MIXED, per_setting, batch))
+
+
+def test_seeded_rows_of_a_mixed_batch_follow_the_law_over_seeds(law_setup: dict[str, Any]) -> None:
     settings = MIXED[1:]
     _check(law_setup, settings, _samples(_pipeline(law_setup), settings, 400, 800, seeded=True))
-
-
-@pytest.mark.stats
-def test_a_mixed_batch_keeps_each_rows_law(law_setup: dict[str, Any]) -> None:
-    _check(law_setup, MIXED, _samples(_pipeline(law_setup), MIXED, 12_000, 6000))
 
 
 @pytest.mark.stats
@@ -252,26 +255,17 @@ def _engine_samples(pipe: Pipeline, settings: list[dict[str, Any]], per_setting:
     return [got[k :: len(settings)] for k in range(len(settings))]
 
 
-def test_the_engine_keeps_each_requests_law_cheap(law_setup: dict[str, Any]) -> None:
+@pytest.mark.parametrize(("per_setting", "max_batch"), sizes(300, 2000))
+def test_the_engine_keeps_each_requests_law(law_setup: dict[str, Any], per_setting: int, max_batch: int) -> None:
     pipe = _pipeline(law_setup)
-    _check(law_setup, MIXED, _engine_samples(pipe, MIXED, 400, 300))
+    _check(law_setup, MIXED, _engine_samples(pipe, MIXED, per_setting, max_batch))
     assert pipe.target.prefills > 4  # requests joined a running batch many times
 
 
-def test_the_engine_keeps_seeded_requests_law_cheap(law_setup: dict[str, Any]) -> None:
+@pytest.mark.parametrize(("per_setting", "max_batch"), sizes(300, 2000))
+def test_the_engine_keeps_seeded_requests_law(law_setup: dict[str, Any], per_setting: int, max_batch: int) -> None:
     settings = MIXED[1:]
-    _check(law_setup, settings, _engine_samples(_pipeline(law_setup), settings, 400, 300, seeded=True))
-
-
-@pytest.mark.stats
-def test_the_engine_keeps_each_requests_law(law_setup: dict[str, Any]) -> None:
-    _check(law_setup, MIXED, _engine_samples(_pipeline(law_setup), MIXED, 12_000, 2000))
-
-
-@pytest.mark.stats
-def test_the_engine_keeps_seeded_requests_law(law_setup: dict[str, Any]) -> None:
-    settings = MIXED[1:]
-    _check(law_setup, settings, _engine_samples(_pipeline(law_setup), settings, 12_000, 2000, seeded=True))
+    _check(law_setup, settings, _engine_samples(_pipeline(law_setup), settings, per_setting, max_batch, seeded=True))
 
 
 # ------------------------------------------------------------------ a seeded request, whatever the batch
