@@ -34,7 +34,9 @@ Python's cyclic garbage collector does not track: a million-token corpus adds no
 objects for a full collection to walk.
 
 Costs: appending a token to a live sequence extends its ``depth - 1`` growing suffixes by
-one step each; evicting a sequence walks each of its suffixes from the root once; each
+one step each, but an empty sequence's first tokens (a prompt) go in suffix by suffix, a
+node at a time rather than a token at a time (the tree does not depend on the order its
+occurrences came in); evicting a sequence walks each of its suffixes from the root once; each
 token held adds at most two nodes (tested).
 """
 
@@ -116,6 +118,9 @@ class SuffixTree:
 
     def append(self, row: Row, tokens: Iterable[int]) -> None:
         """Grow a live sequence: each token extends its growing suffixes and starts one."""
+        if not row.ids:
+            self._fill(row, tokens)
+            return
         count, hi, depth, extend = self._count, self._hi, self.depth, self._extend
         ids, cursors = row.ids, row.cursors
         for token in tokens:
@@ -133,6 +138,58 @@ class SuffixTree:
                 start += 1
             grown.append(extend(ROOT, row.rank, start, token))  # depth >= 2: a one-token suffix grows on
             cursors = row.cursors = grown
+
+    def _fill(self, row: Row, tokens: Iterable[int]) -> None:
+        """An empty row's first tokens (a prompt, mostly): each suffix goes in whole, from the
+        root, a node at a time rather than a token at a time.
+
+        The tree is the same as :meth:`append`'s token by token would make: its nodes are the
+        root, the ends of occurrences and the branch points, each with its count and newest
+        ref, whatever order the occurrences came in.
+        """
+        ids = row.ids
+        ids.extend(tokens)
+        n, depth = len(ids), self.depth
+        self._count[ROOT] += n
+        row.cursors = [self._insert(ids, row.rank, start, min(depth, n - start)) for start in range(n)]
+        del row.cursors[: max(0, n - depth + 1)]  # the growing suffixes: shorter than depth, longest first
+
+    def _insert(self, ids: array[int], rank: int, start: int, end: int) -> int:
+        """Occurrence ``ids[start : start + end]`` of the sequence of ``rank``, not in the tree
+        yet, goes in from the root; returns the node where it ends."""
+        count, lo, hi, ref, first, table, seqs = (self._count, self._lo, self._hi, self._ref, self._start,
+                                                  self._kids, self._seqs)
+        node, d = ROOT, 0
+        while d < end:  # the occurrence's first d tokens are node's path, d == hi[node]
+            kids, token = table[node], ids[start + d]
+            kid = kids.get(token, -1) if kids is not None else -1
+            if kid < 0:
+                leaf = self._new(node, d, end, 1, rank, start)
+                if kids is None:
+                    table[node] = {token: leaf}
+                else:
+                    kids[token] = leaf
+                return leaf
+            assert kids is not None
+            src, at, h = seqs[ref[kid]], first[kid], min(hi[kid], end)
+            m = d + 1  # the first depth where kid's edge and the occurrence part, or h
+            if src[at + m : at + h] == ids[start + m : start + h]:
+                m = h
+            else:
+                while src[at + m] == ids[start + m]:
+                    m += 1
+            if m < hi[kid]:  # it ends or parts inside kid's edge: split the edge there
+                mid = self._new(node, d, m, count[kid] + 1, ref[kid], at)
+                lo[kid], self._parent[kid] = m, mid
+                table[mid] = {src[at + m]: kid}
+                kids[token] = mid
+                kid = mid
+            else:
+                count[kid] += 1
+            if rank > ref[kid] or (rank == ref[kid] and start >= first[kid]):
+                ref[kid], first[kid] = rank, start
+            node, d = kid, hi[kid]
+        return node
 
     def close(self, row: Row) -> None:
         """The row's sequence is finished: it stays in the corpus until evicted."""

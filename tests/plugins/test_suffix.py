@@ -237,6 +237,54 @@ def test_memory_is_linear_in_the_tokens_held() -> None:
     tree.check()
 
 
+def _shape(tree: SuffixTree, rows: list[Row]) -> tuple[dict[tuple[int, ...], tuple[int, int, int]], list[list[tuple[int, ...]]]]:
+    """The tree as path -> (count, ref rank, ref start) per node, and each row's cursors as
+    paths: what stays the same whatever order the occurrences came in."""
+    nodes, todo = {}, [(0, ())]
+    while todo:
+        node, path = todo.pop()
+        nodes[path] = (tree._count[node], tree._ref[node], tree._start[node])
+        for kid in (tree._kids[node] or {}).values():
+            todo.append((kid, path + tuple(tree._token(kid, d) for d in range(tree._lo[kid], tree._hi[kid]))))
+    where = {node: path for path, node in _node_paths(tree)}
+    return nodes, [[where[c] for c in row.cursors] for row in rows]
+
+
+def _node_paths(tree: SuffixTree) -> list[tuple[tuple[int, ...], int]]:
+    out, todo = [], [(0, ())]
+    while todo:
+        node, path = todo.pop()
+        out.append((path, node))
+        for kid in (tree._kids[node] or {}).values():
+            todo.append((kid, path + tuple(tree._token(kid, d) for d in range(tree._lo[kid], tree._hi[kid]))))
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    seqs=st.lists(st.lists(st.integers(0, 3), max_size=30), min_size=1, max_size=5),
+    cut=st.integers(0, 30),
+    depth=st.sampled_from([2, 3, 5, 17]),
+)
+def test_a_prompt_fed_whole_makes_the_tree_fed_token_by_token_makes(seqs: list[list[int]], cut: int,
+                                                                    depth: int) -> None:
+    """An empty row's first tokens go in suffix by suffix; the nodes, counts, refs and cursors
+    are the same as when the row gets them one at a time, next to finished and live rows, newer
+    ones among them."""
+    built = []
+    for whole in (False, True):
+        tree = SuffixTree(depth)
+        rows = [tree.open() for _ in seqs]
+        for row, ids in reversed(list(zip(rows, seqs, strict=True))):  # newer rows first: older refs come later
+            for piece in ([ids[:cut], ids[cut:]] if whole else [[t] for t in ids]):
+                tree.append(row, piece)
+            if len(ids) % 2:
+                tree.close(row)
+        tree.check()
+        built.append(_shape(tree, rows))
+    assert built[0] == built[1]
+
+
 def _same_as_brute_force(tree: SuffixTree, rows: list[Row], patterns: list[list[int]]) -> None:
     corpus = _corpus(tree)
     for row in rows:
