@@ -147,49 +147,46 @@ class SuffixTree:
         root, the ends of occurrences and the branch points, each with its count and newest
         ref, whatever order the occurrences came in.
         """
-        ids = row.ids
+        ids, rank = row.ids, row.rank
         ids.extend(tokens)
         n, depth = len(ids), self.depth
-        self._count[ROOT] += n
-        row.cursors = [self._insert(ids, row.rank, start, min(depth, n - start)) for start in range(n)]
-        del row.cursors[: max(0, n - depth + 1)]  # the growing suffixes: shorter than depth, longest first
-
-    def _insert(self, ids: array[int], rank: int, start: int, end: int) -> int:
-        """Occurrence ``ids[start : start + end]`` of the sequence of ``rank``, not in the tree
-        yet, goes in from the root; returns the node where it ends."""
         count, lo, hi, ref, first, table, seqs = (self._count, self._lo, self._hi, self._ref, self._start,
                                                   self._kids, self._seqs)
-        node, d = ROOT, 0
-        while d < end:  # the occurrence's first d tokens are node's path, d == hi[node]
-            kids, token = table[node], ids[start + d]
-            kid = kids.get(token, -1) if kids is not None else -1
-            if kid < 0:
-                leaf = self._new(node, d, end, 1, rank, start)
-                if kids is None:
-                    table[node] = {token: leaf}
+        count[ROOT] += n
+        ends = []
+        for start in range(n):  # occurrence ids[start : start + end] goes in, to end at node
+            node, d, end = ROOT, 0, min(depth, n - start)
+            while d < end:  # the occurrence's first d tokens are node's path, d == hi[node]
+                kids, token = table[node], ids[start + d]
+                kid = kids.get(token, -1) if kids is not None else -1
+                if kid < 0:
+                    leaf = self._new(node, d, end, 1, rank, start)
+                    if kids is None:
+                        table[node] = {token: leaf}
+                    else:
+                        kids[token] = leaf
+                    node = leaf
+                    break
+                assert kids is not None
+                src, at, h = seqs[ref[kid]], first[kid], min(hi[kid], end)
+                m = d + 1  # the first depth where kid's edge and the occurrence part, or h
+                if src[at + m : at + h] == ids[start + m : start + h]:
+                    m = h
                 else:
-                    kids[token] = leaf
-                return leaf
-            assert kids is not None
-            src, at, h = seqs[ref[kid]], first[kid], min(hi[kid], end)
-            m = d + 1  # the first depth where kid's edge and the occurrence part, or h
-            if src[at + m : at + h] == ids[start + m : start + h]:
-                m = h
-            else:
-                while src[at + m] == ids[start + m]:
-                    m += 1
-            if m < hi[kid]:  # it ends or parts inside kid's edge: split the edge there
-                mid = self._new(node, d, m, count[kid] + 1, ref[kid], at)
-                lo[kid], self._parent[kid] = m, mid
-                table[mid] = {src[at + m]: kid}
-                kids[token] = mid
-                kid = mid
-            else:
-                count[kid] += 1
-            if rank > ref[kid] or (rank == ref[kid] and start >= first[kid]):
-                ref[kid], first[kid] = rank, start
-            node, d = kid, hi[kid]
-        return node
+                    while src[at + m] == ids[start + m]:
+                        m += 1
+                if m < hi[kid]:  # it ends or parts inside kid's edge: split the edge there
+                    mid = self._new(node, d, m, count[kid] + 1, ref[kid], at)
+                    lo[kid], self._parent[kid] = m, mid
+                    table[mid] = {src[at + m]: kid}
+                    kids[token] = kid = mid
+                else:
+                    count[kid] += 1
+                if rank > ref[kid] or (rank == ref[kid] and start >= first[kid]):
+                    ref[kid], first[kid] = rank, start
+                node, d = kid, hi[kid]
+            ends.append(node)
+        row.cursors = ends[max(0, n - depth + 1) :]  # the growing suffixes: shorter than depth, longest first
 
     def close(self, row: Row) -> None:
         """The row's sequence is finished: it stays in the corpus until evicted."""
@@ -373,9 +370,12 @@ class SuffixTree:
             self._parent[node], self._ref[node], self._start[node] = parent, rank, start
             self._kids[node] = None
             return node
-        for field, value in ((self._count, count), (self._lo, lo), (self._hi, hi), (self._parent, parent),
-                             (self._ref, rank), (self._start, start)):
-            field.append(value)
+        self._count.append(count)  # one call per field: a prompt makes a node or two per token
+        self._lo.append(lo)
+        self._hi.append(hi)
+        self._parent.append(parent)
+        self._ref.append(rank)
+        self._start.append(start)
         self._kids.append(None)
         return len(self._kids) - 1
 
