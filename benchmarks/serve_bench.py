@@ -1,6 +1,6 @@
-"""Throughput and latency of ``flashspec serve`` under 1 .. 64 concurrent streaming clients.
+"""Throughput and latency of ``flashspec serve`` under 1 .. 64 concurrent clients, beside offline generate and the peer.
 
-    python benchmarks/serve_bench.py --config my.toml [--concurrency 1,8,32,64] [--no-spec] [--commit SHA]
+    python benchmarks/serve_bench.py --config my.toml [--concurrency 1,8,32,64] [--no-spec] [--peer DIR] [--commit SHA]
     python benchmarks/serve_bench.py --smoke   # the tiny random models on the CPU
 
 Writes docs/benchmarks/serve-h200.json (with --smoke: benchmarks/.results/serve-smoke.json);

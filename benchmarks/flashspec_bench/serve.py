@@ -1,12 +1,28 @@
-"""Throughput and latency of ``flashspec serve`` under concurrent streaming clients.
+"""Throughput and latency of ``flashspec serve`` under concurrent clients, beside offline
+``generate`` and the other project published on PyPI as ``flashspec`` (0.3.1, "the peer").
 
-The server runs in this process (uvicorn in a thread, 127.0.0.1, a free port) over a
-pipeline from a TOML config; ``clients`` closed-loop clients each send
-``requests_per_client`` streaming completions one after another. Per request: the time to
-the first text chunk (TTFT), the gaps between text chunks (ITL: a chunk holds one
-step's tokens) and the completion tokens (the stream's ``usage`` chunk). Per concurrency:
-output tokens/s over the wall time, and the medians and p99s. ``--no-spec`` runs the same
-server again with one plain-decoding arm, for the speedup of speculation.
+Our server runs in this process (uvicorn in a thread, 127.0.0.1, a free port) over a pipeline
+from a TOML config; ``clients`` closed-loop clients each send ``requests_per_client``
+completions one after another. Per request: the time to the first text chunk (TTFT), the
+gaps between text chunks (ITL: a chunk holds one step's tokens) and the completion tokens
+(the response's ``usage``). Per concurrency: output tokens/s over the wall time, and the
+medians and p99s. The systems, each over the same prompts, max tokens and sampling:
+
+``spec``     our server, streaming.
+``offline``  the same pipeline, before it serves: ``Pipeline.generate`` (what ``flashspec
+             generate`` runs) on each prompt alone, on the token ids the server encodes.
+``spec_plain`` our server with ``stream = false``, loaded like the peer (the peer has no
+             streaming, so this is the row it is compared with).
+``no_spec``  (``--no-spec``) our server again with one plain-decoding arm.
+``peer``     (``--peer DIR``) ``python -m flashspec.serve`` from DIR, a ``pip install --target``
+             folder (its package name is ours too, so it never goes into our environment), in
+             a child process over the same model folders, non-streaming; its defaults
+             otherwise (batch size 1, the only size its default drafter runs at).
+
+Every request is also checked: ``load_test`` counts the requests sent, lost (an error, or no
+complete response), duplicated (a response id seen twice, or a stream that finished twice)
+and mixed up (a text that agrees with another prompt's offline output for longer than with
+its own).
 
 ``--smoke`` serves the tiny random models of :mod:`flashspec_core.testing.tiny` (CPU, a few
 seconds); its result goes under ``benchmarks/.results``, never into the docs.
@@ -17,11 +33,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -42,16 +62,26 @@ PROMPTS = [
     "What is the time complexity of binary search, and why?",
 ]
 SMOKE_PROMPTS = ["t1 t2 t3", "t3 t4", "t7 t8 t9 t1 t2", "t5", "t2 t2 t6", "t9 t8 t7 t6"]
+PEER = "flashspec==0.3.1"
+# Characters two texts must share from their start before a response counts as another
+# prompt's: shorter openings ("def ", a newline) are shared by chance.
+MIN_AGREE = 8
+PEER_START_S = 900  # model loads and CUDA-graph captures before its /health answers
 
 
 @attrs.frozen
 class Request:
-    """One streamed request as the client saw it."""
+    """One request as the client saw it; ``error`` set when it got no complete response."""
 
     ttft_s: float
     gaps_s: tuple[float, ...]  # between consecutive text chunks
     tokens: int
     total_s: float
+    prompt: int = 0  # index into the prompts
+    text: str = ""
+    response_id: str | None = None
+    finishes: int = 1  # chunks that carried a finish_reason (1 for a whole response)
+    error: str | None = None
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -66,17 +96,20 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def summarize(requests: Sequence[Request], wall_s: float) -> dict[str, Any]:
-    """Output tokens/s over ``wall_s``, and TTFT / ITL / TPOT medians and p99s in milliseconds.
+    """Output tokens/s over ``wall_s``, and TTFT / ITL / TPOT medians and p99s in milliseconds,
+    over the requests that completed (``failed`` counts the others).
 
     ITL pools the gaps between text chunks as the client read them (chunks that arrive in one
     read are ~0 apart); TPOT is each request's time after its first chunk per further token.
     """
-    ttft = [r.ttft_s * 1e3 for r in requests]
-    itl = [g * 1e3 for r in requests for g in r.gaps_s]
-    tpot = [(r.total_s - r.ttft_s) * 1e3 / (r.tokens - 1) for r in requests if r.tokens > 1]
-    tokens = sum(r.tokens for r in requests)
+    ok = [r for r in requests if r.error is None]
+    ttft = [r.ttft_s * 1e3 for r in ok]
+    itl = [g * 1e3 for r in ok for g in r.gaps_s]
+    tpot = [(r.total_s - r.ttft_s) * 1e3 / (r.tokens - 1) for r in ok if r.tokens > 1]
+    tokens = sum(r.tokens for r in ok)
     return {
         "requests": len(requests),
+        "failed": len(requests) - len(ok),
         "output_tokens": tokens,
         "wall_s": round(wall_s, 4),
         "output_tokens_per_s": round(tokens / wall_s, 3) if wall_s > 0 else None,
@@ -93,7 +126,42 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
-# ------------------------------------------------------------------ the server
+def common_prefix(a: str, b: str) -> int:
+    """How many characters ``a`` and ``b`` share from their start."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def mixed_up(text: str, own: int, references: Sequence[str]) -> bool:
+    """Whether ``text`` agrees with another prompt's reference (one that differs from its
+    own) for longer than with ``references[own]``, and for at least MIN_AGREE characters.
+    A prefix, not equality: greedy outputs of a batched bf16 server may part from the
+    offline ones after a while without being another request's."""
+    mine = common_prefix(text, references[own])
+    other = max((common_prefix(text, ref) for ref in references if ref != references[own]), default=0)
+    return other > mine and other >= MIN_AGREE
+
+
+def audit(requests: Sequence[Request], references: Sequence[str] | None) -> dict[str, int | None]:
+    """The load test's counts over ``requests``: sent, lost, duplicated, mixed up (None
+    without ``references``, the offline text per prompt), and how many completed texts differ
+    from their prompt's reference at all."""
+    ok = [r for r in requests if r.error is None]
+    ids = Counter(r.response_id for r in ok if r.response_id is not None)
+    duplicated = sum(n - 1 for n in ids.values()) + sum(r.finishes - 1 for r in ok if r.finishes > 1)
+    out: dict[str, int | None] = {"sent": len(requests), "lost": len(requests) - len(ok), "duplicated": duplicated,
+                                  "mixed_up": None, "differs_from_offline": None}
+    if references is not None:
+        out["mixed_up"] = sum(mixed_up(r.text, r.prompt, references) for r in ok)
+        out["differs_from_offline"] = sum(r.text != references[r.prompt] for r in ok)
+    return out
+
+
+# ------------------------------------------------------------------ the servers
 
 
 @contextmanager
@@ -122,50 +190,157 @@ def serving(pipeline: Any, max_batch: int, model: str = "bench") -> Iterator[str
         sock.close()
 
 
+@attrs.frozen
+class PeerSetup:
+    """How the peer's server is started: its install folder and what it serves."""
+
+    site: Path  # a `pip install --target` folder holding the peer's package
+    target: str  # a local HF-format model folder
+    draft: str
+    dtype: str  # float32 | bfloat16 | float16
+    temperature: float
+    max_tokens: int
+    extra: tuple[str, ...] = ()  # more arguments for `python -m flashspec.serve`
+
+
+def peer_command(setup: PeerSetup, port: int, device: str) -> list[str]:
+    # a queue as deep as ours, so that a 429 never stands in for a slow answer
+    return [sys.executable, "-m", "flashspec.serve", "--target", setup.target, "--drafter", setup.draft,
+            "--device", device, "--port", str(port), "--dtype", setup.dtype, "--temperature", str(setup.temperature),
+            "--max-new-tokens", str(setup.max_tokens), "--max-queue", "4096", *setup.extra]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def peer_serving(setup: PeerSetup, log: Path, device: str) -> Iterator[str]:
+    """The peer's server in a child process while the block runs; yields its URL. Its
+    folder leads PYTHONPATH and it runs from an empty folder, so that ``import flashspec``
+    finds the peer and nothing of ours."""
+    import httpx
+
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(setup.site), os.environ.get("PYTHONPATH")])),
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    with tempfile.TemporaryDirectory() as cwd, log.open("w") as out:
+        proc = subprocess.Popen(peer_command(setup, port, device), cwd=cwd, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + PEER_START_S
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the peer's server exited ({proc.returncode}): {_tail(log)}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the peer's server did not answer /health in {PEER_START_S} s: {_tail(log)}")
+                try:
+                    if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _tail(log: Path, chars: int = 1500) -> str:
+    try:
+        return log.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
 # ------------------------------------------------------------------ the clients
 
 
-async def _one(client: Any, body: dict[str, Any]) -> Request:
+async def _one(client: Any, body: dict[str, Any], prompt: int) -> Request:
+    """One request; any failure becomes a Request with ``error`` (the load goes on)."""
     start = time.perf_counter()
+    try:
+        if body.get("stream"):
+            return await _streamed(client, body, prompt, start)
+        r = await client.post("/v1/completions", json=body)
+        end = time.perf_counter()
+        if r.status_code != 200:
+            return _lost(start, prompt, f"HTTP {r.status_code}: {r.text[:300]}")
+        obj = r.json()
+        return Request(end - start, (), int(obj["usage"]["completion_tokens"]), end - start, prompt,
+                       obj["choices"][0]["text"], obj.get("id"))
+    except Exception as exc:  # noqa: BLE001  # counted as lost, named in the row
+        return _lost(start, prompt, f"{type(exc).__name__}: {exc}")
+
+
+def _lost(start: float, prompt: int, error: str) -> Request:
+    t = time.perf_counter() - start
+    return Request(t, (), 0, t, prompt, error=error)
+
+
+async def _streamed(client: Any, body: dict[str, Any], prompt: int, start: float) -> Request:
     arrivals: list[float] = []
-    tokens = 0
+    pieces: list[str] = []
+    ids: set[str] = set()
+    tokens, finishes, done = None, 0, False
     async with client.stream("POST", "/v1/completions", json=body) as r:
         if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+            return _lost(start, prompt, f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
         async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+            if line == "data: [DONE]":
+                done = True
+            if not line.startswith("data: ") or done:
                 continue
             chunk = json.loads(line[len("data: "):])
             if "error" in chunk:
-                raise RuntimeError(f"the server failed a request: {chunk['error']}")
+                return _lost(start, prompt, f"the server failed the request: {chunk['error']}")
+            ids.add(chunk["id"])
             if chunk.get("usage"):
                 tokens = int(chunk["usage"]["completion_tokens"])
-            elif chunk["choices"] and chunk["choices"][0]["text"]:
-                arrivals.append(time.perf_counter())
+            for choice in chunk["choices"]:
+                finishes += choice.get("finish_reason") is not None
+                if choice["text"]:
+                    arrivals.append(time.perf_counter())
+                    pieces.append(choice["text"])
     end = time.perf_counter()
+    if not done or tokens is None or len(ids) != 1:
+        return _lost(start, prompt, f"incomplete stream: [DONE] {done}, usage {tokens}, ids {sorted(ids)}")
     first = arrivals[0] if arrivals else end
     gaps = tuple(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
-    return Request(first - start, gaps, tokens, end - start)
+    return Request(first - start, gaps, tokens, end - start, prompt, "".join(pieces), ids.pop(), finishes)
+
+
+def plan(clients: int, per_client: int, n_prompts: int) -> list[list[int]]:
+    """The prompt indices each client sends, in order: the prompts in turn over all requests."""
+    return [[(c * per_client + k) % n_prompts for k in range(per_client)] for c in range(clients)]
 
 
 async def load(url: str, model: str, prompts: Sequence[str], clients: int, per_client: int, max_tokens: int,
-               sampling: dict[str, Any]) -> tuple[list[Request], float]:
-    """``clients`` clients, each sending ``per_client`` streaming requests in turn; the
-    requests and the wall time of the whole load."""
+               sampling: dict[str, Any], stream: bool = True) -> tuple[list[Request], float]:
+    """``clients`` clients, each sending ``per_client`` requests in turn; the requests and
+    the wall time of the whole load."""
     import httpx
 
-    async def client_loop(client: Any, c: int) -> list[Request]:
+    async def client_loop(client: Any, todo: list[int]) -> list[Request]:
         out = []
-        for k in range(per_client):
-            body = {"model": model, "prompt": prompts[(c * per_client + k) % len(prompts)], "max_tokens": max_tokens,
-                    "stream": True, "stream_options": {"include_usage": True}, **sampling}
-            out.append(await _one(client, body))
+        for i in todo:
+            body = {"model": model, "prompt": prompts[i], "max_tokens": max_tokens, "stream": stream, **sampling}
+            if stream:
+                body["stream_options"] = {"include_usage": True}
+            out.append(await _one(client, body, i))
         return out
 
     limits = httpx.Limits(max_connections=clients + 4)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as client:
         start = time.perf_counter()
-        done = await asyncio.gather(*(client_loop(client, c) for c in range(clients)))
+        done = await asyncio.gather(*(client_loop(client, todo) for todo in plan(clients, per_client, len(prompts))))
         wall = time.perf_counter() - start
     return [r for rs in done for r in rs], wall
 
@@ -186,6 +361,36 @@ def smoke_config(root: Path) -> dict[str, Any]:
     return pipeline_dict(models["target"], [models["close"]], "ucb1", dtype="float32")
 
 
+def local_models(config: dict[str, Any], root: Path) -> dict[str, Any]:
+    """``config`` with every ``model`` that names a known model replaced by its converted
+    folder ``root/<name>-bf16`` where that exists (how the GPU lease lays the models out)."""
+    def fix(table: dict[str, Any]) -> dict[str, Any]:
+        folder = root / f"{table.get('model')}-bf16"
+        return {**table, "model": str(folder)} if "model" in table and folder.is_dir() else table
+
+    return {**config, "target": fix(config["target"]), "arm": [fix(a) for a in config.get("arm", [])]}
+
+
+def model_folders(config: dict[str, Any], base_dir: Path | None) -> tuple[str, str]:
+    """The target's and the first draft model's folders in ``config``, for the peer."""
+    drafts = [a["model"] for a in config.get("arm", []) if "model" in a]
+    if not drafts:
+        raise ValueError("the config has no draft model for the peer to use")
+
+    def where(model: str) -> str:
+        path = Path(model) if base_dir is None else base_dir / model
+        return str(path.resolve()) if path.is_dir() else model
+
+    return where(config["target"]["model"]), where(drafts[0])
+
+
+def peer_dtype(config: dict[str, Any], cuda: bool) -> str:
+    """The target's dtype in the peer's words (it has no float64; ``auto`` as ours reads it)."""
+    dtype = str(config["target"].get("dtype", "auto"))
+    return {"bf16": "bfloat16", "bfloat16": "bfloat16", "float16": "float16", "fp16": "float16"}.get(
+        dtype, "bfloat16" if dtype == "auto" and cuda else "float32")
+
+
 def build(config: dict[str, Any], base_dir: Path | None) -> Any:
     from flashspec_core.build import build_pipeline
     from flashspec_core.config import parse_config
@@ -195,37 +400,134 @@ def build(config: dict[str, Any], base_dir: Path | None) -> Any:
     return build_pipeline(parse_config(config, registry, "<serve bench>", base_dir=base_dir), registry)
 
 
-def warm_up(url: str, model: str, prompts: Sequence[str], max_tokens: int) -> None:
-    """A few requests first, so that one-off costs (allocations, graph captures) are not timed."""
-    asyncio.run(load(url, model, prompts, 2, 2, max_tokens, {"temperature": 0.0}))
+def server_ids(pipeline: Any, prompt: str) -> list[int]:
+    """The token ids our server sends to the pipeline for ``prompt`` (no chat template)."""
+    tokenizer = getattr(pipeline.target, "tokenizer", None)
+    return list(tokenizer(prompt)["input_ids"]) if tokenizer is not None else list(pipeline.target.encode(prompt))
 
 
-def bench(config: dict[str, Any], base_dir: Path | None, concurrency: Sequence[int], per_client: int,
-          max_tokens: int, prompts: Sequence[str], sampling: dict[str, Any], say: Any) -> dict[str, Any]:
-    """Per concurrency level, :func:`summarize` of a load against one server over ``config``."""
-    pipeline = build(config, base_dir)
-    out: dict[str, Any] = {}
-    with serving(pipeline, max(concurrency)) as url:
-        warm_up(url, "bench", prompts, max_tokens)
-        for c in concurrency:
-            requests, wall = asyncio.run(load(url, "bench", prompts, c, per_client, max_tokens, sampling))
-            out[f"c{c}"] = summarize(requests, wall)
-            say(f"c={c}: {out[f'c{c}']}")
+def offline(pipeline: Any, prompts: Sequence[str], max_tokens: int, temperature: float
+            ) -> list[tuple[int, float, str]]:
+    """``Pipeline.generate`` on each prompt alone, after one untimed warm-up: per prompt the
+    new tokens, the seconds and the text."""
+    pipeline.generate([server_ids(pipeline, prompts[0])], max_new_tokens=max_tokens, temperature=temperature)
+    out = []
+    for prompt in prompts:
+        ids = server_ids(pipeline, prompt)
+        start = time.perf_counter()
+        result = pipeline.generate([ids], max_new_tokens=max_tokens, temperature=temperature)
+        out.append((len(result.token_ids[0]), time.perf_counter() - start, result.texts[0]))
     return out
 
 
-def summary(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The headline numbers: per concurrency TTFT / ITL of the speculative server, and its
-    throughput over the no-speculation server's at 32 clients where both ran."""
+def offline_row(timed: Sequence[tuple[int, float, str]], order: Sequence[int]) -> dict[str, Any]:
+    """Tokens/s of the offline runs of the prompts in ``order`` (what one client sends)."""
+    tokens = sum(timed[i][0] for i in order)
+    wall = sum(timed[i][1] for i in order)
+    return {"requests": len(order), "output_tokens": tokens, "wall_s": round(wall, 4),
+            "output_tokens_per_s": round(tokens / wall, 3) if wall > 0 else None}
+
+
+def warm_up(url: str, model: str, prompts: Sequence[str], max_tokens: int, sampling: dict[str, Any],
+            stream: bool) -> list[Request]:
+    """A few requests first, so that one-off costs (allocations, graph captures) are not timed."""
+    return asyncio.run(load(url, model, prompts, 2, 2, max_tokens, sampling, stream))[0]
+
+
+@attrs.frozen
+class Load:
+    """What every load of one system shares."""
+
+    prompts: tuple[str, ...]
+    concurrency: tuple[int, ...]
+    per_client: int
+    max_tokens: int
+    sampling: dict[str, Any]
+
+
+def levels(url: str, model: str, spec: Load, stream: bool, say: Callable[[str], None], name: str
+           ) -> tuple[dict[str, Any], list[Request]]:
+    """Per concurrency level, :func:`summarize` of a load on ``url``; and every request."""
+    out: dict[str, Any] = {}
+    sent: list[Request] = []
+    for c in spec.concurrency:
+        requests, wall = asyncio.run(load(url, model, spec.prompts, c, spec.per_client, spec.max_tokens,
+                                          spec.sampling, stream))
+        out[f"c{c}"] = summarize(requests, wall)
+        sent += requests
+        say(f"{name} c={c}: {out[f'c{c}']}")
+    return out, sent
+
+
+def bench_ours(config: dict[str, Any], base_dir: Path | None, spec: Load, plain: Load | None,
+               with_offline: bool, say: Callable[[str], None], name: str
+               ) -> tuple[dict[str, dict[str, Any]], dict[str, list[Request]], list[str] | None]:
+    """Our server over ``config``: streaming loads (``name``), then, with ``plain``,
+    non-streaming ones (``name``_plain, as the peer is loaded); with ``with_offline``,
+    offline generation first.
+    The rows per system, the requests per system, and the offline text per prompt."""
+    pipeline = build(config, base_dir)
+    rows: dict[str, dict[str, Any]] = {}
+    requests: dict[str, list[Request]] = {}
+    references = None
+    if with_offline:
+        timed = offline(pipeline, spec.prompts, spec.max_tokens, spec.sampling["temperature"])
+        references = [t[2] for t in timed]
+        rows["offline"] = {"c1": offline_row(timed, plan(1, spec.per_client, len(spec.prompts))[0])}
+        say(f"offline c1: {rows['offline']['c1']}")
+    with serving(pipeline, max(spec.concurrency + (plain.concurrency if plain else ()))) as url:
+        warm_up(url, "bench", spec.prompts, spec.max_tokens, spec.sampling, True)
+        rows[name], requests[name] = levels(url, "bench", spec, True, say, name)
+        if plain is not None:
+            rows[f"{name}_plain"], requests[f"{name}_plain"] = levels(url, "bench", plain, False, say, f"{name}_plain")
+    return rows, requests, references
+
+
+def bench_peer(setup: PeerSetup, spec: Load, log: Path, say: Callable[[str], None]
+               ) -> tuple[dict[str, Any], list[Request]]:
+    """The peer's rows per level (non-streaming) and its requests. Raises when it cannot
+    serve the prompts at all (its warm-up requests all fail)."""
+    import torch
+
+    with peer_serving(setup, log, "cuda:0" if torch.cuda.is_available() else "cpu") as url:
+        warm = warm_up(url, "peer", spec.prompts, spec.max_tokens, spec.sampling, False)
+        if all(r.error is not None for r in warm):
+            raise RuntimeError(f"the peer failed every warm-up request: {warm[0].error}")
+        return levels(url, "peer", spec, False, say, "peer")
+
+
+def _ratio(rows: dict[str, dict[str, Any]], num: str, den: str, level: str) -> float | None:
+    a = rows.get(num, {}).get(level, {}).get("output_tokens_per_s")
+    b = rows.get(den, {}).get(level, {}).get("output_tokens_per_s")
+    return round(a / b, 3) if a and b else None
+
+
+def summary(runs: dict[str, dict[str, Any]], load_test: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The headline numbers, each from the measured rows (None where a side did not run):
+    per concurrency TTFT / ITL of the streaming speculative server; ``throughput_vs_peer_c32``
+    (ours non-streaming over the peer's, both at 32 clients), ``spec_vs_nospec_c32`` (streaming,
+    32 clients), ``stream_vs_offline_c1`` (one streaming client over offline generate on the
+    same prompts) and the load test's totals over every system."""
     spec = runs.get("spec", {})
     out: dict[str, Any] = {
         level: {k: v for k, v in row.items() if k.startswith(("ttft", "itl", "tpot", "output_tokens_per_s"))}
         for level, row in spec.items()
     }
-    plain = runs.get("no_spec", {})
-    if "c32" in spec and "c32" in plain and plain["c32"]["output_tokens_per_s"]:
-        out["throughput_vs_no_spec_c32"] = round(
-            spec["c32"]["output_tokens_per_s"] / plain["c32"]["output_tokens_per_s"], 3)
+    out["throughput_vs_peer_c32"] = _ratio(runs, "spec_plain", "peer", "c32")
+    out["spec_vs_nospec_c32"] = _ratio(runs, "spec", "no_spec", "c32")
+    out["stream_vs_offline_c1"] = _ratio(runs, "spec", "offline", "c1")
+    if load_test is not None:
+        out["load_test"] = total(load_test)
+    return out
+
+
+def total(load_test: dict[str, dict[str, int | None]]) -> dict[str, int | None]:
+    """The load test's counts added up over the systems (None where no system had references)."""
+    keys = ("sent", "lost", "duplicated", "mixed_up", "differs_from_offline")
+    out: dict[str, int | None] = {}
+    for k in keys:
+        values = [v[k] for v in load_test.values() if v.get(k) is not None]
+        out[k] = sum(v for v in values if v is not None) if values else None
     return out
 
 
@@ -233,11 +535,23 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="serve_bench.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", type=Path, help="pipeline TOML (required unless --smoke)")
     p.add_argument("--smoke", action="store_true", help="the tiny random models on the CPU")
+    p.add_argument("--local-models", type=Path, metavar="DIR",
+                   help="serve every known model the config names from DIR/<name>-bf16 (the GPU lease's layout)")
     p.add_argument("--concurrency", default="1,8,32,64", help="comma-separated numbers of clients")
     p.add_argument("--requests-per-client", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--no-spec", action="store_true", help="also run the server with speculation off")
+    p.add_argument("--no-offline", action="store_true", help="skip offline generate (and so the mixed-up check)")
+    p.add_argument("--peer", type=Path, metavar="DIR",
+                   help=f"also run the peer ({PEER}) installed with `pip install --target DIR`")
+    p.add_argument("--peer-concurrency", default="1,8,32",
+                   help="the levels of the non-streaming loads of the peer and of ours beside it (the peer decodes "
+                        "one request at a time, so each level costs it the sum of its requests)")
+    p.add_argument("--peer-requests-per-client", type=int, default=1,
+                   help="requests per client for the non-streaming loads of the peer and of ours beside it")
+    p.add_argument("--peer-arg", action="append", default=[], metavar="ARG",
+                   help="one more argument for the peer's server (repeat), e.g. --peer-arg=--compile=off")
     p.add_argument("--prompts", type=Path, help="a file of prompts, one JSON string per line")
     p.add_argument("--out", type=Path, help="the result JSON (default: docs/benchmarks/serve-h200.json; "
                                              "benchmarks/.results/serve-smoke.json with --smoke)")
@@ -250,8 +564,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.smoke and args.config is None:
         parser().error("--config is required unless --smoke")
     say = logger("serve-bench")
-    concurrency = [int(c) for c in args.concurrency.split(",")]
-    sampling = {"temperature": args.temperature}
+    out = args.out or (RESULTS / "serve-smoke.json" if args.smoke else DOCS / "serve-h200.json")
     with tempfile.TemporaryDirectory() as tmp:
         if args.smoke:
             config, base_dir, prompts = smoke_config(Path(tmp)), None, SMOKE_PROMPTS
@@ -259,21 +572,68 @@ def main(argv: Sequence[str] | None = None) -> int:
             from flashspec_core.config import read_config
 
             config, base_dir, prompts = read_config(args.config), args.config.parent, PROMPTS
+        if args.local_models is not None:
+            config = local_models(config, args.local_models)
         if args.prompts is not None:
             prompts = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
-        runs = {"spec": bench(config, base_dir, concurrency, args.requests_per_client, args.max_tokens, prompts,
-                              sampling, say)}
-        if args.no_spec:
-            runs["no_spec"] = bench(no_spec(config), base_dir, concurrency, args.requests_per_client,
-                                    args.max_tokens, prompts, sampling, say)
-    out = args.out or (RESULTS / "serve-smoke.json" if args.smoke else DOCS / "serve-h200.json")
+        spec = Load(tuple(prompts), tuple(int(c) for c in args.concurrency.split(",")), args.requests_per_client,
+                    args.max_tokens, {"temperature": args.temperature})
+        run(args, config, base_dir, spec, out, Path(tmp), say)
+    return 0
+
+
+def run(args: argparse.Namespace, config: dict[str, Any], base_dir: Path | None, spec: Load, out: Path, tmp: Path,
+        say: Callable[[str], None]) -> None:
+    """Every system in turn, rewriting ``out`` after each, so a run cut short keeps what it
+    measured; the peer last, as the slowest and the likeliest to fail."""
+    notes = ["spec, no_spec: streaming (SSE) clients; spec_plain and peer: non-streaming clients, since the peer "
+             "has no streaming; throughput_vs_peer_c32 compares those two",
+             f"peer: {PEER} from PyPI (another project of the same name), `python -m flashspec.serve` over the same "
+             "model folders, its defaults otherwise (batch size 1, its default drafter strategy)"]
+    plain = attrs.evolve(spec, concurrency=tuple(int(c) for c in args.peer_concurrency.split(",")),
+                         per_client=args.peer_requests_per_client)
+    runs, requests, references = bench_ours(config, base_dir, spec, plain if args.peer else None,
+                                            not args.no_offline, say, "spec")
+    _write(args, out, spec, runs, requests, references, notes, say)
+    if args.no_spec:
+        rows, reqs, _ = bench_ours(no_spec(config), base_dir, spec, None, False, say, "no_spec")
+        runs |= rows
+        requests |= reqs
+        _write(args, out, spec, runs, requests, references, notes, say)
+    if args.peer is None:
+        runs["peer"] = {"skipped": "not asked for (--peer DIR)"}
+        _write(args, out, spec, runs, requests, references, notes, say)
+        return
+    try:
+        import torch
+
+        target, draft = model_folders(config, base_dir)
+        setup = PeerSetup(args.peer, target, draft, peer_dtype(config, torch.cuda.is_available()),
+                          args.temperature, args.max_tokens, tuple(args.peer_arg))
+        notes.append("peer command: " + " ".join(peer_command(setup, 0, "DEVICE")[1:]))
+        runs["peer"], requests["peer"] = bench_peer(setup, plain, tmp / "peer.log", say)
+    except Exception as exc:  # noqa: BLE001  # the other systems' numbers still count
+        runs["peer"] = {"skipped": f"{type(exc).__name__}: {exc}"}
+        say(f"peer skipped: {runs['peer']['skipped']}")
+    _write(args, out, spec, runs, requests, references, notes, say)
+
+
+def _write(args: argparse.Namespace, out: Path, spec: Load, runs: dict[str, Any], requests: dict[str, list[Request]],
+           references: list[str] | None, notes: list[str], say: Callable[[str], None]) -> None:
+    load_test = {name: audit(reqs, references) for name, reqs in requests.items()}
+    errors = {name: sorted({r.error for r in reqs if r.error})[:5] for name, reqs in requests.items()}
     result = {
         **provenance(SCRIPT, args.commit),
         "config": {"pipeline": str(args.config) if args.config else "smoke: tiny random target and close draft",
-                   "concurrency": concurrency, "requests_per_client": args.requests_per_client,
-                   "max_tokens": args.max_tokens, "sampling": sampling, "prompts": len(prompts)},
+                   "local_models": str(args.local_models) if args.local_models else None,
+                   "concurrency": list(spec.concurrency), "requests_per_client": spec.per_client,
+                   "peer_concurrency": args.peer_concurrency, "peer_requests_per_client": args.peer_requests_per_client,
+                   "max_tokens": spec.max_tokens,
+                   "sampling": spec.sampling, "prompts": len(spec.prompts)},
+        "notes": notes,
         "runs": runs,
-        "summary": summary(runs),
+        "load_test": load_test,
+        "errors": {k: v for k, v in errors.items() if v},
+        "summary": summary(runs, load_test),
     }
     say(f"wrote {write_json(out, result)}")
-    return 0

@@ -24,11 +24,84 @@ def test_summarize_counts_tokens_over_the_wall_and_pools_gaps() -> None:
     assert got["tpot_ms_p50"] == pytest.approx(3.75)  # (10 / 4 + 10 / 2) / 2
 
 
-def test_summary_compares_with_no_spec_at_32_clients_only_where_both_ran() -> None:
+def test_summary_ratios_come_from_the_measured_rows_and_are_none_where_a_side_is_missing() -> None:
     row = {"output_tokens_per_s": 300.0, "ttft_ms_p50": 5.0, "requests": 4}
-    assert sb.summary({"spec": {"c32": row}}) == {"c32": {"output_tokens_per_s": 300.0, "ttft_ms_p50": 5.0}}
-    both = sb.summary({"spec": {"c32": row}, "no_spec": {"c32": {**row, "output_tokens_per_s": 200.0}}})
-    assert both["throughput_vs_no_spec_c32"] == 1.5
+    alone = sb.summary({"spec": {"c32": row}})
+    assert alone["c32"] == {"output_tokens_per_s": 300.0, "ttft_ms_p50": 5.0}
+    assert alone["spec_vs_nospec_c32"] is None and alone["throughput_vs_peer_c32"] is None
+    runs = {"spec": {"c1": {"output_tokens_per_s": 90.0}, "c32": row},
+            "no_spec": {"c32": {"output_tokens_per_s": 200.0}},
+            "spec_plain": {"c32": {"output_tokens_per_s": 320.0}},
+            "peer": {"c32": {"output_tokens_per_s": 80.0}},
+            "offline": {"c1": {"output_tokens_per_s": 100.0}}}
+    got = sb.summary(runs)
+    assert got["spec_vs_nospec_c32"] == 1.5
+    assert got["throughput_vs_peer_c32"] == 4.0  # ours non-streaming over the peer's: both measured alike
+    assert got["stream_vs_offline_c1"] == 0.9
+    assert sb.summary({**runs, "peer": {"skipped": "why"}})["throughput_vs_peer_c32"] is None
+    assert sb.summary({**runs, "peer": {"c32": {"output_tokens_per_s": 160.0}}})["throughput_vs_peer_c32"] == 2.0
+
+
+def _req(prompt: int, text: str, rid: str | None, finishes: int = 1, error: str | None = None) -> sb.Request:
+    return sb.Request(0.01, (), 3, 0.02, prompt, text, rid, finishes, error)
+
+
+REFS = ["def fib(n):\n    if n < 2:", "A hash table maps keys to values", "def fib(n):\n    return"]
+
+
+def test_audit_counts_lost_duplicated_and_mixed_up_requests() -> None:
+    clean = [_req(0, REFS[0], "a"), _req(1, REFS[1], "b"), _req(2, REFS[2], "c")]
+    assert sb.audit(clean, REFS) == {"sent": 3, "lost": 0, "duplicated": 0, "mixed_up": 0, "differs_from_offline": 0}
+    bad = [*clean,
+           _req(1, "", None, error="HTTP 500: boom"),          # lost
+           _req(0, REFS[0], "a"),                               # a response id seen before
+           _req(2, REFS[2], "d", finishes=2),                   # a stream that finished twice
+           _req(0, REFS[1], "e"),                               # prompt 1's text for prompt 0
+           _req(1, REFS[1][:20] + " and more", "f")]            # parts from its own late: not mixed up
+    got = sb.audit(bad, REFS)
+    assert got == {"sent": 8, "lost": 1, "duplicated": 2, "mixed_up": 1, "differs_from_offline": 2}
+    assert sb.audit(bad, None)["mixed_up"] is None
+
+
+def test_mixed_up_needs_more_than_a_chance_opening() -> None:
+    # prompts 0 and 2 share "def fib(n):\n    " (16 characters): a text that follows 2 further than 0 is 2's
+    assert sb.mixed_up("def fib(n):\n    return n", 0, REFS)
+    assert not sb.mixed_up("def fib(n):\n    if n < 2: return n", 0, REFS)
+    assert not sb.mixed_up("A h", 0, REFS)  # agrees with prompt 1 for fewer than MIN_AGREE characters
+
+
+def test_load_test_totals_add_up_over_systems() -> None:
+    per = {"spec": {"sent": 4, "lost": 1, "duplicated": 0, "mixed_up": 0, "differs_from_offline": 2},
+           "peer": {"sent": 2, "lost": 0, "duplicated": 1, "mixed_up": 1, "differs_from_offline": 1}}
+    assert sb.summary({}, per)["load_test"] == {"sent": 6, "lost": 1, "duplicated": 1, "mixed_up": 1,
+                                                "differs_from_offline": 3}
+    none = {"spec": {"sent": 2, "lost": 0, "duplicated": 0, "mixed_up": None, "differs_from_offline": None}}
+    assert sb.total(none)["mixed_up"] is None
+
+
+def test_plan_sends_the_prompts_in_turn() -> None:
+    assert sb.plan(2, 3, 4) == [[0, 1, 2], [3, 0, 1]]
+    assert sb.plan(1, 2, 8) == [[0, 1]]
+
+
+def test_local_models_points_known_names_at_the_leases_folders(tmp_path: Path) -> None:
+    (tmp_path / "big-bf16").mkdir()
+    (tmp_path / "small-bf16").mkdir()
+    config = {"target": {"model": "big", "dtype": "auto"},
+              "arm": [{"use": "hf", "model": "small"}, {"use": "none"}, {"use": "hf", "model": "other"}]}
+    got = sb.local_models(config, tmp_path)
+    assert got["target"] == {"model": str(tmp_path / "big-bf16"), "dtype": "auto"}
+    assert [a.get("model") for a in got["arm"]] == [str(tmp_path / "small-bf16"), None, "other"]
+    assert sb.model_folders(got, None) == (str(tmp_path / "big-bf16"), str(tmp_path / "small-bf16"))
+    with pytest.raises(ValueError, match="no draft"):
+        sb.model_folders({"target": {"model": "m"}, "arm": [{"use": "none"}]}, None)
+
+
+def test_peer_dtype_follows_the_target() -> None:
+    assert sb.peer_dtype({"target": {"dtype": "auto"}}, cuda=True) == "bfloat16"
+    assert sb.peer_dtype({"target": {"dtype": "auto"}}, cuda=False) == "float32"
+    assert sb.peer_dtype({"target": {"dtype": "bf16"}}, cuda=False) == "bfloat16"
+    assert sb.peer_dtype({"target": {"dtype": "float64"}}, cuda=False) == "float32"
 
 
 def test_no_spec_keeps_the_target_and_plays_one_plain_arm() -> None:
@@ -37,15 +110,103 @@ def test_no_spec_keeps_the_target_and_plays_one_plain_arm() -> None:
     assert plain["target"] == config["target"] and [a["use"] for a in plain["arm"]] == ["none"]
 
 
-def test_smoke_run_writes_every_level_with_and_without_speculation(tmp_path: Path) -> None:
+FAKE_PEER = """
+import argparse, json, uuid
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+p = argparse.ArgumentParser()
+p.add_argument("--port", type=int)
+p.add_argument("--target")
+args, _ = p.parse_known_args()
+if args.target == "broken":
+    raise SystemExit("cannot load broken")
+
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def reply(self, code, obj):
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self.reply(200, {"status": "ok"})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if body.get("stream"):
+            return self.reply(400, {"detail": "Streaming is not implemented."})
+        self.reply(200, {"id": uuid.uuid4().hex, "choices": [{"text": "echo: " + body["prompt"]}],
+                         "usage": {"completion_tokens": 3}})
+
+
+HTTPServer(("127.0.0.1", args.port), H).serve_forever()
+"""
+
+
+def _fake_peer(root: Path) -> Path:
+    """A stand-in for the peer's package: ``python -m flashspec.serve`` answering like it, non-streaming."""
+    serve = root / "flashspec" / "serve"
+    serve.mkdir(parents=True)
+    (root / "flashspec" / "__init__.py").write_text("")
+    (serve / "__init__.py").write_text("")
+    (serve / "__main__.py").write_text(FAKE_PEER)
+    return root
+
+
+def test_the_peer_runs_from_its_own_folder_and_is_loaded_without_streaming(tmp_path: Path) -> None:
+    pytest.importorskip("httpx")
+    site = _fake_peer(tmp_path / "site")
+    prompts = ("p one", "p two", "p three")
+    spec = sb.Load(prompts, (1, 2), 2, 4, {"temperature": 0.0})
+    setup = sb.PeerSetup(site, "target", "draft", "float32", 0.0, 4)
+    rows, requests = sb.bench_peer(setup, spec, tmp_path / "peer.log", lambda _: None)
+    assert rows["c1"]["requests"] == 2 and rows["c2"]["requests"] == 4
+    assert rows["c2"]["output_tokens"] == 12 and rows["c2"]["failed"] == 0
+    references = [f"echo: {p}" for p in prompts]
+    assert sb.audit(requests, references) == {"sent": 6, "lost": 0, "duplicated": 0, "mixed_up": 0,
+                                              "differs_from_offline": 0}
+    shifted = references[1:] + references[:1]  # every answer now belongs to another prompt
+    assert sb.audit(requests, shifted)["mixed_up"] == 6
+
+
+def test_a_peer_that_cannot_start_is_named_with_its_log(tmp_path: Path) -> None:
+    pytest.importorskip("httpx")
+    site = _fake_peer(tmp_path / "site")
+    setup = sb.PeerSetup(site, "broken", "draft", "float32", 0.0, 4)
+    spec = sb.Load(("p",), (1,), 1, 4, {"temperature": 0.0})
+    with pytest.raises(RuntimeError, match="exited.*cannot load broken"):
+        sb.bench_peer(setup, spec, tmp_path / "peer.log", lambda _: None)
+
+
+def test_smoke_run_writes_every_system_and_the_summary_fields(tmp_path: Path) -> None:
+    """The real peer cannot encode the tiny models' prompts (its AutoTokenizer reads their
+    tokenizer as Qwen2's BPE), so the stand-in plays it here."""
     pytest.importorskip("uvicorn")
     out = tmp_path / "serve.json"
     assert sb.main(["--smoke", "--concurrency", "1,3", "--requests-per-client", "2", "--max-tokens", "6",
-                    "--no-spec", "--out", str(out)]) == 0
+                    "--no-spec", "--peer", str(_fake_peer(tmp_path / "site")), "--peer-concurrency", "1,3",
+                    "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert {"commit", "device", "torch", "config", "runs", "summary"} <= set(result)
-    for mode in ("spec", "no_spec"):
+    assert {"commit", "device", "torch", "config", "runs", "summary", "load_test", "notes"} <= set(result)
+    for mode, per_client in (("spec", 2), ("no_spec", 2), ("spec_plain", 1), ("peer", 1)):
         for level, clients in (("c1", 1), ("c3", 3)):
             row = result["runs"][mode][level]
-            assert row["requests"] == 2 * clients and row["output_tokens"] > 0
+            assert row["requests"] == per_client * clients and row["failed"] == 0 and row["output_tokens"] > 0
             assert row["ttft_ms_p50"] > 0 and row["output_tokens_per_s"] > 0
+    assert result["runs"]["offline"]["c1"]["requests"] == 2
+    summary = result["summary"]
+    assert summary["stream_vs_offline_c1"] == pytest.approx(
+        result["runs"]["spec"]["c1"]["output_tokens_per_s"] / result["runs"]["offline"]["c1"]["output_tokens_per_s"],
+        abs=1e-3)
+    assert summary["throughput_vs_peer_c32"] is None  # no level of 32 clients here
+    # float32 on the CPU: every answer of ours is its prompt's offline text; the stand-in's never are
+    assert result["load_test"]["peer"] == {"sent": 4, "lost": 0, "duplicated": 0, "mixed_up": 0,
+                                           "differs_from_offline": 4}
+    assert summary["load_test"] == {"sent": 2 * 4 + 4 + 2 * 4 + 4, "lost": 0, "duplicated": 0, "mixed_up": 0,
+                                    "differs_from_offline": 4}
