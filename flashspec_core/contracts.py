@@ -8,7 +8,7 @@ A component may also offer an optional *capability*: a small runtime-checkable
 protocol below (:class:`RequestAware`, :class:`ObservesSteps`, :class:`DeclaresExactness`,
 :class:`VerifiesWithNoise`, :class:`HasTokenizer`, :class:`Prewarmable`,
 :class:`CapturesGraphs`, :class:`NamesModel`, :class:`VerifiesRows`, :class:`HasContext`,
-:class:`ForgetsRequests`, and for draft trees :class:`ProposesTrees`, :class:`ScoresTrees`, :class:`VerifiesTrees`). Code that uses a capability tests
+:class:`ForgetsRequests`, :class:`PrefillsRows`, :class:`ResetsRows`, and for draft trees :class:`ProposesTrees`, :class:`ScoresTrees`, :class:`VerifiesTrees`). Code that uses a capability tests
 ``isinstance(component, Capability)``, never ``hasattr``, so every capability a caller
 relies on is declared and documented here.
 
@@ -625,6 +625,43 @@ class HasContext(Protocol):
     max_context: int
 
 
+@runtime_checkable
+class PrefillsRows(Protocol):
+    """Optional extra of a :class:`Target`: start some rows of the running batch afresh.
+
+    The server seats a request that joins the running batch in the slot of a finished row
+    and prefills that row alone, instead of re-prefilling every live row
+    (:meth:`Target.prefill` of a new batch). Every other row's cache stays exactly as it
+    was, so its next :meth:`Target.score` gives the logits it would have given without the
+    join; the batch keeps its size and nothing is reallocated (captured graphs stay valid).
+    """
+
+    def prefill_rows(self, tokens: torch.Tensor, lengths: Sequence[int], rows: Sequence[int]) -> None:
+        """Forget what the cache holds for ``rows`` and process each one's new sequence
+        ``tokens[b, : lengths[b]]`` but its last token, as :meth:`Target.prefill` does.
+
+        :param tokens: ``[B, L]`` int64, the whole batch (B as at the last prefill).
+        :param lengths: B ints; only those of ``rows`` are read.
+        :param rows: distinct row indices in ``[0, B)``.
+        """
+
+
+@runtime_checkable
+class ResetsRows(Protocol):
+    """Optional extra of a :class:`DraftProvider`: forget some rows' sequences only.
+
+    Called between steps, after the rollbacks, when new sequences take over ``rows`` of
+    the running batch (:class:`PrefillsRows`): the provider drops what it keeps for those
+    rows and catches up on their new sequences at its next proposal, as after
+    :meth:`DraftProvider.reset`, keeping every other row's state. A provider with no
+    per-row state does nothing. The server joins rows one by one only where every arm's
+    provider declares it.
+    """
+
+    def reset_rows(self, rows: Sequence[int]) -> None:
+        """Forget the sequences of rows ``rows`` (distinct indices into the batch)."""
+
+
 # Every optional capability (docs/plugins.md documents each; a test checks it).
 CAPABILITIES: tuple[type, ...] = (
     RequestAware,
@@ -641,6 +678,8 @@ CAPABILITIES: tuple[type, ...] = (
     VerifiesRows,
     HasContext,
     ForgetsRequests,
+    PrefillsRows,
+    ResetsRows,
 )
 
 

@@ -406,6 +406,9 @@ class NoDraft:
     def reset(self) -> None:
         """Stateless."""
 
+    def reset_rows(self, rows: Sequence[int]) -> None:
+        """Stateless."""
+
     def propose(self, tokens: torch.Tensor, lengths: Sequence[int], gamma: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> Draft:
         return Draft(tokens=torch.zeros((len(lengths), 0), dtype=torch.long), probs=None)

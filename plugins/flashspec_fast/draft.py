@@ -106,6 +106,13 @@ class FastDraft:
     def reset(self) -> None:
         self.seen = []
 
+    def reset_rows(self, rows: Sequence[int]) -> None:
+        """Forget ``rows``' sequences (:class:`~flashspec_core.contracts.ResetsRows`): they catch
+        up from slot 0 at the next proposal, rewriting every slot they read."""
+        for b in rows:
+            if b < len(self.seen):
+                self.seen[b] = 0
+
     def propose(
         self,
         tokens: torch.Tensor,  # [B, L] int64 (CPU)

@@ -288,7 +288,7 @@ class Transformer:
     @torch.no_grad()
     def forward(
         self, tokens: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, last_only: bool = False, span: int = 0,
-        depth: int | None = None, tree: TreeBlock | None = None,
+        depth: int | None = None, tree: TreeBlock | None = None, rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """tokens, pos, write: [B, T] int64 on the device -> logits [B, T or 1, V] (model dtype).
 
@@ -296,7 +296,10 @@ class Transformer:
         runs only the first ``depth`` layers (then the final norm and the LM head), writing
         the cache of those layers only: the self-speculative draft (:mod:`flashspec_fast.selfdraft`).
         ``tree``: the forward holds a draft tree block (see :class:`~flashspec_core.tree.TreeBlock`;
-        its nodes written at their slots, positioned by depth), which must end below ``span``."""
+        its nodes written at their slots, positioned by depth), which must end below ``span``.
+        ``rows`` ([B] int64 on the device): the cache row each batch entry reads and writes
+        (default: entry ``b`` is row ``b``), so some rows can be prefilled alone while every
+        other row's slots stay as they are (:meth:`~flashspec_fast.target.FastTarget.prefill_rows`)."""
         a, w, ops = self.args, self.w, self.ops
         batch, width = tokens.shape
         group, hd = a.heads // a.kv_heads, a.head_dim
@@ -307,9 +310,13 @@ class Transformer:
         kernels = triton_kernels() if self.decode_kernel else None  # (attention, rope) modules
         # decoding forwards: flashspec_kernels.attention, [B, T, H, hd] in and out
         decode = kernels[0].decode_attention if kernels is not None and width <= kernels[0].MAX_WIDTH else None
+        held = batch if rows is None else self.batch  # cache rows the layer views span
+        if rows is not None:  # the decode kernel reads cache row b for entry b; gathered rows go through SDPA
+            decode = None
         mask = None if decode is not None else self._mask(pos, group, span, tree)
-        slots = (torch.arange(batch, device=self.device)[:, None] * self.max_len + write).view(-1)  # [B*T]
-        cache = (batch, self.max_len, a.kv_heads, hd)  # a layer's cache rows as [B, S, KV, hd]
+        index = torch.arange(batch, device=self.device) if rows is None else rows  # [B]: each entry's cache row
+        slots = (index[:, None] * self.max_len + write).view(-1)  # [B*T]
+        cache = (held, self.max_len, a.kv_heads, hd)  # a layer's cache rows as [rows, S, KV, hd]
         store = kernels[1].rope_store if kernels is not None else ops.rope_store  # one launch, not Inductor's four
         gemv = self.gemv if batch * width <= fused.MAX_ROWS else None  # norms and adds fused into the GEMMs
         for i, layer in enumerate(w.layers[:depth]):
@@ -318,16 +325,18 @@ class Transformer:
             else:
                 qkv = gemv.qkv(x, layer)
             qkv = qkv.view(batch, width, a.heads + 2 * a.kv_heads, hd)
-            kc = self.k_cache[i, :batch].view(batch * self.max_len, nkv)
-            vc = self.v_cache[i, :batch].view(batch * self.max_len, nkv)
+            kc = self.k_cache[i, :held].view(held * self.max_len, nkv)
+            vc = self.v_cache[i, :held].view(held * self.max_len, nkv)
             q = store(qkv, cos, sin, kc, vc, slots, a.heads, a.kv_heads)  # [B, T, H, hd]
             if decode is not None:
                 o = decode(q, kc.view(cache), vc.view(cache), pos, span, tree=tree).view(batch * width, nq)
             else:
                 q = q.reshape(batch, width, a.kv_heads, group, hd).permute(0, 2, 3, 1, 4)
                 q = q.reshape(batch, a.kv_heads, group * width, hd)
-                keys = kc.view(cache)[:, :span].transpose(1, 2)
-                values = vc.view(cache)[:, :span].transpose(1, 2)
+                keys, values = kc.view(cache)[:, :span], vc.view(cache)[:, :span]
+                if rows is not None:
+                    keys, values = keys[rows], values[rows]
+                keys, values = keys.transpose(1, 2), values.transpose(1, 2)
                 o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, KV, G*T, hd]
                 o = o.view(batch, a.kv_heads, group, width, hd).permute(0, 3, 1, 2, 4).reshape(batch * width, nq)
             if gemv is not None:

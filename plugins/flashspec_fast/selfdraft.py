@@ -79,6 +79,10 @@ class FastSelfDraft:
     def reset(self) -> None:
         self._since = self.target.prefills
 
+    def reset_rows(self, rows: Sequence[int]) -> None:
+        """Nothing to forget (:class:`~flashspec_core.contracts.ResetsRows`): a row's slots are the
+        target's, which :meth:`~flashspec_fast.target.FastTarget.prefill_rows` rewrites."""
+
     def propose(
         self,
         tokens: torch.Tensor,  # [B, L] int64 (CPU)

@@ -153,6 +153,16 @@ def move_path(model: Transformer, graphs: GraphCache, stage: HostInputs, paths: 
     graphs(("path", *paths.shape, below), run, stage(paths), root)
 
 
+def check_rows(rows: Sequence[int], batch: int, what: str) -> list[int]:
+    """``rows`` as a list of distinct indices into a running batch of ``batch`` rows; a clear error if not."""
+    picked = [int(b) for b in rows]
+    if batch == 0:
+        raise ValueError(f"{what}: no batch is running (prefill one first)")
+    if not picked or len(set(picked)) != len(picked) or not all(0 <= b < batch for b in picked):
+        raise ValueError(f"{what}: rows must be distinct indices in [0, {batch}), got {picked}")
+    return picked
+
+
 def check_room(model: Transformer, longest: int, what: str) -> None:
     if longest >= model.scratch:
         raise ValueError(
@@ -214,6 +224,24 @@ class FastTarget:
         ragged_forward(self.model, tokens, [0] * len(lengths), [n - 1 for n in lengths], self._stage, self.graphs)
         self.cached = [n - 1 for n in lengths]
         self.prefills += 1
+
+    def prefill_rows(self, tokens: torch.Tensor, lengths: Sequence[int], rows: Sequence[int]) -> None:
+        """Write the sequences of ``rows`` but their last tokens into those rows' slots
+        (:class:`~flashspec_core.contracts.PrefillsRows`): one eager forward over those rows alone
+        (:meth:`~flashspec_fast.model.Transformer.forward`'s ``rows``). No other row's slot is
+        written and nothing is reallocated, so the captured graphs stay valid."""
+        picked = check_rows(rows, len(self.cached), "prefill_rows")
+        stops = [lengths[b] - 1 for b in picked]
+        check_room(self.model, max(stops) + 1, "prefill_rows")
+        need = max(stops)
+        if need > 0:
+            scratch = self.model.scratch
+            host = ragged_inputs(tokens[picked], [0] * len(picked), stops, catch_up_width(need, scratch), scratch)
+            dev = self._stage(host)
+            index = torch.tensor(picked, dtype=torch.long).to(self.device)
+            self.model.forward(dev[0], dev[1], dev[2], last_only=True, span=self.model.span_for(need), rows=index)
+        for b, stop in zip(picked, stops, strict=True):
+            self.cached[b] = stop
 
     def score(self, tokens: torch.Tensor, lengths: Sequence[int], draft_tokens: torch.Tensor) -> torch.Tensor:
         """Logits after each row's last token and after each draft token: [B, gamma+1, V]."""

@@ -70,6 +70,14 @@ class HFDraft:
     def reset(self) -> None:
         self.lm.reset(0)
 
+    def reset_rows(self, rows: Sequence[int]) -> None:
+        """Forget ``rows``' sequences (:class:`~flashspec_core.contracts.ResetsRows`): their slots
+        are dropped and the next proposal feeds them from their first token."""
+        kept = [b for b in rows if b < len(self.lm.seen)]
+        if kept:
+            self.lm.forget_rows(kept)
+            self.lm.compact()
+
     def propose(
         self,
         tokens: torch.Tensor,  # [B, L] int64

@@ -139,6 +139,34 @@ class CachedLM:
         m = 0 if extra is None else extra.shape[1]
         return self.forward(ids, valid, tree if m else None)[:, -(1 + m) :]
 
+    def forget_rows(self, rows: Sequence[int]) -> None:
+        """Invalidate every slot of ``rows`` and start their positions and counts over: the
+        next :meth:`catch_up` feeds those rows from their first token, and no other row's keys,
+        values or positions change. The invalid slots stay until :meth:`compact`."""
+        index = torch.tensor(list(rows), dtype=torch.long, device=self.device)
+        self.valid[index] = False
+        self.next_pos[index] = 0
+        for b in rows:
+            self.seen[b] = 0
+
+    def compact(self) -> None:
+        """Drop the invalid slots, each row's valid ones right-aligned (left padding) in as many
+        slots as the fullest row holds: the holes that forgotten rows leave would otherwise
+        widen the cache, and every forward's attention, with each row that joins. Exact: every
+        valid slot keeps its keys, values and position, and no query sees an invalid one."""
+        if self.tree_start is not None:
+            raise RuntimeError("compact: the last forward's tree block is not committed yet")
+        slots, width = self.valid.shape[1], int(self.valid.sum(1).max()) if self.valid.numel() else 0
+        if width == slots:
+            return
+        # a stable sort of the flags puts each row's invalid slots first and keeps the valid ones in order
+        index = torch.sort(self.valid.to(torch.uint8), dim=1, stable=True).indices[:, slots - width :]  # [B, width]
+        for layer in self.cache.layers:
+            keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+            if isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor) and keys.numel():
+                layer.keys, layer.values = _gather_slots(keys, 0, index), _gather_slots(values, 0, index)  # type: ignore[union-attr]
+        self.valid = self.valid.gather(1, index)
+
     def drop_tree(self) -> None:
         """Drop the whole tree block of the last forwards (no node kept)."""
         if self.tree_start is not None:

@@ -86,6 +86,10 @@ class HFSelfDraft(HFDraft):
     def reset(self) -> None:
         self._since = self.target.prefills
 
+    def reset_rows(self, rows: Sequence[int]) -> None:
+        """Nothing to forget (:class:`~flashspec_core.contracts.ResetsRows`): a proposal works on
+        the target's cache, whose rows :meth:`~flashspec_hf.target.HFTarget.prefill_rows` starts over."""
+
     def propose(
         self,
         tokens: torch.Tensor,  # [B, L] int64

@@ -59,6 +59,23 @@ class HFTarget:
         self.lm.catch_up(tokens, [n - 1 for n in lengths])
         self.prefills += 1
 
+    def prefill_rows(self, tokens: torch.Tensor, lengths: Sequence[int], rows: Sequence[int]) -> None:
+        """Feed the sequences of ``rows`` but their last tokens, after forgetting those rows
+        (:class:`~flashspec_core.contracts.PrefillsRows`): one forward in which only their slots
+        are valid, so every other row keeps its keys, values and positions; then the slots
+        the forgotten rows held are dropped (:meth:`~flashspec_hf.lm.CachedLM.compact`)."""
+        picked = [int(b) for b in rows]
+        batch = len(self.lm.seen)
+        if not picked or len(set(picked)) != len(picked) or not all(0 <= b < batch for b in picked):
+            raise ValueError(f"prefill_rows: rows must be distinct indices in [0, {batch}), got {picked}")
+        self.lm.forget_rows(picked)
+        stops = list(self.lm.seen)  # the other rows: nothing new
+        for b in picked:
+            stops[b] = lengths[b] - 1
+        if any(stops[b] for b in picked):
+            self.lm.catch_up(tokens, stops)
+        self.lm.compact()
+
     def score(self, tokens: torch.Tensor, lengths: Sequence[int], draft_tokens: torch.Tensor) -> torch.Tensor:
         """Logits at the gamma draft positions and the bonus position: [B, gamma+1, V]."""
         self._lengths = list(lengths)

@@ -174,6 +174,13 @@ class PromptLookupDraft:
     def reset(self) -> None:
         self._rows = []
 
+    def reset_rows(self, rows: Sequence[int]) -> None:
+        """Start ``rows``' indexes over (:class:`~flashspec_core.contracts.ResetsRows`): a new
+        sequence in a row need not be shorter than the one it replaces."""
+        for b in rows:
+            if b < len(self._rows):
+                self._rows[b] = NgramIndex(self.config)
+
     def propose(
         self,
         tokens: torch.Tensor,  # [B, L] int64

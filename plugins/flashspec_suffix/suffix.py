@@ -105,6 +105,14 @@ class SuffixDraft:
         self._rows = []
         self.tree.evict(self.config.max_tokens)
 
+    def reset_rows(self, rows: Sequence[int]) -> None:
+        """End the requests of ``rows`` (their sequences enter the corpus, as at :meth:`reset`)
+        and open fresh sequences there (:class:`~flashspec_core.contracts.ResetsRows`)."""
+        for b in rows:
+            if b < len(self._rows):
+                self.tree.close(self._rows[b])
+                self._rows[b] = self.tree.open()
+
     def forget_requests(self) -> None:
         """An empty corpus (:class:`flashspec_core.contracts.ForgetsRequests`)."""
         self.tree = SuffixTree(self.config.max_match + 1)

@@ -4,13 +4,21 @@ One thread runs the decode loop, so the event loop never waits on the model. Req
 wait in a bounded FIFO queue and *join the running batch between steps*; a row leaves
 when it finishes, is cancelled or its client disconnects.
 
-Joining is exact and simple: when rows join (or finished rows make up half the batch) the
-engine *rebuilds* the batch from the rows' current sequences (prompt + tokens so far),
-re-prefills the target and resets the draft providers (``StepPolicy.begin``). The
-sequences are the source of truth and every component catches up from them, so a row's
-tokens do not depend on when it joined (greedy: exactly what it gets alone). The cost is
-a re-prefill of every live row per rebuild, counted by ``flashspec:batch_rebuilds`` and
-``flashspec:batch_rebuild_prefill_tokens``; a per-row prefill would remove it.
+The batch is a set of *slots*: row ``b`` of the token tensor and of every component's
+state. A finished row frees its slot. A joining request takes a free slot and is prefilled
+alone (:class:`~flashspec_core.contracts.PrefillsRows`): the draft providers forget just
+that row (:class:`~flashspec_core.contracts.ResetsRows`) and catch up on it from its
+sequence at their next proposal, and no live row is touched. Where the target or a
+provider lacks the capability, more rows join than slots are free, or the batch is empty,
+the engine instead *rebuilds* the batch from the live rows' sequences (prompt + tokens so
+far): it re-prefills the target and resets the providers (``StepPolicy.begin``), giving
+itself free slots up to the next power of two of the live rows (at most ``max_batch``) so
+later joins need no rebuild. When no more than a quarter of the slots are live (half
+without per-row prefill) and nobody joins, a rebuild shrinks the batch, since every slot
+costs each step's forward. The sequences are the source of truth either way, so a row's
+tokens do not depend on when it joined (greedy: exactly what it gets alone).
+``flashspec:batch_row_prefills`` counts rows prefilled alone, ``flashspec:batch_rebuilds``
+rebuilds, and ``flashspec:batch_rebuild_prefill_tokens`` the tokens both prefilled.
 
 Requests with different temperatures, top-k and top-p share a batch: each step hands the
 pipeline a :class:`~flashspec_core.contracts.RowSampling` (one setting per row), which a
@@ -28,13 +36,13 @@ import secrets
 import threading
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import structlog
 import torch
 
-from flashspec_core.contracts import HasContext, RowSampling, SamplingParams, StepRecord
+from flashspec_core.contracts import HasContext, PrefillsRows, ResetsRows, RowSampling, SamplingParams, StepRecord
 from flashspec_core.pipeline import Pipeline
 from flashspec_serve.metrics import Metrics
 from flashspec_serve.text import TextStream
@@ -165,8 +173,8 @@ class Engine:
         self.max_gamma = max(a.gamma for a in pipeline.arms)
         self._cond = threading.Condition()
         self._waiting: collections.deque[Handle] = collections.deque()
-        self._rows: list[_Row] = []  # the batch, row b is self._rows[b]
-        self._active: list[bool] = []
+        self._rows: list[_Row | None] = []  # the batch's slots: slot b holds row self._rows[b] (None: never filled)
+        self._active: list[bool] = []  # slot b's row is decoding (False: a free slot)
         self._joining: list[_Row] = []  # admitted, in the batch from the next build on
         self._tokens = torch.zeros((0, 0), dtype=torch.long)
         self._lengths: list[int] = []
@@ -176,6 +184,11 @@ class Engine:
         self._deadline: float | None = None  # shutdown: running rows are aborted after this
         self._thread = threading.Thread(target=self._run, name="flashspec-engine", daemon=True)
         self.rebuilds = 0
+        self.row_prefills = 0
+        # Rows join one by one where the target prefills single rows and every arm's provider
+        # forgets single rows (read once: isinstance on a Protocol costs microseconds a step).
+        self.per_row = isinstance(pipeline.target, PrefillsRows) and all(
+            isinstance(arm.provider, ResetsRows) for arm in pipeline.policy.arms)
 
     # ------------------------------------------------------------------ the app's side
 
@@ -258,8 +271,10 @@ class Engine:
 
     def _cycle(self) -> None:
         self._drop_cancelled()
-        dead = len(self._active) - sum(self._active)
-        if self._joining or (dead and dead * 2 >= len(self._active)):
+        if self._joining:
+            if not self._seat():
+                self._build()
+        elif self._shrinks():
             self._build()
         self.metrics.running.set(self.running)
         if not any(self._active):
@@ -271,31 +286,77 @@ class Engine:
     def _drop_cancelled(self) -> None:
         past_deadline = self._deadline is not None and time.perf_counter() > self._deadline
         for b, row in enumerate(self._rows):
-            if self._active[b] and (row.handle.cancelled or past_deadline):
+            if row is not None and self._active[b] and (row.handle.cancelled or past_deadline):
                 self._active[b] = False
                 self._finish(row, "abort", "the server is shutting down" if past_deadline else None)
         for row in [r for r in self._joining if r.handle.cancelled or past_deadline]:
             self._joining.remove(row)
             self._finish(row, "abort", "the server is shutting down" if past_deadline else None)
 
+    def _shrinks(self) -> bool:
+        """Few enough live rows that a rebuild pays for itself: a quarter of the slots with
+        per-row prefill (so a batch rebuilt with headroom is not shrunk back at once), half without."""
+        live, slots = sum(self._active), len(self._active)
+        return slots > 0 and live * (4 if self.per_row else 2) <= slots
+
+    def _seat(self) -> bool:
+        """Seat the joining rows in free slots, each prefilled alone (module docstring);
+        False, changing nothing, where they cannot be."""
+        free = [b for b, on in enumerate(self._active) if not on]
+        if not (any(self._active) and len(self._joining) <= len(free) and self.per_row):
+            return False
+        seats, rows, self._joining = free[: len(self._joining)], self._joining, []
+        width = max(len(r.job.prompt) + r.job.max_tokens for r in rows) + self.max_gamma + 1
+        if width > self._tokens.shape[1]:  # only the host tensor widens: no component keeps its width
+            grown = torch.zeros((self._tokens.shape[0], width), dtype=torch.long)
+            grown[:, : self._tokens.shape[1]] = self._tokens
+            self._tokens = grown
+        for b, row in zip(seats, rows, strict=True):
+            seq = row.sequence
+            self._rows[b], self._active[b], self._lengths[b] = row, True, len(seq)
+            self._tokens[b] = 0
+            self._tokens[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        self._sampling = self._row_sampling()
+        for provider in {id(a.provider): a.provider for a in self.pipeline.policy.arms}.values():
+            cast(ResetsRows, provider).reset_rows(seats)
+        cast(PrefillsRows, self.pipeline.target).prefill_rows(self._tokens, self._lengths, seats)
+        self.row_prefills += len(seats)
+        self.metrics.row_prefills.inc(len(seats))
+        self.metrics.rebuild_tokens.inc(sum(self._lengths[b] for b in seats))
+        return True
+
     def _build(self) -> None:
         """Rebuild the batch from the live rows' sequences: re-prefill the target, reset the providers."""
-        rows = [r for b, r in enumerate(self._rows) if self._active[b]] + self._joining
-        self._rows, self._active, self._joining = rows, [True] * len(rows), []
+        rows = [r for b, r in enumerate(self._rows) if r is not None and self._active[b]] + self._joining
+        self._joining = []
         if not rows:
+            self._rows, self._active = [], []
             return
-        seqs = [r.sequence for r in rows]
+        slots = len(rows)
+        if self.per_row:  # headroom: the next joins take free slots instead of a rebuild
+            slots = max(slots, min(self.max_batch, 1 << (slots - 1).bit_length()))
+        self._rows = [*rows, *[None] * (slots - len(rows))]
+        self._active = [True] * len(rows) + [False] * (slots - len(rows))
+        seqs = [r.sequence for r in rows] + [[0]] * (slots - len(rows))  # a free slot holds one dummy token
         width = max(len(r.job.prompt) + r.job.max_tokens for r in rows) + self.max_gamma + 1
-        self._tokens = torch.zeros((len(rows), width), dtype=torch.long)
+        self._tokens = torch.zeros((slots, width), dtype=torch.long)
         for b, seq in enumerate(seqs):
             self._tokens[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         self._lengths = [len(s) for s in seqs]
-        self._sampling = RowSampling([r.job.params for r in rows], seeds=[r.job.seed for r in rows])
+        self._sampling = self._row_sampling()
         self.pipeline.policy.begin(len(rows))
         self.pipeline.target.prefill(self._tokens, self._lengths)
         self.rebuilds += 1
         self.metrics.rebuilds.inc()
-        self.metrics.rebuild_tokens.inc(sum(self._lengths))
+        self.metrics.rebuild_tokens.inc(sum(len(r.sequence) for r in rows))
+
+    def _row_sampling(self) -> RowSampling:
+        """One setting per slot; a never-filled slot copies the first row's (unseeded), so a
+        batch of one setting stays uniform."""
+        first = next(r for r in self._rows if r is not None)
+        rows = [first if r is None else r for r in self._rows]
+        seeds = [None if r is None else r.job.seed for r in self._rows]
+        return RowSampling([r.job.params for r in rows], seeds=seeds)
 
     def _step(self) -> tuple[StepRecord, list[list[int]]]:
         # The pipeline's own step (plan -> propose -> score -> verify -> commit), so the engine's
@@ -307,7 +368,7 @@ class Engine:
         now = time.perf_counter()
         accepted = []
         for b, row in enumerate(self._rows):
-            if not self._active[b]:
+            if row is None or not self._active[b]:
                 continue
             accepted.append(len(emitted[b]) - 1)
             row.count(record.gamma, len(emitted[b]) - 1)
@@ -343,6 +404,6 @@ class Engine:
                              speculation=row.speculation(), error=error))
 
     def _abort_all(self, reason: str, error: str) -> None:
-        for row in [r for b, r in enumerate(self._rows) if self._active[b]] + self._joining:
+        for row in [r for b, r in enumerate(self._rows) if r is not None and self._active[b]] + self._joining:
             self._finish(row, reason, error)
         self._rows, self._active, self._joining = [], [], []

@@ -32,9 +32,13 @@ class Metrics:
         self.waiting = Gauge("flashspec:num_requests_waiting", "Requests waiting to join the batch", registry=r)
         self.prompt_tokens = Counter("flashspec:prompt_tokens", "Prompt tokens of admitted requests", registry=r)
         self.generation_tokens = Counter("flashspec:generation_tokens", "Tokens generated", registry=r)
-        self.rebuilds = Counter("flashspec:batch_rebuilds", "Batch rebuilds (target re-prefilled)", registry=r)
+        self.rebuilds = Counter("flashspec:batch_rebuilds", "Batch rebuilds (every live row re-prefilled)",
+                                registry=r)
+        self.row_prefills = Counter("flashspec:batch_row_prefills",
+                                    "Rows that joined the running batch prefilled alone, in a free slot", registry=r)
         self.rebuild_tokens = Counter("flashspec:batch_rebuild_prefill_tokens",
-                                      "Tokens re-prefilled by batch rebuilds", registry=r)
+                                      "Tokens prefilled to start rows: every live row's at a rebuild, "
+                                      "the joining row's alone at a per-row prefill", registry=r)
         self.rejected = Counter("flashspec:requests_rejected", "Requests refused with 429 (queue full)", registry=r)
         self.ttft = Histogram("flashspec:time_to_first_token_seconds", "Arrival to first token",
                               buckets=_LATENCY_BUCKETS, registry=r)
