@@ -4,7 +4,9 @@
 bounds a config and ``Pipeline.generate`` apply too), its prompt and the plugin-free part
 of its config file before torch, transformers or triton is imported, so a bad input is one
 line naming it as typed (``--top-p``) without waiting for torch. Component keys are
-checked once the plugins are loaded, still before any model is.
+checked once the plugins are loaded, still before any model is. That import takes seconds
+(far more on a first run), so it is announced (:class:`_Pending`) without ever adding a line
+to an error found while it lasts.
 
 Files it writes (``--log-json``) are written beside their target under a temporary name
 and renamed over it when the run succeeds (or, with ``--append``, added to its end then),
@@ -20,16 +22,17 @@ import json
 import os
 import stat
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata, resources
 from pathlib import Path
 from typing import IO, Any
 
-from flashspec_core import logs
 from flashspec_core.config import GENERATION_KEYS, check_config_file, check_generation, check_prompt_text
 
 DEFAULT_CONFIG = "default.toml"
+LOADING = "loading torch and transformers (first run takes longer)"
 
 
 def bundled_config(name: str) -> Path:
@@ -39,6 +42,52 @@ def bundled_config(name: str) -> Path:
 
 def _say(msg: str) -> None:
     print(f"[flashspec] {msg}", file=sys.stderr, flush=True)
+
+
+class _Pending:
+    """The progress line of the wait before the first load line: the torch and transformers import,
+    and the config's component keys, which need the plugins and so that import.
+
+    A mistake found in that wait must still be the run's only line. On a terminal the line shows
+    while the wait lasts and is erased if an error ends it; elsewhere (a pipe, a log file) it is
+    written when the wait ends well, with its length. ``with _Pending(text) as say``: ``say`` is
+    the progress callback whose first call ends the wait.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tty = _is_terminal(sys.stderr)
+        self.start = time.monotonic()
+        self.waiting = False
+
+    def __enter__(self) -> Callable[[str], None]:
+        self.start, self.waiting = time.monotonic(), True
+        if self.tty:
+            sys.stderr.write(f"[flashspec] {self.text}")
+            sys.stderr.flush()
+        return self.say
+
+    def say(self, msg: str) -> None:
+        self._settle()
+        _say(msg)
+
+    def _settle(self) -> None:
+        if not self.waiting:
+            return
+        self.waiting = False
+        if self.tty:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+        else:
+            _say(f"{self.text}: done in {time.monotonic() - self.start:.1f} s")
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is None:
+            self._settle()
+        elif self.waiting and self.tty:
+            self.waiting = False
+            sys.stderr.write("\r\033[K")  # the error line takes its place
+            sys.stderr.flush()
 
 
 class UsageError(ValueError):
@@ -120,10 +169,13 @@ def _generate(args: argparse.Namespace) -> int:
     log_target = _output_target("--log-json", args.log_json, [config]) if args.log_json else None
     with contextlib.ExitStack() as stack:
         log_file = stack.enter_context(_output("--log-json", log_target, args.append)) if log_target else None
-        stack.enter_context(logs.configured("info" if args.verbose else "warning", log_file))
-        from flashspec_core.build import load_pipeline
+        from flashspec_core import logs  # structlog: not needed to refuse a bad input
 
-        pipeline = load_pipeline(config, progress=_say)
+        stack.enter_context(logs.configured("info" if args.verbose else "warning", log_file))
+        with _Pending(LOADING) as say:
+            from flashspec_core.build import load_pipeline
+
+            pipeline = load_pipeline(config, progress=say)
         gen = pipeline.config.generation
         opts = {key: overrides.get(key, getattr(gen, key)) for key in GENERATION_KEYS}
         _say("generating")
@@ -137,8 +189,12 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _same_terminal(a: IO[str], b: IO[str]) -> bool:
+    return _is_terminal(a) and _is_terminal(b)
+
+
+def _is_terminal(stream: IO[str]) -> bool:
     try:
-        return a.isatty() and b.isatty()
+        return stream.isatty()
     except (AttributeError, ValueError):  # a closed or fileno-less stream
         return False
 
