@@ -631,18 +631,34 @@ def run(args: argparse.Namespace, config: dict[str, Any], base_dir: Path | None,
         runs["peer"] = {"skipped": "not asked for (--peer DIR)"}
         _write(args, out, spec, runs, requests, references, notes, say)
         return
-    try:
-        import torch
+    import torch
 
-        target, draft = model_folders(config, base_dir)
-        setup = PeerSetup(args.peer, target, draft, peer_dtype(config, torch.cuda.is_available()),
-                          args.temperature, args.max_tokens, tuple(args.peer_arg))
-        notes.append("peer command: " + " ".join(peer_command(setup, 0, "DEVICE")[1:]))
-        runs["peer"], requests["peer"] = bench_peer(setup, plain, tmp / "peer.log", say)
-    except Exception as exc:  # noqa: BLE001  # the other systems' numbers still count
-        runs["peer"] = {"skipped": f"{type(exc).__name__}: {exc}"}
-        say(f"peer skipped: {runs['peer']['skipped']}")
+    failures = []
+    for extra in peer_attempts(tuple(args.peer_arg), torch.cuda.is_available()):
+        try:
+            target, draft = model_folders(config, base_dir)
+            setup = PeerSetup(args.peer, target, draft, peer_dtype(config, torch.cuda.is_available()),
+                              args.temperature, args.max_tokens, extra)
+            runs["peer"], requests["peer"] = bench_peer(setup, plain, tmp / "peer.log", say)
+            notes.append("peer command: " + " ".join(peer_command(setup, 0, "DEVICE")[1:]))
+            break
+        except Exception as exc:  # noqa: BLE001  # the other systems' numbers still count
+            failures.append(f"with {list(extra)}: {type(exc).__name__}: {exc}")
+            say(f"peer failed {failures[-1]}")
+    else:
+        runs["peer"] = {"skipped": "; ".join(failures)}
+    if failures:
+        notes.append("peer attempts that failed: " + "; ".join(failures))
     _write(args, out, spec, runs, requests, references, notes, say)
+
+
+def peer_attempts(extra: tuple[str, ...], cuda: bool) -> list[tuple[str, ...]]:
+    """The peer's argument sets to try in turn: as given, then, on CUDA where the compile
+    mode was not given, without its static-cache CUDA-graph path (its ``auto`` turns that on
+    with CUDA, and it is the part likeliest to break on another transformers)."""
+    if cuda and not any(a.startswith("--compile") for a in extra):
+        return [extra, (*extra, "--compile", "off")]
+    return [extra]
 
 
 def _write(args: argparse.Namespace, out: Path, spec: Load, runs: dict[str, Any], requests: dict[str, list[Request]],

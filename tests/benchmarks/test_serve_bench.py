@@ -218,3 +218,9 @@ def test_in_thread_returns_the_value_and_raises_the_error() -> None:
     assert sb.in_thread(lambda: threading.current_thread() is not threading.main_thread())
     with pytest.raises(ZeroDivisionError):
         sb.in_thread(lambda: 1 / 0)
+
+
+def test_the_peer_is_retried_without_its_graphs_on_cuda_only() -> None:
+    assert sb.peer_attempts((), cuda=True) == [(), ("--compile", "off")]
+    assert sb.peer_attempts((), cuda=False) == [()]
+    assert sb.peer_attempts(("--compile=on",), cuda=True) == [("--compile=on",)]
