@@ -217,7 +217,11 @@ from flashspec_serve.engine import Engine, Job  # noqa: E402
 def engine_tokens(pipe: Pipeline, jobs: list[Job], max_batch: int, running: Sequence[Job] = ()) -> list[tuple[int, ...]]:
     """Each job's tokens through one engine; ``running`` jobs are submitted first and ``jobs``
     join once they have all emitted tokens (the batch is mid-decode when they join)."""
-    engine = Engine(pipe, max_batch=max_batch, max_waiting=len(jobs) + len(running))
+    return run_jobs(Engine(pipe, max_batch=max_batch, max_waiting=len(jobs) + len(running)), jobs, running)
+
+
+def run_jobs(engine: Engine, jobs: list[Job], running: Sequence[Job] = ()) -> list[tuple[int, ...]]:
+    """:func:`engine_tokens` through a given engine (the caller reads its counters afterwards)."""
     engine.start()
 
     async def collect(handle: Any, first: asyncio.Event | None = None) -> tuple[int, ...]:
@@ -246,26 +250,28 @@ def engine_tokens(pipe: Pipeline, jobs: list[Job], max_batch: int, running: Sequ
 
 
 def _engine_samples(pipe: Pipeline, settings: list[dict[str, Any]], per_setting: int, max_batch: int,
-                    seeded: bool = False) -> list[list[tuple[int, ...]]]:
-    """As :func:`_samples`, each sequence a request to the engine, requests cycling the settings."""
+                    seeded: bool = False) -> tuple[list[list[tuple[int, ...]]], Engine]:
+    """As :func:`_samples`, each sequence a request to the engine, requests cycling the settings;
+    and the engine."""
     n = per_setting * len(settings)
     jobs = [Job(tuple(PROMPT), LENGTH, SamplingParams(**settings[i % len(settings)]),
                 seed=20_000 + i if seeded else None) for i in range(n)]
-    got = engine_tokens(pipe, jobs, max_batch)
-    return [got[k :: len(settings)] for k in range(len(settings))]
+    engine = Engine(pipe, max_batch=max_batch, max_waiting=n)
+    got = run_jobs(engine, jobs)
+    return [got[k :: len(settings)] for k in range(len(settings))], engine
 
 
 @pytest.mark.parametrize(("per_setting", "max_batch"), sizes(300, 2000))
 def test_the_engine_keeps_each_requests_law(law_setup: dict[str, Any], per_setting: int, max_batch: int) -> None:
-    pipe = _pipeline(law_setup)
-    _check(law_setup, MIXED, _engine_samples(pipe, MIXED, per_setting, max_batch))
-    assert pipe.target.prefills > 4  # requests joined a running batch many times
+    samples, engine = _engine_samples(_pipeline(law_setup), MIXED, per_setting, max_batch)
+    _check(law_setup, MIXED, samples)
+    assert engine.row_prefills + engine.rebuilds > 4  # requests joined a running batch many times
 
 
 @pytest.mark.parametrize(("per_setting", "max_batch"), sizes(300, 2000))
 def test_the_engine_keeps_seeded_requests_law(law_setup: dict[str, Any], per_setting: int, max_batch: int) -> None:
     settings = MIXED[1:]
-    _check(law_setup, settings, _engine_samples(_pipeline(law_setup), settings, per_setting, max_batch, seeded=True))
+    _check(law_setup, settings, _engine_samples(_pipeline(law_setup), settings, per_setting, max_batch, seeded=True)[0])
 
 
 # ------------------------------------------------------------------ a seeded request, whatever the batch
