@@ -76,6 +76,23 @@ class FastOptions:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+@attrs.frozen
+class FastTargetOptions(FastOptions):
+    """Keys of a ``use = "fast"`` target: those of :class:`FastOptions` and ``tensor_parallel``,
+    the processes (one GPU each) its weights are sharded over (:mod:`flashspec_fast.tp`; 1: one
+    process, no ``torch.distributed``)."""
+
+    tensor_parallel: int = attrs.field(default=1, validator=[attrs.validators.instance_of(int),
+                                                             attrs.validators.ge(1)])
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        if self.tensor_parallel > 1 and (self.kernels != "torch" or self.quantization != "none"):
+            raise ValueError(f"tensor_parallel = {self.tensor_parallel} shards unquantized weights through torch's "
+                             f"GEMMs: set kernels = 'torch' and quantization = 'none' (got {self.kernels!r}, "
+                             f"{self.quantization!r})")
+
+
 def build_model(opts: FastOptions) -> tuple[Transformer, str | None]:
     """Return the model and its checkpoint directory (None for a random ``shape:`` model)."""
     device = opts.torch_device()

@@ -7,10 +7,10 @@ from collections.abc import Iterable
 from flashspec_core import ComponentSpec, DraftProvider, Verifier, hookimpl
 from flashspec_core.contracts import Target
 from flashspec_fast.draft import FastDraftOptions, make_draft
-from flashspec_fast.options import FastOptions
+from flashspec_fast.options import FastTargetOptions
 from flashspec_fast.selfdraft import SelfOptions, make_self_draft
 from flashspec_fast.synthetic import SyntheticOptions, make_synthetic
-from flashspec_fast.target import make_target
+from flashspec_fast.tp import make_fast_target
 
 
 @hookimpl
@@ -19,8 +19,8 @@ def flashspec_targets() -> Iterable[ComponentSpec[Target]]:
         ComponentSpec(
             name="fast",
             kind="target",
-            factory=make_target,
-            config_cls=FastOptions,
+            factory=make_fast_target,
+            config_cls=FastTargetOptions,
             description="own Qwen2/Llama decoder: static KV cache, CUDA-graph verify forward",
         )
     ]

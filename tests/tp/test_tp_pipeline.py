@@ -1,0 +1,95 @@
+"""A fast target sharded over two processes (gloo, CPU) decodes as one process does.
+
+The pipeline of ``tensor_parallel = 2`` spawns one worker; rank 0 (this process) runs the
+draft and the verifier. Its logits equal the one-process target's up to float32 rounding
+(the row-parallel sums add two partial products), and its tokens equal the one-process
+pipeline's: greedy and seeded sampling, a chain arm and a tree arm (score_tree and
+commit_path replayed on the worker)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _tiny import tiny_family
+
+from flashspec_core.build import build_pipeline
+from flashspec_core.contracts import CapturesGraphs, HasContext, ScoresTrees
+from flashspec_core.pipeline import Pipeline
+from flashspec_fast.tp import TensorParallelTarget
+from flashspec_selectors import FixedConfig, FixedSelector
+
+PROMPTS = [[1, 2, 3, 4, 5], [3, 4, 5, 6, 7, 8, 9], [12, 13], [7, 7, 2, 9, 4, 11]]
+ARMS = ("chain", "tree")
+
+
+def config(family: dict[str, Path], tp: int) -> dict[str, Any]:
+    common = {"use": "fast", "dtype": "float32", "device": "cpu", "compile": False, "chat_template": False}
+    draft = {**common, "model": str(family["close"])}
+    return {
+        "target": {**common, "model": str(family["target"]), "max_len": 256, "tensor_parallel": tp},
+        "arm": [{**draft, "gamma": 3, "name": "chain"}, {**draft, "gamma": 6, "tree_width": [2, 2], "name": "tree"}],
+        "verifier": {"use": "reference"},
+        "selector": {"use": "fixed"},
+    }
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return tiny_family(tmp_path_factory.mktemp("tp"))
+
+
+@pytest.fixture(scope="module")
+def pipes(family: dict[str, Path]) -> Iterator[tuple[Pipeline, Pipeline]]:
+    one, two = build_pipeline(config(family, 1)), build_pipeline(config(family, 2))
+    assert isinstance(two.target, TensorParallelTarget)
+    yield one, two
+    two.target.close()
+
+
+def play(pipe: Pipeline, arm: str) -> Pipeline:
+    pipe.selector = FixedSelector(FixedConfig(arm=ARMS.index(arm)), len(ARMS))
+    return pipe
+
+
+def test_the_sharded_target_offers_what_the_fast_target_does(pipes: tuple[Pipeline, Pipeline]) -> None:
+    one, two = pipes
+    for protocol in (ScoresTrees, HasContext, CapturesGraphs):
+        assert isinstance(two.target, protocol) == isinstance(one.target, protocol) == True  # noqa: E712
+    assert (two.target.vocab, two.target.max_context) == (one.target.vocab, one.target.max_context) == (16, 255)
+    assert two.target.workers[0].is_alive()
+
+
+def test_logits_equal_one_process(pipes: tuple[Pipeline, Pipeline]) -> None:
+    one, two = (p.target for p in pipes)
+    tokens = torch.zeros((4, 32), dtype=torch.long)
+    lengths = [len(p) for p in PROMPTS]
+    for b, p in enumerate(PROMPTS):
+        tokens[b, : len(p)] = torch.tensor(p)
+    draft = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]])
+    for t in (one, two):
+        t.prefill(tokens, lengths)
+    want, got = one.score(tokens, lengths, draft), two.score(tokens, lengths, draft)
+    assert got.shape == want.shape == (4, 4, 16)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(want[0], want[1])  # the rows differ, so a swapped or stale row would show
+    parents = torch.tensor([-1, -1, 0, 1])
+    want = one.score_tree(tokens, lengths, draft[:, :1].repeat(1, 4), parents)  # type: ignore[attr-defined]
+    torch.testing.assert_close(two.score_tree(tokens, lengths, draft[:, :1].repeat(1, 4), parents), want,
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arm", ARMS)
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 1.0, "seed": 3}, {"temperature": 0.8, "top_k": 5, "seed": 11}],
+                         ids=["greedy", "sampled", "top_k"])
+def test_tokens_equal_one_process(pipes: tuple[Pipeline, Pipeline], arm: str, sampling: dict[str, Any]) -> None:
+    one, two = (play(p, arm) for p in pipes)
+    want = one.generate(PROMPTS, max_new_tokens=24, **sampling)
+    got = two.generate(PROMPTS, max_new_tokens=24, **sampling)
+    assert got.token_ids == want.token_ids
+    assert sum(map(len, want.token_ids)) >= 8  # EOS may end rows early, but not all at once
+    assert {s.arm_name for s in got.steps} == {arm}
+    assert [s.accepted for s in got.steps] == [s.accepted for s in want.steps]
