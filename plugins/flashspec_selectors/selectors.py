@@ -214,6 +214,19 @@ def shared_slopes_fit(xtx: np.ndarray, xty: np.ndarray) -> np.ndarray:
     return np.column_stack([intercepts, np.broadcast_to(solution[k:], (k, 2))])
 
 
+def chain_acceptance_prior(width: Any) -> Any:
+    """The mean accepted count of a chain of ``width`` drafted tokens before any is seen:
+    ``sum_{i=1..width} 1 / (i + 1)``, the expected ``sum_i alpha^i`` (Leviathan, Kalman &
+    Matias 2023, section 3.1) under a uniform prior on the acceptance rate ``alpha``;
+    linear between whole widths (an arm's mean width need not be one). A count spread
+    evenly over ``[0, width]`` instead expects ``width / 2``, which overrates wide drafts:
+    the i-th token counts only if all before it were accepted."""
+    w = np.asarray(width, dtype=np.float64)
+    top = int(np.ceil(w.max())) if w.size else 0
+    sums = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(2, top + 2))])  # [top + 1]: sums[n] for width n
+    return np.interp(w, np.arange(top + 1), sums)
+
+
 def predicted_throughput(rows: int, accepted: Any, step_s: Any) -> Any:
     """Tokens per second of a step over ``rows`` rows that accepts ``accepted`` draft
     tokens per row (each row also emits the target's own token) in ``step_s`` seconds
@@ -348,8 +361,12 @@ class RequestThompsonConfig:
 @attrs.frozen
 class FactoredConfig:
     """``initial``: plays of every arm, in arm order, before the model chooses (a cost
-    fit needs a step of each arm); ``prior_rows``: pseudo-rows of the acceptance prior
-    (half the arm's width accepted, the widest spread a row's count can have);
+    fit needs a step of each arm), counted after its warm-up; ``warmup``: each arm's first
+    steps whose times are left out of the cost fit (they hold one-off work, such as a draft
+    model's prefill of the prompt, not what a step of the arm costs; their accepted counts
+    still count); ``prior_rows``: pseudo-rows of the acceptance prior
+    (:func:`chain_acceptance_prior` accepted, its square as the spread, so a few equal
+    counts never read as certain);
     ``ridge``: steps' worth of the fit over all arms (shared slopes) in each arm's own
     fit (so an arm seen at a few batch sizes borrows the slopes from the others); ``outlier``: a step
     slower than this many times its arm's predicted time is left out of the cost fit
@@ -357,6 +374,7 @@ class FactoredConfig:
     ``thompson``."""
 
     initial: int = attrs.field(default=1, validator=_int_at_least(0))
+    warmup: int = attrs.field(default=1, validator=_int_at_least(0))
     prior_rows: float = attrs.field(default=1.0, validator=_positive_number)
     ridge: float = attrs.field(default=2.0, validator=_positive_number)
     outlier: float = attrs.field(default=5.0)
@@ -656,18 +674,22 @@ class Factored:
     the mean width it proposed, and the sums ``X^T X``, ``X^T y``, ``y^T y`` of its
     steps' times on :func:`cost_features`. ``select`` draws for each arm an acceptance
     ``a_k ~ Normal(posterior mean, variance / (rows seen + prior_rows))`` (mean and
-    variance both carry ``prior_rows`` rows at ``width_k / 2``) clipped to
+    variance both carry ``prior_rows`` rows at :func:`chain_acceptance_prior`) clipped to
     ``[0, width_k]`` and cost coefficients ``beta_k ~ Normal(mean_k, sigma^2
     precision_k^-1)``, whose prior is the fit over all arms with the arm's own intercept
     and slopes shared by every arm (:func:`shared_slopes_fit`), worth ``ridge`` steps (so
     the slopes carry over to batch sizes the arm has not played at), and plays ``argmax_k rows (a_k + 1) / (x(rows, width_k) .
     beta_k)``. An arm that never drafts (``none``) has width 0 and ``a_k = 0`` exactly.
+    Each arm's first ``warmup`` steps count toward its acceptance but not its cost: the
+    first step of a draft model pays for its prefill of the prompt, and one step priced
+    at that would rule the arm out for the rest of a short request.
     Until the first :meth:`observe` it is Beta-Bernoulli Thompson sampling on rewards.
     """
 
     def __init__(self, config: FactoredConfig, num_arms: int) -> None:
         self.num_arms = _check_num_arms(num_arms)
-        self.initial, self.prior_rows = int(config.initial), float(config.prior_rows)
+        self.initial, self.warmup = int(config.initial), int(config.warmup)
+        self.prior_rows = float(config.prior_rows)
         self.ridge, self.outlier = float(config.ridge), float(config.outlier)
         self.rng = np.random.default_rng(config.seed)
         self.rows = 1  # live rows of the step to choose for
@@ -715,7 +737,7 @@ class Factored:
     def _draw_accepted(self, width: np.ndarray) -> np.ndarray:
         """One draw per arm of the mean accepted tokens per row, in ``[0, width_k]`` (``[K]``)."""
         n, s, ss = self.acc
-        prior = 0.5 * width  # the mean of a count spread evenly over [0, width]
+        prior = chain_acceptance_prior(width)
         # The prior's rows carry the widest spread too, so a few equal counts never read as certain.
         squares = np.maximum(ss - s * s / np.maximum(n, 1.0), 0.0)
         var = (squares + self.prior_rows * prior * prior) / (n + self.prior_rows)
@@ -726,7 +748,7 @@ class Factored:
     def select(self) -> int:
         if not self.steps.any():
             return self.beta.select()
-        short = np.flatnonzero(self.steps < max(self.initial, 1))
+        short = np.flatnonzero(self.steps < self.warmup + max(self.initial, 1))
         if short.size:
             return int(short[0])
         mean, cov = self._posterior()
@@ -744,9 +766,9 @@ class Factored:
             raise ValueError(f"step_s must be a finite number > 0, got {step_s!r}")
         counts = np.asarray(accepted, dtype=np.float64)
         x = cost_features(rows, width)
-        skip = False
+        skip = bool(self.steps[arm] < self.warmup)
         # A second slow step in a row is the arm's real cost, not a one-off capture.
-        if self.outlier and self.fitted.sum() >= 2 and not self.skipped[arm]:
+        if not skip and self.outlier and self.fitted.sum() >= 2 and not self.skipped[arm]:
             skip = step_s > self.outlier * max(float(x @ self.cost_coefficients(arm)), 1e-9)
         self.skipped[arm] = skip
         self.steps[arm] += 1

@@ -17,6 +17,7 @@ from flashspec_selectors.selectors import (
     FactoredConfig,
     Thompson,
     ThompsonConfig,
+    chain_acceptance_prior,
     cost_features,
     predicted_throughput,
 )
@@ -85,23 +86,63 @@ def test_drafts_at_one_row_and_not_at_32_from_the_same_steps() -> None:
     assert sum(selector.select() == 0 for _ in range(200)) > 190
 
 
+def test_the_acceptance_prior_is_the_chain_mean_under_a_uniform_rate() -> None:
+    alpha = (np.arange(200_000) + 0.5) / 200_000  # midpoints of [0, 1]
+    for width in (0, 1, 4, 8):
+        expected = sum(float(np.mean(alpha**i)) for i in range(1, width + 1))  # E[sum_i alpha^i]
+        assert chain_acceptance_prior(width) == pytest.approx(expected, abs=1e-6)
+    assert chain_acceptance_prior(np.array([2.5]))[0] == pytest.approx((1 / 2 + 1 / 3 + 1 / 2 + 1 / 3 + 1 / 4) / 2)
+
+
+def test_a_wide_draft_that_accepts_nothing_is_dropped_within_a_few_plays() -> None:
+    # Twice a plain step's time for eight drafted tokens (a CPU verifying nine), none ever accepted.
+    plays = []
+    for seed in range(40):
+        selector = Factored(FactoredConfig(seed=seed), 2)
+        for _ in range(64):
+            arm = selector.select()
+            feed(selector, arm, 1, 8 * arm, 0, 0.33 * (1 + arm))
+        plays.append(selector.steps[1])
+    assert np.mean(plays) < 7  # the two opening plays and a few more; width / 2 as the prior mean gave 10
+
+
 def test_plays_every_arm_once_then_the_model() -> None:
-    selector = Factored(FactoredConfig(seed=0, initial=1), 3)
+    selector = Factored(FactoredConfig(seed=0, initial=1, warmup=0), 3)
     feed(selector, 0, 1, 0, 0, 2e-3)
     assert selector.select() == 1
     feed(selector, 1, 1, 4, 0, 3e-3)
     assert selector.select() == 2
 
 
+def test_warm_up_steps_count_acceptance_but_not_cost() -> None:
+    # A draft arm whose first step paid for its model's prefill (20x a warm step).
+    selector = Factored(FactoredConfig(seed=0, initial=1, warmup=1), 2)
+    feed(selector, 0, 1, 0, 0, 2e-3)
+    assert selector.select() == 0  # the warm-up step, then one that is fitted
+    feed(selector, 0, 1, 0, 0, 2e-3)
+    assert selector.select() == 1
+    feed(selector, 1, 1, 4, 4, 60e-3)
+    assert selector.select() == 1 and selector.fitted.tolist() == [1, 0] and selector.acc[1, 1] == 4
+    feed(selector, 1, 1, 4, 4, 3e-3)
+    assert selector.fitted.tolist() == [1, 1]
+    assert float(cost_features(1, 4) @ selector.cost_coefficients(1)) < 4e-3
+    assert sum(selector.select() == 1 for _ in range(200)) > 190  # 5 tokens in 3 ms beats 1 in 2 ms
+    # Without a warm-up the prefill is priced as the arm's cost, and the arm is never played again.
+    cold = Factored(FactoredConfig(seed=0, initial=1, warmup=0), 2)
+    feed(cold, 0, 1, 0, 0, 2e-3)
+    feed(cold, 1, 1, 4, 4, 60e-3)
+    assert sum(cold.select() == 1 for _ in range(200)) < 5
+
+
 def test_a_capture_is_left_out_once_but_a_second_slow_step_counts() -> None:
-    selector = Factored(FactoredConfig(seed=0), 1)
+    selector = Factored(FactoredConfig(seed=0, warmup=0), 1)
     for _ in range(5):
         feed(selector, 0, 4, 2, 1, 3e-3)
     feed(selector, 0, 4, 2, 1, 60e-3)  # a graph capture
     assert selector.fitted[0] == 5 and selector.steps[0] == 6
     feed(selector, 0, 4, 2, 1, 60e-3)  # the arm really got slow
     assert selector.fitted[0] == 6
-    off = Factored(FactoredConfig(seed=0, outlier=0), 1)
+    off = Factored(FactoredConfig(seed=0, outlier=0, warmup=0), 1)
     for _ in range(5):
         feed(off, 0, 4, 2, 1, 3e-3)
     feed(off, 0, 4, 2, 1, 60e-3)
@@ -121,7 +162,7 @@ def test_without_observations_it_is_thompson_on_rewards() -> None:
 
 @pytest.mark.parametrize(("keys", "message"), [
     ({"outlier": 1.0}, "outlier must be 0"), ({"prior_rows": 0}, "prior_rows must be"),
-    ({"ridge": -1.0}, "ridge must be"), ({"initial": -1}, "initial must be")])
+    ({"ridge": -1.0}, "ridge must be"), ({"initial": -1}, "initial must be"), ({"warmup": -1}, "warmup must be")])
 def test_bad_config(keys: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         FactoredConfig(**keys)  # type: ignore[arg-type]
