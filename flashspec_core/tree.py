@@ -20,7 +20,8 @@ What ``q_i`` is depends on how the siblings were drawn (:class:`TreeDraft`):
 * with replacement (independent draws; SpecInfer's multi-step speculative sampling,
   Miao et al. 2024): ``q_i`` is node ``i``'s own row of ``q``;
 * without replacement (Jeon et al. 2024, recursive rejection sampling): ``q_i`` is
-  node ``i``'s row with its elder siblings' tokens removed, renormalised;
+  node ``i``'s row with its elder siblings' tokens removed, renormalised (a drafter may
+  instead report those laws as the rows, as :func:`sample_children` does);
 * deterministic (``q is None``, e.g. lookup branches, or a one-hot row of ``q``):
   ``q_i = delta(x_i)``, i.e. accept iff ``u_i < p_cur(x_i)``, and on a rejection
   ``p_cur`` loses ``x_i`` and is renormalised.
@@ -175,6 +176,52 @@ def fan_draft(rows: Sequence[Sequence[Sequence[int]]], last: Sequence[int], dept
         tokens.append(out)
     parents = None if width == 1 else torch.tensor(fan_parents(depths[:width]), dtype=torch.long)
     return Draft(tokens=torch.tensor(tokens, dtype=torch.long), probs=None, parents=parents)
+
+
+# How a model draft's tree_width picks a node's children on a sampling step: its top-k tokens
+# (deterministic nodes), or draws without replacement from its q (sample_children).
+TREE_CHILDREN = ("topk", "sample")
+
+
+def without_replacement_rows(q: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The law each sibling of a group drawn without replacement was drawn from.
+
+    q: [..., V] the group's distribution, tokens: [..., w] int64 its siblings eldest first
+    -> [..., w, V] float32: row ``i`` is ``q`` with ``tokens[..., :i]`` removed, renormalised
+    (all zero where nothing is left). Reported as a draft's per-node ``q`` and verified
+    with replacement, these rows are exactly what :func:`sibling_q` computes from ``q``
+    without replacement, so a drafter needs no flag to say how its siblings were drawn.
+    """
+    left, rows = q.float(), []
+    for i in range(tokens.shape[-1]):
+        rows.append(left / left.sum(-1, keepdim=True).clamp_min(_TINY))
+        left = left.scatter(-1, tokens[..., i : i + 1], 0.0)
+    return torch.stack(rows, dim=-2)
+
+
+def sample_children(
+    q: torch.Tensor,  # [..., V] float32 the group's distribution given the path to its parent
+    width: int,
+    exponential: torch.Tensor,  # [..., V] Exp(1) noise, > 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw a sibling group of ``width`` tokens from ``q`` without replacement, and their laws.
+
+    The exponential race's top ``width`` (``q / E`` in decreasing order; Gumbel-top-k in log
+    space) is a sequential draw without replacement: the second-fastest of competing
+    exponential clocks, given the fastest, is a race among the rest. Returns the tokens
+    [..., width] int64 and each one's law given its elder siblings [..., width, V] float32
+    (:func:`without_replacement_rows`). Where ``q`` has fewer than ``width`` tokens, each
+    sibling past its support repeats the eldest's token with a one-hot law: a deterministic
+    proposal given the elder siblings, which (D) of ``docs/exactness-tree.md`` allows and
+    the verifier never accepts (the eldest's rejection leaves its token no target mass).
+    """
+    keys = q.float().log() - exponential.log()  # -inf exactly where q = 0, so those rank last
+    top = torch.topk(keys, width, dim=-1)
+    spent = torch.isneginf(top.values)  # [..., width] past q's support
+    tokens = torch.where(spent, top.indices[..., :1], top.indices)
+    rows = without_replacement_rows(q, tokens)
+    one_hot = torch.nn.functional.one_hot(tokens, q.shape[-1]).float()
+    return tokens, torch.where(spent[..., None], one_hot, rows)
 
 
 def _check_tokens(instance: Any, attribute: attrs.Attribute[Any], tokens: torch.Tensor) -> None:

@@ -50,14 +50,17 @@ from flashspec_core.tree import (
     elder_siblings,
     node_depths,
     path_to,
+    sample_children,
     verify_tree,
 )
 
 # How each sibling group is drawn from q given the path to its parent:
 # "iid": independent draws (with replacement); "without": sequentially without replacement;
 # "deterministic": the group's top-w tokens of q, verified with q = None;
-# "mixed": the eldest child is q's argmax (a one-hot row of q), the others i.i.d. draws.
-Mode = Literal["iid", "without", "deterministic", "mixed"]
+# "mixed": the eldest child is q's argmax (a one-hot row of q), the others i.i.d. draws;
+# "sample": the model drafts' tree_children = "sample" (flashspec_core.tree.sample_children:
+# without replacement by an exponential race, each child reporting its law given its elders).
+Mode = Literal["iid", "without", "deterministic", "mixed", "sample"]
 # p, draft, generator, greedy -> verdict
 TreeVerifyFn = Callable[[torch.Tensor, TreeDraft, torch.Generator, bool], TreeVerdict]
 # What the draft reports, given the draft it drew and the q rows it drew them from ([B, N, V]).
@@ -165,6 +168,10 @@ def _draw_group(
     """Draw ``width`` siblings from q ([B, V]): tokens [B, width], the q row each reports."""
     if mode == "deterministic":
         return torch.topk(q, width, dim=-1).indices, [q] * width
+    if mode == "sample":
+        expo = torch.empty_like(q).exponential_(generator=gen).clamp_min_(torch.finfo(torch.float32).tiny)
+        tokens, laws = sample_children(q, width, expo)
+        return tokens, list(laws.unbind(1))
     if mode == "without":
         left, drawn = q.clone(), []
         for _ in range(width):

@@ -32,6 +32,7 @@ from flashspec_core.tree import (
     emit_tree,
     residual,
     verify_tree_greedy,
+    without_replacement_rows,
 )
 
 TREE_MUTANTS: dict[str, str] = {
@@ -42,6 +43,10 @@ TREE_MUTANTS: dict[str, str] = {
     "deterministic_with_real_q": "a deterministic draft (the draft model's top-w tokens) is verified with "
     "the draft model's probabilities instead of one-hot",
     "zero_probability_accepted": "the accept test is u * q(x) <= p(x), so a node with p(x) = 0 is accepted when u = 0",
+    "sampled_children_with_replacement": "a model draft's sampled children (tree_children = \"sample\") are "
+    "drawn i.i.d. but report the laws of a draw without replacement (without_replacement_rows)",
+    "sampled_children_report_group_q": "a model draft's sampled children are drawn without replacement but "
+    "each reports its group's q, not its law given its elder siblings",
     "without_replacement_unnormalised": "without replacement, q_i is q with the elder siblings' tokens "
     "removed but not renormalised",
     "children_tested_with_parent_p": "after a node is accepted, its children (and the bonus) are tested "
@@ -68,6 +73,12 @@ POWER_CASES: dict[str, TreeCase] = {
         "power_iid_w3_d1_v4_peaked", 4, (-1, -1, -1), S(1.0), draft_scale=2.0
     ),
     "deterministic_with_real_q": TreeCase("power_det_w2_d2_v6", 6, _W2_D2, S(1.0), mode="deterministic"),
+    "sampled_children_with_replacement": TreeCase(
+        "power_iid_w3_d1_v4_peaked", 4, (-1, -1, -1), S(1.0), draft_scale=2.0
+    ),
+    "sampled_children_report_group_q": TreeCase(
+        "power_sample_w3_d1_v4_peaked", 4, (-1, -1, -1), S(1.0), mode="sample", draft_scale=2.0
+    ),
     "without_replacement_unnormalised": TreeCase("power_without_w3_d2_v5", 5, _W3_D2, S(1.0), mode="without"),
     "children_tested_with_parent_p": TreeCase("power_iid_w2_d2_v5", 5, _W2_D2, S(1.0)),
     "all_rejected_from_p": TreeCase("power_iid_w2_d2_v5", 5, _W2_D2, S(1.0)),
@@ -134,9 +145,23 @@ def report_draft(bug: str | None) -> TreeReport | None:
     """For draft-side mutants: what the drafter reports, given its draft and true q rows."""
     if bug == "with_replacement_verified_without":
         return lambda draft, q: attrs.evolve(draft, without_replacement=True)
-    if bug == "deterministic_with_real_q":
+    if bug in ("deterministic_with_real_q", "sampled_children_report_group_q"):
         return lambda draft, q: attrs.evolve(draft, q=q)
+    if bug == "sampled_children_with_replacement":
+        return _rows_without_replacement
     return None
+
+
+def _rows_without_replacement(draft: TreeDraft, q: torch.Tensor) -> TreeDraft:
+    """Each sibling group's laws as :func:`~flashspec_core.tree.sample_children` reports them,
+    whatever way its tokens were drawn. q: [B, N, V] each node's group distribution."""
+    plist = draft.parents.tolist()
+    rows = q.clone()
+    for parent in [ROOT, *range(len(plist))]:
+        kids = list(children(plist, parent))
+        if kids:
+            rows[:, kids] = without_replacement_rows(q[:, kids[0]], draft.tokens[:, kids])
+    return attrs.evolve(draft, q=rows)
 
 
 def tree_mutant(bug: str | None) -> tuple[TreeMutant, TreeReport | None]:

@@ -13,14 +13,18 @@ row more than :data:`FUSED_CATCH_UP` tokens behind catches up with a separate ra
 forward first.
 
 With ``tree_width = [w1, w2, ...]`` (:class:`FastDraftOptions`) it proposes a draft tree
-instead, as the ``hf`` draft does: the root's ``w1`` most likely tokens, each node's ``w2``
-most likely next tokens, and so on, cut to ``gamma`` nodes in level order. The first
-forward is the same; then one forward per level but the last feeds that level's nodes
-with tree attention (:class:`~flashspec_core.tree.TreeBlock`: node ``n`` at slot
-``lengths[b] + n``, positioned by its depth), the whole tree one graph replay per shape.
-The children are the top-k tokens of the draft's filtered distribution, a deterministic
-function of the context, so they are reported as one-hot ``q`` (``probs = None``) under
-sampling too, which keeps the output law the target's.
+instead, as the ``hf`` draft does: the root's ``w1`` children, each node's ``w2``, and so
+on, cut to ``gamma`` nodes in level order. The first forward is the same; then one forward
+per level but the last feeds that level's nodes with tree attention
+(:class:`~flashspec_core.tree.TreeBlock`: node ``n`` at slot ``lengths[b] + n``,
+positioned by its depth), the whole tree one graph replay per shape. By default
+(``tree_children = "topk"``) the children are the top-k tokens of the draft's filtered
+distribution, a deterministic function of the context, so they are reported as one-hot
+``q`` (``probs = None``) under sampling too, which keeps the output law the target's. With
+``tree_children = "sample"`` a sampling step draws each sibling group without replacement
+from the draft's ``q`` (:func:`~flashspec_core.tree.sample_children`, on exponential noise
+drawn outside the graph) and reports each child's law given its elder siblings; greedy
+steps keep the top-k.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from flashspec_core import Draft, SamplingParams
 from flashspec_core.contracts import DraftContext
 from flashspec_core.ragged import fit_vocab
 from flashspec_core.sampling import filter_logits, probs_from_logits, race
-from flashspec_core.tree import ROOT, TreeBlock, tree_shape
+from flashspec_core.tree import ROOT, TREE_CHILDREN, TreeBlock, sample_children, tree_shape
 from flashspec_fast.graphs import GraphCache
 from flashspec_fast.model import Transformer
 from flashspec_fast.options import FastOptions, build_model
@@ -60,12 +64,19 @@ def _widths(_inst: object, attr: attrs.Attribute[Any], value: tuple[int, ...]) -
         raise ValueError(f"{attr.name} must be a list of integers >= 1 (children per node, per level), got {list(value)}")
 
 
+def _children_rule(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
+    if value not in TREE_CHILDREN:
+        raise ValueError(f"{attr.name} must be one of {', '.join(map(repr, TREE_CHILDREN))}, got {value!r}")
+
+
 @attrs.frozen
 class FastDraftOptions(FastOptions):
-    """Keys of a ``use = "fast"`` draft: those of :class:`~flashspec_fast.options.FastOptions`
-    and ``tree_width`` (children per node at each depth; empty: a chain)."""
+    """Keys of a ``use = "fast"`` draft: those of :class:`~flashspec_fast.options.FastOptions`,
+    ``tree_width`` (children per node at each depth; empty: a chain) and ``tree_children``
+    (how a sampling step picks them: ``"topk"`` or ``"sample"``, see the module docstring)."""
 
     tree_width: tuple[int, ...] = attrs.field(default=(), converter=tuple, validator=_widths)
+    tree_children: str = attrs.field(default="topk", validator=_children_rule)
 
 
 def tree_levels(parents: Sequence[int]) -> list[list[tuple[int, int, int]]]:
@@ -89,10 +100,12 @@ class FastDraft:
     """Draft LM over its own static KV cache; rollback is host bookkeeping only (a tree's
     accepted path: one graph replay of slot copies)."""
 
-    def __init__(self, model: Transformer, vocab: int, opts: FastOptions, tree_width: Sequence[int] = ()) -> None:
+    def __init__(self, model: Transformer, vocab: int, opts: FastOptions, tree_width: Sequence[int] = (),
+                 tree_children: str = "topk") -> None:
         self.model = model
         self.vocab = vocab
         self.tree_width = tuple(tree_width)
+        self.tree_children = tree_children
         self.proposes_trees = any(w > 1 for w in self.tree_width)
         self.graphs = GraphCache(model.device, opts.compile)
         self._stage = HostInputs(model.device)
@@ -140,7 +153,7 @@ class FastDraft:
             starts, width = behind, 2
         host = first_inputs(tokens, starts, lengths, width, self.model.scratch)
         if parents:
-            return self._propose_tree(host, list(lengths), parents, sampling)
+            return self._propose_tree(host, list(lengths), parents, sampling, generator)
         noise = torch.empty(0, device=self.model.device)
         if not sampling.greedy:
             noise = torch.empty((gamma, batch, self.vocab), device=self.model.device).exponential_(generator=generator)
@@ -172,38 +185,59 @@ class FastDraft:
         tokens = torch.stack(drafted, dim=1)  # [B, gamma]
         return tokens, torch.stack(probs, dim=1) if probs else tokens
 
-    def _propose_tree(self, host: torch.Tensor, lengths: list[int], parents: list[int], sampling: SamplingParams
-                      ) -> Draft:
+    def _propose_tree(self, host: torch.Tensor, lengths: list[int], parents: list[int], sampling: SamplingParams,
+                      generator: torch.Generator | None) -> Draft:
         """The tree of shape ``parents`` after each row: one graph replay per (batch, shape,
         sampling, span, first width). host: [3, B, W] (see :func:`first_inputs`)."""
-        span = self.model.span_for(max(lengths) + len(parents))
-        key = ("tree", host.shape[1], tuple(parents), sampling, span, host.shape[2])
+        batch, span = host.shape[1], self.model.span_for(max(lengths) + len(parents))
+        sampled = self.tree_children == "sample" and not sampling.greedy
+        key = ("tree", batch, tuple(parents), sampling, span, host.shape[2], sampled)
         levels = tree_levels(parents)
-        loop = lambda h, t: self._tree_loop(h, t, levels, sampling, span)  # noqa: E731
+        groups = sum(len(level) for level in levels)
+        noise = torch.empty(0, device=self.model.device)  # [groups, B, V] Exp(1) when sampled
+        if sampled:
+            noise = torch.empty((groups, batch, self.vocab), device=self.model.device).exponential_(generator=generator)
+            noise.clamp_min_(_TINY)
+        loop = lambda h, t, e: self._tree_loop(h, t, e, levels, sampling, span, sampled)  # noqa: E731
         dev = self._stage(torch.cat([host.flatten(), tree_inputs(parents).flatten()]))  # one staged copy
         split = host.numel()
         first = dev[:split].view(host.shape)
-        out = self.graphs(key, loop, first, dev[split:].view(2, -1))
+        out, probs = self.graphs(key, loop, first, dev[split:].view(2, -1), noise)
         self._root = first[1, :, -1]  # rollback_path's: each row's last position, already on the device
         # levels but the last were fed: their nodes' keys and values sit at slots lengths[b] + n
         self._lengths, self._fed, self._tree = lengths, levels[-1][0][1], True
         chain = parents == list(range(-1, len(parents) - 1))
-        return Draft(tokens=out, probs=None, parents=None if chain else torch.tensor(parents, dtype=torch.long))
+        return Draft(tokens=out, probs=probs if sampled else None,
+                     parents=None if chain else torch.tensor(parents, dtype=torch.long))
 
-    def _tree_loop(self, host: torch.Tensor, shape: torch.Tensor, levels: list[list[tuple[int, int, int]]],
-                   sampling: SamplingParams, span: int) -> torch.Tensor:
-        """host: [3, B, W] the first forward; shape: [2, N + 1] (:func:`~flashspec_fast.target.tree_inputs`)
-        -> the nodes [B, N] int64: each sibling group the top-k of its parent's filtered logits."""
+    def _tree_loop(self, host: torch.Tensor, shape: torch.Tensor, noise: torch.Tensor,
+                   levels: list[list[tuple[int, int, int]]], sampling: SamplingParams, span: int, sampled: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """host: [3, B, W] the first forward; shape: [2, N + 1] (:func:`~flashspec_fast.target.tree_inputs`);
+        noise: [groups, B, V] Exp(1), one vector per sibling group in level order, when ``sampled``
+        -> the nodes [B, N] int64: each sibling group the top-k of its parent's filtered logits or
+        (``sampled``) a draw without replacement from its q; and each node's law given its elder
+        siblings [B, N, V] float32 (``sampled``; else the nodes again, unused)."""
         ids, pos, write = host[0], host[1], host[2]
         batch, last = ids.shape[0], pos[:, -1]  # the root's position [B]
         nodes = torch.zeros((batch, shape.shape[1] - 1), dtype=torch.long, device=ids.device)
+        probs = torch.zeros((batch, nodes.shape[1], self.vocab), device=ids.device) if sampled else nodes
         after = self.model.forward(ids, pos, write, last_only=True, span=span)[:, -1:]  # [B, 1, V]: the root
         fed = [ROOT]  # the nodes whose logits `after` holds, in order
+        group = 0  # the next sibling group's noise
         for k, groups in enumerate(levels):
-            top = torch.topk(filter_logits(fit_vocab(after, self.vocab), sampling), max(e - s for _, s, e in groups),
-                             dim=-1).indices  # [B, len(fed), w]
-            for parent, first, stop in groups:
-                nodes[:, first:stop] = top[:, fed.index(parent), : stop - first]
+            logits = fit_vocab(after, self.vocab)  # [B, len(fed), V]
+            if sampled:
+                q = probs_from_logits(logits, sampling)
+                for parent, first, stop in groups:
+                    nodes[:, first:stop], probs[:, first:stop] = sample_children(
+                        q[:, fed.index(parent)], stop - first, noise[group])
+                    group += 1
+            else:
+                top = torch.topk(filter_logits(logits, sampling), max(e - s for _, s, e in groups),
+                                 dim=-1).indices  # [B, len(fed), w]
+                for parent, first, stop in groups:
+                    nodes[:, first:stop] = top[:, fed.index(parent), : stop - first]
             if k + 1 < len(levels):  # the next level needs this one's logits: feed it
                 first, stop = groups[0][1], groups[-1][2]
                 block = TreeBlock(start=last + 1, bits=shape[1, first + 1 : stop + 1][None].expand(batch, -1).contiguous(),
@@ -212,7 +246,7 @@ class FastDraft:
                 after = self.model.forward(nodes[:, first:stop], last[:, None] + shape[0, first + 1 : stop + 1],
                                            slots, span=span, tree=block)
                 fed = list(range(first, stop))
-        return nodes
+        return nodes, probs
 
     def prewarm(self, batch: int, gamma: int, sampling: SamplingParams, off_gpu: bool = False) -> int:
         """Capture now every graph a step at this ``batch``, ``gamma`` and ``sampling`` can
@@ -294,4 +328,4 @@ def make_draft(opts: FastOptions, context: DraftContext) -> FastDraft:
     if opts.device == "auto":
         opts = attrs.evolve(opts, device=str(context.device))
     model, _path = build_model(opts)
-    return FastDraft(model, context.vocab, opts, getattr(opts, "tree_width", ()))
+    return FastDraft(model, context.vocab, opts, getattr(opts, "tree_width", ()), getattr(opts, "tree_children", "topk"))

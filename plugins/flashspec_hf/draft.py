@@ -1,12 +1,15 @@
 """Draft provider backed by any Hugging Face causal LM sharing the target's tokenizer.
 
 With ``tree_width = [w1, w2, ...]`` it proposes a draft tree instead of a chain: the
-root's ``w1`` most likely tokens, each node's ``w2`` most likely next tokens, and so on
-(cut to ``gamma`` nodes in level order), one forward per level with tree attention
-inside the draft. The children are the top-k tokens of the draft's (filtered)
+root's ``w1`` children, each node's ``w2`` children, and so on (cut to ``gamma`` nodes in
+level order), one forward per level with tree attention inside the draft. By default
+(``tree_children = "topk"``) the children are the top-k tokens of the draft's (filtered)
 distribution, a deterministic function of the context, so they are reported as one-hot
 ``q`` (``probs = None``), which keeps the output law the target's under sampling too
-(``docs/exactness-tree.md``).
+(``docs/exactness-tree.md``). With ``tree_children = "sample"`` a sampling step draws each
+node's children without replacement from the draft's ``q`` instead
+(:func:`~flashspec_core.tree.sample_children`) and reports each child's law given its
+elder siblings; greedy steps keep the top-k.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 from flashspec_core import Draft, SamplingParams
 from flashspec_core.ragged import fit_vocab
 from flashspec_core.sampling import filter_logits, probs_from_logits, sample
-from flashspec_core.tree import node_depths, tree_shape
+from flashspec_core.tree import TREE_CHILDREN, node_depths, sample_children, tree_shape
 from flashspec_hf.lm import CachedLM
 from flashspec_hf.loading import ModelOptions
 
@@ -30,12 +33,22 @@ def _widths(_inst: object, attr: attrs.Attribute[Any], value: tuple[int, ...]) -
         raise ValueError(f"{attr.name} must be a list of integers >= 1 (children per node, per level), got {list(value)}")
 
 
+def _children_rule(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
+    if value not in TREE_CHILDREN:
+        raise ValueError(f"{attr.name} must be one of {', '.join(map(repr, TREE_CHILDREN))}, got {value!r}")
+
+
 @attrs.frozen
 class DraftOptions(ModelOptions):
-    """A draft model's keys: those of :class:`~flashspec_hf.loading.ModelOptions` and
-    ``tree_width`` (children per node at each depth; empty: a chain)."""
+    """A draft model's keys: those of :class:`~flashspec_hf.loading.ModelOptions`,
+    ``tree_width`` (children per node at each depth; empty: a chain) and ``tree_children``
+    (how a sampling step picks them: ``"topk"`` or ``"sample"``, see the module docstring)."""
 
     tree_width: tuple[int, ...] = attrs.field(default=(), converter=tuple, validator=_widths)
+    tree_children: str = attrs.field(default="topk", validator=_children_rule)
+
+
+_TINY = torch.finfo(torch.float32).tiny
 
 
 class TokenizerMismatch(ValueError):
@@ -59,10 +72,11 @@ def check_same_tokenizer(draft_tok: Any, target_tok: Any, draft_name: str) -> No
 class HFDraft:
     """Autoregressive drafting with its own KV cache, rolled back to the accepted prefix."""
 
-    def __init__(self, model: Any, vocab: int, tree_width: Sequence[int] = ()) -> None:
+    def __init__(self, model: Any, vocab: int, tree_width: Sequence[int] = (), tree_children: str = "topk") -> None:
         self.lm = CachedLM(model)
         self.vocab = vocab
         self.tree_width = tuple(tree_width)
+        self.tree_children = tree_children
         self.proposes_trees = any(w > 1 for w in self.tree_width)
         self._fed = 0  # draft tokens of the last proposal that went through the model
         self._lengths: list[int] = []
@@ -94,7 +108,8 @@ class HFDraft:
         logits = self.lm.catch_up(tokens, lengths)[:, -1]  # [B, Vd]
         self._lengths = list(lengths)
         if self.proposes_trees:
-            return self._propose_tree(fit_vocab(logits, self.vocab), tree_shape(self.tree_width, gamma), sampling)
+            return self._propose_tree(fit_vocab(logits, self.vocab), tree_shape(self.tree_width, gamma), sampling,
+                                      generator)
         drafted: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
         for i in range(gamma):
@@ -120,24 +135,34 @@ class HFDraft:
         q = probs_from_logits(logits, sampling)
         return sample(q, generator), q
 
-    def _propose_tree(self, root: torch.Tensor, parents: list[int], sampling: SamplingParams) -> Draft:
-        """Each node's children: the top-k tokens after it; one forward per level feeds the
-        nodes that have children. root: [B, V] logits after each sequence."""
-        nodes = torch.zeros((root.shape[0], len(parents)), dtype=torch.long, device=root.device)
+    def _propose_tree(self, root: torch.Tensor, parents: list[int], sampling: SamplingParams,
+                      generator: torch.Generator | None) -> Draft:
+        """Each node's children: the top-k tokens after it, or (``tree_children = "sample"`` on a
+        sampling step) a draw without replacement with each child's law in ``probs``; one forward
+        per level feeds the nodes that have children. root: [B, V] logits after each sequence."""
+        batch, vocab = root.shape
+        nodes = torch.zeros((batch, len(parents)), dtype=torch.long, device=root.device)
+        sampled = self.tree_children == "sample" and not sampling.greedy
+        probs = torch.zeros((batch, len(parents), vocab), device=root.device) if sampled else None  # [B, N, V]
         depths = node_depths(parents)
         levels = [[n for n, d in enumerate(depths) if d == k + 1] for k in range(max(depths, default=0))]
         after, self._fed = {-1: root}, 0  # node -> the draft's logits after it [B, V]
         for k, level in enumerate(levels):
             for parent in dict.fromkeys(parents[n] for n in level):
                 kids = [n for n in level if parents[n] == parent]
-                nodes[:, kids] = torch.topk(filter_logits(after[parent], sampling), len(kids), dim=-1).indices
+                if probs is None:
+                    nodes[:, kids] = torch.topk(filter_logits(after[parent], sampling), len(kids), dim=-1).indices
+                    continue
+                q = probs_from_logits(after[parent], sampling)
+                expo = torch.empty_like(q).exponential_(generator=generator).clamp_min_(_TINY)
+                nodes[:, kids], probs[:, kids] = sample_children(q, len(kids), expo)
             if k + 1 < len(levels):  # the next level needs this one's logits: feed it (nodes in level order)
                 ones = torch.ones_like(nodes[:, level], dtype=torch.bool)
                 fed = self.lm.forward(nodes[:, level], ones, parents[: level[-1] + 1], nodes=len(level))
                 after = {n: fit_vocab(fed[:, i], self.vocab) for i, n in enumerate(level)}
                 self._fed = level[-1] + 1
         chain = parents == list(range(-1, len(parents) - 1))
-        return Draft(tokens=nodes, probs=None, parents=None if chain else torch.tensor(parents, dtype=torch.long))
+        return Draft(tokens=nodes, probs=probs, parents=None if chain else torch.tensor(parents, dtype=torch.long))
 
     def rollback_path(self, paths: torch.Tensor) -> None:
         """Keep the accepted nodes the draft fed (those with children), compacted in its cache."""

@@ -25,7 +25,7 @@ def make_draft(config: DraftOptions, context: DraftContext) -> HFDraft:
     model, tokenizer = load_model(config)
     target_tokenizer = context.target.tokenizer if isinstance(context.target, HasTokenizer) else None
     check_same_tokenizer(tokenizer, target_tokenizer, config.model)
-    return HFDraft(model, context.vocab, config.tree_width)
+    return HFDraft(model, context.vocab, config.tree_width, config.tree_children)
 
 
 @hookimpl

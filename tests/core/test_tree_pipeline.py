@@ -24,6 +24,7 @@ PROMPTS = [[1, 2, 3, 4, 5, 1, 2], [3, 4], [7, 8, 9, 1, 2, 3, 4, 5, 6, 2, 11]]
 TREE_ARMS: dict[str, dict[str, Any]] = {
     "lookup-tree": {"use": "prompt_lookup", "gamma": 6, "branches": 3},
     "hf-tree": {"use": "hf", "gamma": 8, "tree_width": [2, 2, 1]},
+    "hf-tree-sampled": {"use": "hf", "gamma": 8, "tree_width": [2, 2, 1], "tree_children": "sample"},
 }
 
 
@@ -143,9 +144,9 @@ def test_reference_tree_of_width_one_gives_the_chain_verdict() -> None:
         assert torch.equal(drawn.tokens, tree.tokens)
 
 
-def _hf_draft(models: dict[str, Path], widths: tuple[int, ...]) -> HFDraft:
+def _hf_draft(models: dict[str, Path], widths: tuple[int, ...], children: str = "topk") -> HFDraft:
     model, _ = load_model(ModelOptions(model=str(models["close"]), dtype="float64", device="cpu"))
-    return HFDraft(model, 16, widths)
+    return HFDraft(model, 16, widths, children)
 
 
 def test_hf_draft_tree_after_rollback_path_proposes_what_a_fresh_draft_does(models: dict[str, Path]) -> None:
@@ -166,12 +167,12 @@ def test_hf_draft_tree_after_rollback_path_proposes_what_a_fresh_draft_does(mode
 
 
 @pytest.mark.parametrize("sampling", dc.SAMPLINGS, ids=str)
-@pytest.mark.parametrize("tree", ["lookup", "hf"])
+@pytest.mark.parametrize("tree", ["lookup", "hf", "hf-sampled"])
 def test_tree_drafts_keep_the_draft_contract(models: dict[str, Path], tree: str, sampling: SamplingParams) -> None:
     """The draft suite's history (chain rollbacks, steps elsewhere, empty proposals, reset) on tree proposals."""
     def make() -> Any:
         if tree == "lookup":
             return PromptLookupDraft(LookupConfig(branches=2))
-        return _hf_draft(models, (2, 2))
+        return _hf_draft(models, (2, 2), "sample" if tree == "hf-sampled" else "topk")
 
     dc.check_script(make, vocab=16, sampling=sampling)

@@ -41,9 +41,9 @@ def _fast(path: Path, attention: str = "sdpa", widths: tuple[int, ...] = WIDTHS)
     return make_draft(opts, DraftContext(target=None, vocab=16, device=torch.device("cpu")))
 
 
-def _hf(path: Path) -> HFDraft:
+def _hf(path: Path, tree_children: str = "topk") -> HFDraft:
     model, _ = load_model(ModelOptions(model=str(path), dtype="float32", device="cpu"))
-    return HFDraft(model, 16, WIDTHS)
+    return HFDraft(model, 16, WIDTHS, tree_children)
 
 
 def _tokens(rows: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
@@ -75,6 +75,43 @@ def test_fast_tree_nodes_are_the_hf_drafts(models: dict[str, Path], attention: s
         for b, path in enumerate(paths.tolist()):
             rows[b] += [int(a.tokens[b, n]) for n in path if n >= 0] + [(len(rows[b]) * 5) % 16]
     assert fast.seen == hf.lm.seen
+
+
+def test_sampled_children_are_the_hf_drafts(models: dict[str, Path]) -> None:
+    """tree_children = "sample": the same Exp(1) noise (one vector per sibling group, level
+    order) gives the same nodes and laws on both back-ends over three kept steps; the laws
+    are each child's given its elder siblings, and greedy steps keep the top-k."""
+    opts = FastDraftOptions(model=str(models["close"]), dtype="float32", device="cpu", max_len=128, compile=False,
+                            chat_template=False, tree_width=WIDTHS, tree_children="sample")
+    fast = make_draft(opts, DraftContext(target=None, vocab=16, device=torch.device("cpu")))
+    hf = _hf(models["close"], "sample")
+    sampling = SamplingParams(temperature=0.9, top_k=8)
+    rows = [list(r) for r in ROWS]
+    gens = [torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)]
+    for paths in PATHS:
+        tokens, lengths = _tokens(rows)
+        a = fast.propose(tokens, lengths, 8, sampling, gens[0])
+        b = hf.propose(tokens, lengths, 8, sampling, gens[1])
+        assert a.probs is not None and b.probs is not None
+        assert torch.equal(a.tokens, b.tokens), (a.tokens, b.tokens)
+        torch.testing.assert_close(a.probs, b.probs)
+        for kids in ([0, 1], [2, 3], [4, 5]):  # siblings differ, and a younger one's law lacks its elder
+            assert (a.tokens[:, kids[0]] != a.tokens[:, kids[1]]).all()
+            assert (a.probs[:, kids[1]].gather(1, a.tokens[:, kids[:1]]) == 0).all()
+        torch.testing.assert_close(a.probs.sum(-1), torch.ones(2, 8))
+        fast.rollback_path(paths)
+        hf.rollback_path(paths)
+        for b_, path in enumerate(paths.tolist()):
+            rows[b_] += [int(a.tokens[b_, n]) for n in path if n >= 0] + [(len(rows[b_]) * 5) % 16]
+    tokens, lengths = _tokens(rows)
+    greedy = fast.propose(tokens, lengths, 8, SamplingParams(temperature=0.0), gens[0])
+    assert greedy.probs is None
+    assert torch.equal(greedy.tokens, _fast(models["close"]).propose(tokens, lengths, 8, SamplingParams(0.0), None).tokens)
+
+
+def test_tree_children_must_be_known(models: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match=r"tree_children must be one of 'topk', 'sample'"):
+        FastDraftOptions(model=str(models["close"]), tree_children="nucleus")
 
 
 def test_rollback_path_keeps_only_the_fed_part_of_the_path(models: dict[str, Path]) -> None:

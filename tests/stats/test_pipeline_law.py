@@ -61,10 +61,13 @@ def test_law_holds_with_filtering(law_setup: dict[str, Any], sampling: dict[str,
 
 
 # Draft trees (hf target): prompt lookup with sibling branches, the close draft's top-k tree,
-# and a suffix tree whose state every row of the batch shares (a row's tree depends on the
-# other rows' sampled tokens, never on its own step's draws); alone (fixed) and among the
-# chain arms (adversarial selector); reference verifier, and the triton verifier below.
-TREE_ARMS = ["lookup-tree", "hf-tree", "suffix-tree"]
+# a suffix tree whose state every row of the batch shares (a row's tree depends on the
+# other rows' sampled tokens, never on its own step's draws), and the close draft's tree with
+# children drawn without replacement (tree_children = "sample", verified with their laws; four
+# at the root, where a sibling drawn with replacement would repeat an elder most often);
+# alone (fixed) and among the chain arms (adversarial selector); reference verifier, and the
+# triton verifier below.
+TREE_ARMS = ["lookup-tree", "hf-tree", "suffix-tree", "hf-tree-sampled"]
 
 
 def tree_dict(setup: dict[str, Any], selector: str = "fixed", arm: int = 0) -> dict[str, Any]:
@@ -74,16 +77,21 @@ def tree_dict(setup: dict[str, Any], selector: str = "fixed", arm: int = 0) -> d
     trees = [{"use": "prompt_lookup", "gamma": 4, "branches": 2, "name": "lookup-tree"},
              {"use": "hf", "model": str(setup["drafts"][0]), "dtype": "float32", "gamma": 7, "tree_width": [2, 2, 1],
               "name": "hf-tree"},
-             {"use": "suffix", "gamma": 4, "branches": 2, "min_match": 1, "name": "suffix-tree"}]
+             {"use": "suffix", "gamma": 4, "branches": 2, "min_match": 1, "name": "suffix-tree"},
+             {"use": "hf", "model": str(setup["drafts"][0]), "dtype": "float32", "gamma": 7, "tree_width": [4, 3],
+              "tree_children": "sample", "name": "hf-tree-sampled"}]
     return {**config, "arm": trees + config["arm"]}
 
 
 TREE_CASES = [("lookup-tree", SAMPLINGS[0]), ("lookup-tree", SAMPLINGS[2]), ("hf-tree", SAMPLINGS[0]),
               ("hf-tree", SAMPLINGS[1]),  # each tree arm at T = 1 and under one filter
-              pytest.param("suffix-tree", SAMPLINGS[0], marks=pytest.mark.slow)]  # by default: among the chains
+              pytest.param("suffix-tree", SAMPLINGS[0], marks=pytest.mark.slow),  # by default: among the chains
+              ("hf-tree-sampled", SAMPLINGS[0]), ("hf-tree-sampled", SAMPLINGS[1])]
 
 
-@pytest.mark.parametrize(("arm", "sampling"), TREE_CASES, ids=["lookup-t1", "lookup-top_p", "hf-t1", "hf-top_k", "suffix-t1"])
+@pytest.mark.parametrize(("arm", "sampling"), TREE_CASES,
+                         ids=["lookup-t1", "lookup-top_p", "hf-t1", "hf-top_k", "suffix-t1", "hf-sampled-t1",
+                              "hf-sampled-top_k"])
 def test_law_holds_for_tree_arms(law_setup: dict[str, Any], arm: str, sampling: dict[str, Any]) -> None:
     pipe = build_pipeline(tree_dict(law_setup, arm=TREE_ARMS.index(arm)), law_setup["registry"])
     assert gate(pipe, law_of(law_setup, sampling), sampling) > ALPHA

@@ -8,12 +8,14 @@ import pytest
 import torch
 from _law import ALPHA, gate, law_of
 from _tiny import pipeline_dict
-from test_pipeline_law import tree_dict
+from test_pipeline_law import TREE_ARMS, tree_dict
 
+import flashspec_hf.draft
 from flashspec_core.build import build_pipeline
 from flashspec_core.pipeline import Arm
+from flashspec_core.sampling import race
 from flashspec_core.testing.tiny import PeekingDraft
-from flashspec_core.tree import path_to
+from flashspec_core.tree import path_to, without_replacement_rows
 from flashspec_hf.lm import CachedLM
 from flashspec_hf.target import HFTarget
 
@@ -34,6 +36,23 @@ def test_selector_peeking_at_the_draft_is_caught(law_setup: dict[str, Any]) -> N
     model_arm, lookup_arm = pipe.arms[:2]  # the model draft and the padded lookup
     pipe.arms = [Arm("peek", PeekingDraft(model_arm.provider, lookup_arm.provider, mode), model_arm.gamma)]
     assert gate(pipe, law, SAMPLING) < ALPHA
+
+
+def test_sampled_children_drawn_with_replacement_are_caught(law_setup: dict[str, Any],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted in the hf draft's tree_children = "sample": each child an independent race
+    (duplicates allowed), reported with the laws of a draw without replacement."""
+
+    gen = torch.Generator().manual_seed(1)
+
+    def with_replacement(q: torch.Tensor, width: int, expo: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        draws = [expo] + [torch.empty_like(expo).exponential_(generator=gen) for _ in range(width - 1)]
+        tokens = torch.stack([race(q, e) for e in draws], dim=-1)
+        return tokens, without_replacement_rows(q, tokens)
+
+    monkeypatch.setattr(flashspec_hf.draft, "sample_children", with_replacement)
+    pipe = build_pipeline(tree_dict(law_setup, arm=TREE_ARMS.index("hf-tree-sampled")), law_setup["registry"])
+    assert gate(pipe, law_of(law_setup, SAMPLING), SAMPLING) < ALPHA
 
 
 def test_kv_cache_keeping_a_rejected_branch_is_caught(law_setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -97,7 +97,8 @@ def test_zero_probability_node_accepted_when_u_is_zero() -> None:
 
 # The bugs the triton kernels can switch on, and those the drafter plants (verifier unchanged).
 TRITON_KERNEL_BUGS = ["sibling_residual_not_updated"]
-DRAFT_SIDE_BUGS = ["with_replacement_verified_without", "deterministic_with_real_q"]
+DRAFT_SIDE_BUGS = ["with_replacement_verified_without", "deterministic_with_real_q",
+                   "sampled_children_with_replacement", "sampled_children_report_group_q"]
 
 
 @pytest.mark.parametrize("bug", TRITON_KERNEL_BUGS + DRAFT_SIDE_BUGS)

@@ -5,8 +5,8 @@ seed on 10,000 independent trials of a toy second-order target (V = 4..8): the l
 the first k emitted tokens (over as many steps as it takes) against the target's
 k-token law computed exactly by enumeration, and each token of the first step given the
 two before it; Holm within the case at GATE_ALPHA = 5e-5. Greedy cases are checked
-exactly. With 14 sampled cases, Bonferroni bounds the suite's false-alarm rate per
-verifier by 14 * 5e-5 = 7e-4. Every case runs on the plain-torch reference and on the
+exactly. With 18 sampled cases, Bonferroni bounds the suite's false-alarm rate per
+verifier by 18 * 5e-5 = 9e-4. Every case runs on the plain-torch reference and on the
 triton verifier in both noise modes (Triton's interpreter on the CPU: ~2-9 s a case).
 docs/exactness-tree.md has the proof and the design.
 """
@@ -53,6 +53,12 @@ CASES = [
     TreeCase("mixed_w3_d2_v6_t1", 6, W3_D2, S(1.0), mode="mixed"),
     TreeCase("zeros_iid_w2_d2_v8_t1", 8, W2_D2, S(1.0), p_neg_inf=0.3, q_zeros=0.3),
     TreeCase("zeros_det_w2_d2_v6_t1", 6, W2_D2, S(1.0), mode="deterministic", p_neg_inf=0.4, overlap=0.0),
+    # the model drafts' tree_children = "sample"; top_k = 2 and q zeros leave groups wider
+    # than q's support (the surplus children repeat the eldest, one-hot)
+    TreeCase("sample_w3_d2_v5_t1", 5, W3_D2, S(1.0), mode="sample"),
+    TreeCase("sample_w2_d3_v4_t1.3_peaked", 4, W2_D3, S(1.3), mode="sample", draft_scale=2.0),
+    TreeCase("sample_w3_d1_v8_t0.7_topk2", 8, (-1, -1, -1), S(0.7, top_k=2), mode="sample"),
+    TreeCase("zeros_sample_ragged_v6_t1", 6, RAGGED, S(1.0), mode="sample", p_neg_inf=0.3, q_zeros=0.6),
 ]
 GREEDY_CASES = [
     TreeCase("greedy_iid_w3_d2_v6", 6, W3_D2, S(0.0), overlap=0.8),
