@@ -8,8 +8,8 @@ are gathered on rank 0. The embedding is replicated (as in gpt-fast): a lookup c
 arithmetic, and it keeps the fast model's forward unchanged.
 
 Rank 0 is the process that built the pipeline: its draft, verifier and step policy run
-there alone. Every call that changes the target (``prefill``, ``score``, ``score_tree``,
-``commit_path``, ``rollback``) is broadcast to the other ranks before rank 0 makes it,
+there alone. Every call that changes the target (``prefill``, ``prefill_rows``, ``score``,
+``score_tree``, ``commit_path``, ``rollback``) is broadcast to the other ranks before rank 0 makes it,
 and every rank makes it on its own shard, so each rank's KV cache holds the same
 sequences and rolls back alike. Host arguments travel pickled over a gloo group; device
 tensors (the draft tokens) by a broadcast on the device group, with no host sync.
@@ -50,7 +50,7 @@ from flashspec_models.weights import resolve_model
 TIMEOUT_S = 300.0  # a call's collectives wait this long for a rank: a 32B shape's first graph capture stays well under it
 START_S = 1800.0  # the ranks wait this long for each other to start and build their shards (a cold checkpoint load)
 IDLE = timedelta(days=30)  # a worker waits this long for rank 0's next call: a user may pause between requests
-REPLAYED = ("prefill", "score", "score_tree", "commit_path", "rollback")  # the calls every rank makes
+REPLAYED = ("prefill", "prefill_rows", "score", "score_tree", "commit_path", "rollback")  # the calls every rank makes
 GATHERED = ("score", "score_tree")  # calls whose logits rank 0 gathers
 STOP = "stop"
 
@@ -331,14 +331,16 @@ def spawn_workers(opts: FastOptions, world: int, init: str, timeout_s: float) ->
 class TensorParallelTarget:
     """Rank 0's target: the fast target over this rank's shard, each call replayed by the others.
 
-    Offers what the pipeline asks of the fast target (``Target``, ``ScoresTrees``,
-    ``HasContext``, ``CapturesGraphs``) with the logits of the whole vocabulary.
+    Offers what the pipeline and the server ask of the fast target (``Target``,
+    ``ScoresTrees``, ``PrefillsRows``, ``HasContext``, ``HasTokenizer``, ``CapturesGraphs``)
+    with the logits of the whole vocabulary.
     """
 
     def __init__(self, local: FastTarget, ranks: Ranks, vocab: int, workers: Sequence[Any] = ()) -> None:
         self.local, self.ranks, self.vocab, self.workers = local, ranks, vocab, list(workers)
         self.device = local.device
         self.eos_token_ids = local.eos_token_ids
+        self.tokenizer = local.tokenizer
         self.graphs = local.graphs
         self._broken: str | None = None
         self._closed = False
@@ -360,6 +362,10 @@ class TensorParallelTarget:
 
     def prefill(self, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
         self._call("prefill", tokens[:, : max(lengths)], list(lengths))
+
+    def prefill_rows(self, tokens: torch.Tensor, lengths: Sequence[int], rows: Sequence[int]) -> None:
+        """Prefill ``rows`` alone on every rank (see :meth:`FastTarget.prefill_rows`)."""
+        self._call("prefill_rows", tokens[:, : max(lengths)], list(lengths), [int(b) for b in rows])
 
     def score(self, tokens: torch.Tensor, lengths: Sequence[int], draft_tokens: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, gamma+1, V]`` on rank 0 (see :meth:`FastTarget.score`)."""

@@ -17,7 +17,7 @@ import torch
 from _tiny import tiny_family
 
 from flashspec_core.build import build_pipeline
-from flashspec_core.contracts import CapturesGraphs, HasContext, ScoresTrees
+from flashspec_core.contracts import CapturesGraphs, HasContext, HasTokenizer, PrefillsRows, ScoresTrees
 from flashspec_core.pipeline import Pipeline
 from flashspec_fast.tp import TensorParallelTarget
 from flashspec_selectors import FixedConfig, FixedSelector
@@ -57,18 +57,23 @@ def play(pipe: Pipeline, arm: str) -> Pipeline:
 
 def test_the_sharded_target_offers_what_the_fast_target_does(pipes: tuple[Pipeline, Pipeline]) -> None:
     one, two = pipes
-    for protocol in (ScoresTrees, HasContext, CapturesGraphs):
+    for protocol in (ScoresTrees, PrefillsRows, HasContext, HasTokenizer, CapturesGraphs):
         assert isinstance(two.target, protocol) == isinstance(one.target, protocol) == True  # noqa: E712
     assert (two.target.vocab, two.target.max_context) == (one.target.vocab, one.target.max_context) == (16, 255)
     assert two.target.workers[0].is_alive()
+    assert two.target.encode("t3 t4") == one.target.encode("t3 t4") == [3, 4]
+
+
+def batch() -> tuple[torch.Tensor, list[int]]:
+    tokens = torch.zeros((4, 32), dtype=torch.long)
+    for b, p in enumerate(PROMPTS):
+        tokens[b, : len(p)] = torch.tensor(p)
+    return tokens, [len(p) for p in PROMPTS]
 
 
 def test_logits_equal_one_process(pipes: tuple[Pipeline, Pipeline]) -> None:
     one, two = (p.target for p in pipes)
-    tokens = torch.zeros((4, 32), dtype=torch.long)
-    lengths = [len(p) for p in PROMPTS]
-    for b, p in enumerate(PROMPTS):
-        tokens[b, : len(p)] = torch.tensor(p)
+    tokens, lengths = batch()
     draft = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]])
     for t in (one, two):
         t.prefill(tokens, lengths)
@@ -79,6 +84,21 @@ def test_logits_equal_one_process(pipes: tuple[Pipeline, Pipeline]) -> None:
     parents = torch.tensor([-1, -1, 0, 1])
     want = one.score_tree(tokens, lengths, draft[:, :1].repeat(1, 4), parents)  # type: ignore[attr-defined]
     torch.testing.assert_close(two.score_tree(tokens, lengths, draft[:, :1].repeat(1, 4), parents), want,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_row_prefilled_alone_scores_as_in_one_process(pipes: tuple[Pipeline, Pipeline]) -> None:
+    """The server's join: row 1 takes a new sequence, the other rows keep their caches."""
+    one, two = (p.target for p in pipes)
+    tokens, lengths = batch()
+    draft = torch.tensor([[1, 2], [4, 5], [7, 8], [10, 11]])
+    for t in (one, two):
+        t.prefill(tokens, lengths)
+        t.score(tokens, lengths, draft)
+    tokens[1, :9], lengths[1] = torch.tensor([9, 8, 7, 6, 5, 4, 3, 2, 1]), 9
+    for t in (one, two):
+        t.prefill_rows(tokens, lengths, [1])  # type: ignore[attr-defined]
+    torch.testing.assert_close(two.score(tokens, lengths, draft), one.score(tokens, lengths, draft),
                                rtol=1e-5, atol=1e-5)
 
 
