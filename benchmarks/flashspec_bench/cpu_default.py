@@ -9,7 +9,9 @@ untrained selector and reward scale, as each ``flashspec generate`` process does
 
 The two systems alternate request by request (A B A B), and the one that goes first flips
 with every prompt and repeat, so a drift in the machine's load weighs on both alike; the
-load averages before and after are recorded beside the numbers. Each system runs every
+load averages before and after are recorded beside the numbers. Each run of the default
+keeps its step log (arm, width, accepted, milliseconds per step), to tell why it is as fast
+as it is: which arms the selector tried, and what their steps cost here. Each system runs every
 prompt once untimed first (two tokens: allocations, first-call costs).
 
 ``--smoke`` runs the same default config with its models replaced by the tiny random
@@ -213,7 +215,14 @@ class Systems:
                 "tokens_per_s": round(s["new_tokens"] / s["wall_s"], 4), "steps": s["steps"],
                 "mean_accepted_length": round(s["mean_accepted_length"], 3),
                 "arm_steps": {name: arm.get("steps") for name, arm in s["arms"].items()} if system == DEFAULT else None,
+                "step_log": step_log(result.steps) if system == DEFAULT else None,
                 "tokens": result.token_ids[0]}
+
+
+def step_log(steps: Sequence[Any]) -> list[list[Any]]:
+    """Each step of a one-prompt run as ``[arm, width, accepted, step_ms]``: which arm the
+    selector played, how many tokens it proposed, how many the target kept, and what it cost."""
+    return [[r.arm_name, r.gamma, r.accepted[0], round(r.step_ms, 1)] for r in steps]
 
 
 def measure(systems: Systems, prompts: Sequence[str], repeats: int, max_new_tokens: int,

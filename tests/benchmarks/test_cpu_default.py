@@ -61,6 +61,13 @@ def test_smoke_run_times_both_systems_alike_and_writes_the_ratio(tmp_path: Path)
     assert all(r["new_tokens"] == 6 and r["tokens_per_s"] > 0 for r in result["runs"])
     plain = [r for r in result["runs"] if r["system"] == cd.TARGET_ONLY]
     assert all(r["mean_accepted_length"] == 1.0 for r in plain)  # one token per step: no drafting
+    assert all(r["step_log"] is None for r in plain)
+    for r in result["runs"]:
+        if r["system"] == cd.DEFAULT:  # one entry per step, naming the arms that arm_steps counts
+            log = r["step_log"]
+            assert len(log) == r["steps"] and sum(n + 1 for _, _, n, _ in log) >= r["new_tokens"]  # the last may overrun
+            assert {arm: sum(e[0] == arm for e in log) for arm in r["arm_steps"]} == r["arm_steps"]
+            assert all(0 <= n <= width and ms > 0 for _, width, n, ms in log)
     assert result["same_output"] is True  # greedy: the default's drafts must not change the tokens
     summary = result["summary"]
     assert summary["default_vs_target_only"] == pytest.approx(
