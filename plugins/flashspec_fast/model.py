@@ -276,6 +276,11 @@ class Transformer:
             flat = cache.view(cache.shape[0], -1, cache.shape[-1])  # [L, B * S, KV*hd]
             flat.index_copy_(1, moves[1], flat.index_select(1, moves[0]))
 
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The embedding rows of ``tokens`` [B, T]: [B, T, D] (a tensor-parallel model, whose
+        rows are split over ranks, overrides it: :mod:`flashspec_fast.tp`)."""
+        return F.embedding(tokens, self.w.embed)
+
     def _mask(self, pos: torch.Tensor, group: int, span: int, tree: TreeBlock | None = None) -> torch.Tensor:
         """Additive mask [B, 1, G*T, span]: a query at position p sees slots 0..p (with a tree
         block: :func:`~flashspec_core.tree.tree_causal_mask`). The query group is folded into
@@ -305,7 +310,7 @@ class Transformer:
         group, hd = a.heads // a.kv_heads, a.head_dim
         nq, nkv = a.heads * hd, a.kv_heads * hd
         span = span or self.max_len
-        x = F.embedding(tokens, w.embed).view(batch * width, a.dim)  # [B*T, D]
+        x = self.embed(tokens).view(batch * width, a.dim)  # [B*T, D]
         cos, sin = self.cos[pos][:, :, None], self.sin[pos][:, :, None]  # [B, T, 1, hd]
         kernels = triton_kernels() if self.decode_kernel else None  # (attention, rope) modules
         # decoding forwards: flashspec_kernels.attention, [B, T, H, hd] in and out

@@ -3,9 +3,9 @@
 Each rank holds a slice of every layer, as in Megatron-LM, vLLM and gpt-fast: the QKV
 projection by heads and the gate-up projection by columns (column-parallel: no traffic),
 the output and down projections by their input columns (row-parallel: one all-reduce of
-the residual update each, two per layer), and the LM head by vocabulary, whose logits
-are gathered on rank 0. The embedding is replicated (as in gpt-fast): a lookup costs no
-arithmetic, and it keeps the fast model's forward unchanged.
+the residual update each, two per layer), and the embedding and the LM head by
+vocabulary: a rank looks up the tokens in its rows (zeros for the others, summed by one
+all-reduce per forward), and rank 0 gathers the logits.
 
 Rank 0 is the process that built the pipeline: its draft, verifier and step policy run
 there alone. Every call that changes the target (``prefill``, ``prefill_rows``, ``score``,
@@ -40,6 +40,7 @@ from typing import Any
 import attrs
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from flashspec_fast.model import Layer, ModelArgs, Transformer, Weights, linear, read_config, shape_config
 from flashspec_fast.options import SHAPE_PREFIX, FastOptions, FastTargetOptions, build_model
@@ -133,20 +134,42 @@ def shard_layer(layer: Layer, args: ModelArgs, rank: int, world: int, group: Any
 
 
 def shard_vocab(head: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    """Rank ``rank``'s rows of the LM head ``[V, D]``: ``ceil(V / world)`` of them, the last
-    rank's padded with zero rows (their logits are cut after the gather)."""
+    """Rank ``rank``'s rows of the embedding or LM head ``[V, D]``: ``ceil(V / world)`` of them,
+    the last rank's padded with zero rows (no token looks them up; their logits are cut after
+    the gather)."""
     rows = -(-head.shape[0] // world)
     mine = head[rank * rows : (rank + 1) * rows]
     return torch.cat([mine, mine.new_zeros(rows - mine.shape[0], mine.shape[1])]).contiguous()
 
 
-def shard_model(model: Transformer, opts: FastOptions, rank: int, world: int, group: Any) -> Transformer:
+class ShardedTransformer(Transformer):
+    """A rank's slice of the model (:func:`shard_model`): its embedding holds the vocabulary
+    rows ``first .. first + len``, so a lookup is this rank's rows, zeros for the tokens it
+    lacks, summed over the ranks (exact: one term is not zero)."""
+
+    def __init__(self, args: ModelArgs, weights: Weights, max_len: int, first: int, group: Any, fuse: bool,
+                 attention: str) -> None:
+        super().__init__(args, weights, max_len, fuse=fuse, attention=attention, kernels="torch")
+        self.first, self.group = first, group
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        rows = self.w.embed.shape[0]
+        local = tokens - self.first
+        mine = (local >= 0) & (local < rows)
+        x = F.embedding(local.clamp(0, rows - 1), self.w.embed).masked_fill(~mine[..., None], 0)
+        collective(dist.all_reduce, x, group=self.group)
+        return x
+
+
+def shard_model(model: Transformer, opts: FastOptions, rank: int, world: int, group: Any) -> ShardedTransformer:
     a, w = model.args, model.w
     local = local_args(a, world)
     layers = [shard_layer(layer, a, rank, world, group) for layer in w.layers]
-    weights = Weights(embed=w.embed, layers=layers, norm=w.norm, lm_head=shard_vocab(w.lm_head, rank, world))
-    return Transformer(local, weights, opts.max_len, fuse=opts.fuse and model.device.type == "cuda",
-                       attention=opts.attention, kernels="torch")
+    embed = shard_vocab(w.embed, rank, world)
+    head = embed if w.lm_head is w.embed else shard_vocab(w.lm_head, rank, world)  # tied: one slice serves both
+    weights = Weights(embed=embed, layers=layers, norm=w.norm, lm_head=head)
+    return ShardedTransformer(local, weights, opts.max_len, rank * local.vocab, group,
+                              fuse=opts.fuse and model.device.type == "cuda", attention=opts.attention)
 
 
 def local_args(a: ModelArgs, world: int) -> ModelArgs:

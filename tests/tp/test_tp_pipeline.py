@@ -61,6 +61,8 @@ def test_the_sharded_target_offers_what_the_fast_target_does(pipes: tuple[Pipeli
         assert isinstance(two.target, protocol) == isinstance(one.target, protocol) == True  # noqa: E712
     assert (two.target.vocab, two.target.max_context) == (one.target.vocab, one.target.max_context) == (16, 255)
     assert two.target.workers[0].is_alive()
+    w = two.target.local.model.w  # rank 0's shard: half the vocabulary, heads and MLP columns
+    assert (w.embed.shape, w.lm_head.shape, w.layers[0].w_down.weight.shape) == ((8, 32), (8, 32), (32, 32))
     assert two.target.encode("t3 t4") == one.target.encode("t3 t4") == [3, 4]
 
 
