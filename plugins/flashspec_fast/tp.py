@@ -162,9 +162,13 @@ class ShardedTransformer(Transformer):
 
 
 def shard_model(model: Transformer, opts: FastOptions, rank: int, world: int, group: Any) -> ShardedTransformer:
+    """Rank ``rank``'s slice of ``model``, taking its layers one by one (``model`` is left without
+    them), so that the device holds the whole model and one layer's slice at most."""
     a, w = model.args, model.w
     local = local_args(a, world)
-    layers = [shard_layer(layer, a, rank, world, group) for layer in w.layers]
+    layers = []
+    while w.layers:
+        layers.append(shard_layer(w.layers.pop(0), a, rank, world, group))
     embed = shard_vocab(w.embed, rank, world)
     head = embed if w.lm_head is w.embed else shard_vocab(w.lm_head, rank, world)  # tied: one slice serves both
     weights = Weights(embed=embed, layers=layers, norm=w.norm, lm_head=head)
