@@ -704,6 +704,10 @@ class Factored:
         self.fastest = math.inf  # the fastest step seen: no prediction goes far below it
         self.fitted = np.zeros(self.num_arms)  # [K] steps in the cost fit
         self.skipped = [False] * self.num_arms  # whether each arm's last step was left out as an outlier
+        # Opening plays chosen but not observed yet: under draw-ahead the next step is chosen
+        # before this one is observed, and without these an opening play would be repeated.
+        # A draw the policy drops (at a request's end) stays counted: one opening play fewer.
+        self.outstanding = np.zeros(self.num_arms)  # [K]
         self._cache: tuple[np.ndarray, np.ndarray] | None = None  # the cost posterior (_posterior)
         self.beta = Thompson(ThompsonConfig(), self.num_arms)  # rewards-only fallback
         self.beta.rng = self.rng
@@ -746,13 +750,18 @@ class Factored:
         return np.clip(draw, 0.0, width)
 
     def select(self) -> int:
+        opening = self.warmup + max(self.initial, 1)
         if not self.steps.any():
-            return self.beta.select()
-        short = np.flatnonzero(self.steps < self.warmup + max(self.initial, 1))
+            first = self.beta.select()
+            # capped: fed rewards alone for a while, no arm may look opened before it was observed
+            self.outstanding[first] = min(self.outstanding[first] + 1, opening - 1)
+            return first
+        short = np.flatnonzero(self.steps + self.outstanding < opening)
         if short.size:
+            self.outstanding[short[0]] += 1
             return int(short[0])
         mean, cov = self._posterior()
-        width = self.width / self.steps  # [K]
+        width = self.width / np.maximum(self.steps, 1)  # [K]; 0 for an arm whose first play is in flight
         x = np.stack([np.ones(self.num_arms), np.full(self.num_arms, float(self.rows)), self.rows * width], 1)
         spread = np.sqrt(np.maximum(np.einsum("ki,kij,kj->k", x, cov, x), 0.0))
         step_s = np.einsum("ki,ki->k", x, mean) + spread * self.rng.standard_normal(self.num_arms)
@@ -772,6 +781,7 @@ class Factored:
             skip = step_s > self.outlier * max(float(x @ self.cost_coefficients(arm)), 1e-9)
         self.skipped[arm] = skip
         self.steps[arm] += 1
+        self.outstanding[arm] = max(self.outstanding[arm] - 1, 0)
         self.width[arm] += width
         self.acc[:, arm] += (counts.size, counts.sum(), (counts * counts).sum())
         if not skip:

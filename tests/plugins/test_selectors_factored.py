@@ -134,6 +134,23 @@ def test_warm_up_steps_count_acceptance_but_not_cost() -> None:
     assert sum(cold.select() == 1 for _ in range(200)) < 5
 
 
+@pytest.mark.parametrize("draw_ahead", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_opening_plays_each_arm_warmup_plus_initial_times(draw_ahead: bool, seed: int) -> None:
+    # Under draw-ahead each step is chosen before the last one is observed; an opening play
+    # chosen but not yet observed still counts, so no arm is opened more often than asked.
+    selector = Factored(FactoredConfig(seed=seed, warmup=1, initial=1), 3)
+    arms = [Arm(name=f"arm{k}", provider=NoDraft(), gamma=4) for k in range(3)]
+    policy = StepPolicy(arms, selector, make_reward("throughput"), PolicySettings(draw_ahead=draw_ahead))
+    policy.begin(1)
+    played = []
+    for _ in range(6):
+        plan = policy.choose([0])
+        played.append(plan.choice)
+        policy.learn(plan, 4, [1], 1e-3 * (1 + plan.choice))
+    assert sorted(played) == [0, 0, 1, 1, 2, 2]
+
+
 def test_a_capture_is_left_out_once_but_a_second_slow_step_counts() -> None:
     selector = Factored(FactoredConfig(seed=0, warmup=0), 1)
     for _ in range(5):
