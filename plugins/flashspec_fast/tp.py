@@ -54,6 +54,7 @@ IDLE = timedelta(days=30)  # a worker waits this long for rank 0's next call: a 
 REPLAYED = ("prefill", "prefill_rows", "score", "score_tree", "commit_path", "rollback")  # the calls every rank makes
 GATHERED = ("score", "score_tree")  # calls whose logits rank 0 gathers
 STOP = "stop"
+RUNNING: list[TensorParallelTarget] = []  # this process's running target: torch allows one default process group
 
 
 class TensorParallelError(RuntimeError):
@@ -370,8 +371,9 @@ class TensorParallelTarget:
         self.tokenizer = local.tokenizer
         self.graphs = local.graphs
         self._broken: str | None = None
-        self._closed = False
+        self._closed: str | None = None  # why it no longer runs
         atexit.register(self.close)
+        RUNNING.append(self)
 
     @property
     def max_context(self) -> int:
@@ -422,17 +424,19 @@ class TensorParallelTarget:
 
     def _check(self) -> None:
         if self._closed:
-            raise TensorParallelError("tensor-parallel target: closed")
+            raise TensorParallelError(f"tensor-parallel target: {self._closed}")
         self._broken = self._broken or first_dead(self.workers)
         if self._broken is not None:
             raise TensorParallelError(f"tensor-parallel target: {self._broken}; it cannot run on without it")
 
-    def close(self) -> None:
-        """Stop the workers (if they still listen) and leave the process group."""
+    def close(self, why: str = "closed") -> None:
+        """Stop the workers (if they still listen) and leave the process group; later calls raise ``why``."""
         if self._closed:
             return
-        self._closed = True
+        self._closed = why
         atexit.unregister(self.close)
+        if self in RUNNING:
+            RUNNING.remove(self)
         if self._broken is None and first_dead(self.workers) is None:
             try:
                 send(self.ranks, STOP, ())
@@ -452,6 +456,8 @@ def make_tp_target(opts: FastOptions, world: int, timeout_s: float = TIMEOUT_S) 
     """Rank 0's target over ``world`` ranks. Outside a process group it spawns ranks
     ``1..world-1``; under ``torchrun`` (``WORLD_SIZE`` set) ranks above 0 serve here and exit."""
     local_args(model_args(opts), world)  # a clear error now, not one per rank after the start
+    for old in list(RUNNING):  # its group must go first; a failed pipeline build leaves no other handle to it
+        old.close("closed: a newer tensor-parallel target replaced it in this process")
     launched = "WORLD_SIZE" in os.environ
     if launched and int(os.environ["WORLD_SIZE"]) != world:
         raise ValueError(f"tensor_parallel = {world} but torchrun started {os.environ['WORLD_SIZE']} processes")

@@ -106,6 +106,26 @@ def test_an_idle_worker_waits_and_a_hung_one_times_out_with_a_named_error(target
     assert not target.workers[0].is_alive()
 
 
+def test_a_new_target_replaces_the_running_one_even_after_a_failed_build(target_path: Path) -> None:
+    """One default process group per process: a pipeline whose build fails after its target
+    started (a 'self' arm cannot draft on a sharded target) leaves the target running, and
+    the next target must close it rather than join its group."""
+    config = {"target": {"use": "fast", "model": str(target_path), "dtype": "float32", "device": "cpu",
+                         "compile": False, "chat_template": False, "max_len": 64, "tensor_parallel": 2},
+              "arm": [{"use": "self", "layers": 1, "gamma": 2}]}
+    with pytest.raises(ValueError, match="draft 'self'.*TensorParallelTarget"):
+        build_pipeline(config)
+    first = started(target_path)
+    second = started(target_path)
+    try:
+        with pytest.raises(TensorParallelError, match="replaced it in this process"):
+            first.score(TOKENS, LENGTHS, DRAFT)
+        assert not first.workers[0].is_alive()
+        assert second.score(TOKENS, LENGTHS, DRAFT).shape == (2, 3, 16)
+    finally:
+        second.close()
+
+
 RANK0 = """
 import os, signal, sys
 from flashspec_fast.options import FastTargetOptions
