@@ -421,6 +421,9 @@ class TensorParallelTarget:
             dead = first_dead(self.workers, wait_s=1.0)  # a peer's socket closes a moment before its exit is seen
             self._broken = dead or f"a rank stopped answering: {exc}"
             raise TensorParallelError(f"tensor-parallel target, {name}: {self._broken}") from exc
+        except KeyboardInterrupt:  # the workers may have made the call or not: their caches may differ from ours
+            self._broken = f"interrupted during {name}; start a new target"
+            raise
 
     def _check(self) -> None:
         if self._closed:

@@ -126,6 +126,28 @@ def test_a_new_target_replaces_the_running_one_even_after_a_failed_build(target_
         second.close()
 
 
+def test_an_interrupted_call_leaves_the_target_refusing_calls(target_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C after the call went out: the worker makes it, rank 0 does not, so their caches
+    may differ; every later call says so instead of hanging in a mismatched collective."""
+    from flashspec_fast import tp
+
+    target = started(target_path, timeout_s=2.0)
+
+    def interrupted(*_args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tp, "execute", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            target.score(TOKENS, LENGTHS, DRAFT)
+        monkeypatch.undo()
+        with pytest.raises(TensorParallelError, match="interrupted during score"):
+            target.score(TOKENS, LENGTHS, DRAFT)
+    finally:
+        target.close()
+    assert not target.workers[0].is_alive()
+
+
 RANK0 = """
 import os, signal, sys
 from flashspec_fast.options import FastTargetOptions
