@@ -12,7 +12,9 @@ there alone. Every call that changes the target (``prefill``, ``prefill_rows``, 
 ``score_tree``, ``commit_path``, ``rollback``) is broadcast to the other ranks before rank 0 makes it,
 and every rank makes it on its own shard, so each rank's KV cache holds the same
 sequences and rolls back alike. Host arguments travel pickled over a gloo group; device
-tensors (the draft tokens) by a broadcast on the device group, with no host sync.
+tensors (the draft tokens) by a broadcast on the device group, with no host sync. A
+``rollback`` or ``commit_path`` (no collective in it) is made on rank 0 at once and sent
+with the next call, so a decode step costs one message, not two.
 
 Start: ``[target] tensor_parallel = N``. A process that is not part of a process group
 spawns ``N - 1`` workers (:func:`spawn_workers`, ``torch.multiprocessing``); under
@@ -53,6 +55,7 @@ START_S = 1800.0  # the ranks wait this long for each other to start and build t
 IDLE = timedelta(days=30)  # a worker waits this long for rank 0's next call: a user may pause between requests
 REPLAYED = ("prefill", "prefill_rows", "score", "score_tree", "commit_path", "rollback")  # the calls every rank makes
 GATHERED = ("score", "score_tree")  # calls whose logits rank 0 gathers
+DEFERRED = ("commit_path", "rollback")  # calls without a collective: sent with the next call, one message a step
 STOP = "stop"
 RUNNING: list[TensorParallelTarget] = []  # this process's running target: torch allows one default process group
 
@@ -81,6 +84,9 @@ class Ranks:
     device: Any  # torch.distributed ProcessGroup
     host: Any
     timeout: timedelta  # of a call's collectives
+
+
+Call = tuple[str, Sequence[Any]]  # a method of FastTarget and its arguments
 
 
 @attrs.frozen
@@ -213,31 +219,34 @@ def build_shard(opts: FastOptions, ranks: Ranks) -> tuple[FastTarget, int]:
 # --- commands --------------------------------------------------------------------------
 
 
-def send(ranks: Ranks, name: str, args: Sequence[Any]) -> None:
-    """Rank 0: broadcast a call, host arguments pickled, device tensors after it."""
-    moved = [a for a in args if isinstance(a, torch.Tensor) and a.device.type != "cpu"]
-    meta = [OnDevice(tuple(a.shape), a.dtype) if any(a is m for m in moved) else a for a in args]
-    data = torch.frombuffer(bytearray(pickle.dumps((name, meta))), dtype=torch.uint8)
+def send(ranks: Ranks, calls: Sequence[Call]) -> None:
+    """Rank 0: broadcast calls in one message, host arguments pickled, device tensors after it."""
+    moved = [a for _, args in calls for a in args if isinstance(a, torch.Tensor) and a.device.type != "cpu"]
+    meta = [(name, [OnDevice(tuple(a.shape), a.dtype) if any(a is m for m in moved) else a for a in args])
+            for name, args in calls]
+    data = torch.frombuffer(bytearray(pickle.dumps(meta)), dtype=torch.uint8)
     collective(host_broadcast, ranks, torch.tensor([data.numel()]), ranks.timeout)
     collective(host_broadcast, ranks, data, ranks.timeout)
     for a in moved:
         collective(dist.broadcast, a.contiguous(), src=0, group=ranks.device)
 
 
-def receive(ranks: Ranks, device: torch.device) -> tuple[str, list[Any]]:
-    """Ranks above 0: the next call, its device tensors received onto ``device``."""
+def receive(ranks: Ranks, device: torch.device) -> list[Call]:
+    """Ranks above 0: the next message's calls, their device tensors received onto ``device``."""
     size = torch.zeros(1, dtype=torch.long)
     collective(host_broadcast, ranks, size, IDLE)
     data = torch.empty(int(size), dtype=torch.uint8)
     collective(host_broadcast, ranks, data, ranks.timeout)
-    name, meta = pickle.loads(data.numpy().tobytes())
-    args = []
-    for m in meta:
-        if isinstance(m, OnDevice):
-            m = torch.empty(m.shape, dtype=m.dtype, device=device)
-            collective(dist.broadcast, m, src=0, group=ranks.device)
-        args.append(m)
-    return name, args
+    calls: list[Call] = []
+    for name, meta in pickle.loads(data.numpy().tobytes()):
+        args = []
+        for m in meta:
+            if isinstance(m, OnDevice):
+                m = torch.empty(m.shape, dtype=m.dtype, device=device)
+                collective(dist.broadcast, m, src=0, group=ranks.device)
+            args.append(m)
+        calls.append((name, args))
+    return calls
 
 
 def host_broadcast(ranks: Ranks, t: torch.Tensor, timeout: timedelta) -> None:
@@ -266,13 +275,13 @@ def serve(target: FastTarget, ranks: Ranks, vocab: int) -> None:
     """Ranks above 0: make rank 0's calls until it stops. A call that raises here raised on
     rank 0 too (the argument checks are the same), so the loop goes on."""
     while True:
-        name, args = receive(ranks, target.device)
-        if name == STOP:
-            return
-        try:
-            execute(target, ranks, vocab, name, args)
-        except (ValueError, IndexError) as exc:
-            print(f"flashspec tensor-parallel rank {ranks.rank}: {name} refused: {exc}", file=sys.stderr)
+        for name, args in receive(ranks, target.device):
+            if name == STOP:
+                return
+            try:
+                execute(target, ranks, vocab, name, args)
+            except (ValueError, IndexError) as exc:
+                print(f"flashspec tensor-parallel rank {ranks.rank}: {name} refused: {exc}", file=sys.stderr)
 
 
 # --- processes -------------------------------------------------------------------------
@@ -371,6 +380,7 @@ class TensorParallelTarget:
         self.tokenizer = local.tokenizer
         self.graphs = local.graphs
         self._broken: str | None = None
+        self._pending: list[Call] = []  # DEFERRED calls made here and not yet sent
         self._closed: str | None = None  # why it no longer runs
         atexit.register(self.close)
         RUNNING.append(self)
@@ -415,7 +425,12 @@ class TensorParallelTarget:
     def _call(self, name: str, *args: Any) -> Any:
         self._check()
         try:
-            send(self.ranks, name, args)
+            if name in DEFERRED:
+                out = execute(self.local, self.ranks, self.vocab, name, args)
+                self._pending.append((name, args))  # made here; the others make it before the next call
+                return out
+            send(self.ranks, [*self._pending, (name, args)])
+            self._pending.clear()
             return execute(self.local, self.ranks, self.vocab, name, args)
         except TensorParallelError as exc:
             dead = first_dead(self.workers, wait_s=1.0)  # a peer's socket closes a moment before its exit is seen
@@ -442,7 +457,7 @@ class TensorParallelTarget:
             RUNNING.remove(self)
         if self._broken is None and first_dead(self.workers) is None:
             try:
-                send(self.ranks, STOP, ())
+                send(self.ranks, [(STOP, ())])
             except TensorParallelError:
                 pass  # a worker went away meanwhile: it is joined or terminated below
         deadline = time.monotonic() + 10.0
