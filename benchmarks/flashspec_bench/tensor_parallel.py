@@ -52,12 +52,13 @@ def measure(shape: str, tp: int, args: argparse.Namespace, prompts: list[list[in
 
     max_len = max(map(len, prompts)) + args.tokens + 64
     target = make_fast_target(FastTargetOptions(model=f"shape:{shape}", dtype=args.dtype, device=args.device,
-                                                max_len=max_len, tensor_parallel=tp))
-    dopts = FastOptions(model=f"shape:{args.draft_shape}", dtype=args.dtype, device=args.device, max_len=max_len)
+                                                max_len=max_len, compile=args.graphs, tensor_parallel=tp))
+    dopts = FastOptions(model=f"shape:{args.draft_shape}", dtype=args.dtype, device=args.device, max_len=max_len,
+                        compile=args.graphs)
     draft_model, _ = build_model(dopts)
     try:
         base = timed(pipeline(target, 1.0), prompts, args.tokens)
-        common = {"label": LABEL, "target_shape": shape, "tensor_parallel": tp, "batch": 1}
+        common = {"label": LABEL, "target_shape": shape, "tensor_parallel": tp, "batch": 1, "cuda_graphs": args.graphs}
         rows = [{**common, "system": "target-only", "tokens_per_s": base["tokens_per_s"],
                  "step_ms_p50": base["step_ms_p50"]}]
         say(f"{shape} tp={tp} target-only: {base['tokens_per_s']:.1f} tok/s")
@@ -102,7 +103,7 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="folder of tp-h200x2.json")
-    p.add_argument("--shapes", nargs="+", default=["qwen2.5-14b", "qwen2.5-32b"])
+    p.add_argument("--shapes", nargs="+", default=["qwen2.5-32b", "qwen2.5-14b"], help="the headline 32B first")
     p.add_argument("--tp", nargs="+", type=int, default=[1, 2])
     p.add_argument("--draft-shape", default="qwen2.5-0.5b")
     p.add_argument("--acceptance", nargs="+", type=float, default=[0.6, 0.8])
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=3, help="timed requests (random 64-token prompts)")
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--device", default="auto")
+    p.add_argument("--no-graphs", dest="graphs", action="store_false", help="run the target and draft eagerly")
     p.add_argument("--budget", type=float, default=540.0, help="seconds; later runs are skipped once spent")
     p.add_argument("--commit", default=None, help="the measured commit, where the checkout has no git")
     args = p.parse_args(argv)
@@ -118,13 +120,17 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 150000, (64,), generator=gen).tolist() for _ in range(args.prompts)]
     res: dict[str, Any] = {**provenance("benchmarks/tp_h200x2.py", args.commit), "label": LABEL,
-                           "gpus": torch.cuda.device_count(), "rows": [], "skipped": [], "summary": {}}
+                           "gpus": torch.cuda.device_count(), "rows": [], "skipped": [], "failed": [], "summary": {}}
     for shape in args.shapes:
         for tp in args.tp:
             if time.time() - t0 > args.budget:
                 res["skipped"].append({"target_shape": shape, "tensor_parallel": tp, "why": "budget spent"})
                 continue
-            res["rows"].extend(measure(shape, tp, args, prompts))
+            try:
+                res["rows"].extend(measure(shape, tp, args, prompts))
+            except Exception as exc:  # noqa: BLE001  (one failed configuration must not lose the others' rows)
+                res["failed"].append({"target_shape": shape, "tensor_parallel": tp, "error": repr(exc)[:2000]})
+                say(f"{shape} tp={tp} failed: {exc!r}")
             res["summary"] = summary(res["rows"])
             write_json(args.out / "tp-h200x2.json", res)
     write_json(args.out / "tp-h200x2.json", res)
