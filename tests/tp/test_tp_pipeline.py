@@ -8,6 +8,8 @@ commit_path replayed on the worker)."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,10 +19,19 @@ import torch
 from _tiny import tiny_family
 
 from flashspec_core.build import build_pipeline
-from flashspec_core.contracts import CapturesGraphs, HasContext, HasTokenizer, PrefillsRows, ScoresTrees
+from flashspec_core.contracts import (
+    CapturesGraphs,
+    HasContext,
+    HasTokenizer,
+    PrefillsRows,
+    SamplingParams,
+    ScoresTrees,
+    StepRecord,
+)
 from flashspec_core.pipeline import Pipeline
 from flashspec_fast.tp import TensorParallelTarget
 from flashspec_selectors import FixedConfig, FixedSelector
+from flashspec_serve.engine import Engine, Job
 
 PROMPTS = [[1, 2, 3, 4, 5], [3, 4, 5, 6, 7, 8, 9], [12, 13], [7, 7, 2, 9, 4, 11]]
 ARMS = ("chain", "tree")
@@ -115,3 +126,39 @@ def test_tokens_equal_one_process(pipes: tuple[Pipeline, Pipeline], arm: str, sa
     assert sum(map(len, want.token_ids)) >= 8  # EOS may end rows early, but not all at once
     assert {s.arm_name for s in got.steps} == {arm}
     assert [s.accepted for s in got.steps] == [s.accepted for s in want.steps]
+
+
+def test_the_server_seats_a_joining_request_in_one_row_of_the_sharded_target(pipes: tuple[Pipeline, Pipeline]) -> None:
+    """The serving engine over the sharded pipeline: three requests start (in four rows), a
+    fourth joins at the second step, prefilled alone in the free row (replayed on the worker);
+    each gets the tokens it gets alone from the one-process pipeline."""
+    one, two = (play(p, "chain") for p in pipes)
+    greedy = SamplingParams(temperature=0.0)
+    first = [Job((1, 2, 3), 16, greedy), Job((9, 8, 7, 6), 12, greedy), Job((3, 4), 14, greedy)]
+    late = Job((7, 8, 9, 1, 2), 10, greedy)
+    engine = Engine(two, max_batch=4)
+    assert engine.per_row
+
+    async def main() -> list[list[int]]:
+        loop = asyncio.get_running_loop()
+        handles = [engine.submit(job, loop) for job in first]
+        steps = itertools.count()
+
+        def on_step(_record: StepRecord) -> None:
+            if next(steps) == 1:
+                handles.append(engine.submit(late, loop))
+
+        two.on_step = on_step
+        engine.start()
+        while len(handles) < 4:
+            await asyncio.sleep(0.01)
+        return [[t for e in [e async for e in h.events()] for t in e.token_ids] for h in handles]
+
+    try:
+        outs = asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        engine.stop(0.0)
+        two.on_step = None
+    want = [one.generate([list(j.prompt)], max_new_tokens=j.max_tokens).token_ids[0] for j in [*first, late]]
+    assert outs == want
+    assert engine.row_prefills == 1  # the join; rebuilds are the start and shrinks as rows end
