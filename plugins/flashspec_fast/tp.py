@@ -373,8 +373,10 @@ class TensorParallelTarget:
     with the logits of the whole vocabulary.
     """
 
-    def __init__(self, local: FastTarget, ranks: Ranks, vocab: int, workers: Sequence[Any] = ()) -> None:
+    def __init__(self, local: FastTarget, ranks: Ranks, vocab: int, workers: Sequence[Any] = (),
+                 store: str | None = None) -> None:
         self.local, self.ranks, self.vocab, self.workers = local, ranks, vocab, list(workers)
+        self._store = store  # the file the spawned group met through, removed at close
         self.device = local.device
         self.eos_token_ids = local.eos_token_ids
         self.tokenizer = local.tokenizer
@@ -468,6 +470,12 @@ class TensorParallelTarget:
                 p.join(1.0)
         if dist.is_initialized():
             dist.destroy_process_group()
+        remove(self._store)
+
+
+def remove(path: str | None) -> None:
+    if path is not None and os.path.exists(path):
+        os.unlink(path)
 
 
 def make_tp_target(opts: FastOptions, world: int, timeout_s: float = TIMEOUT_S) -> TensorParallelTarget:
@@ -482,6 +490,7 @@ def make_tp_target(opts: FastOptions, world: int, timeout_s: float = TIMEOUT_S) 
     rank = int(os.environ.get("RANK", "0")) if launched else 0
     device = torch.device(rank_device(opts, rank))
     workers: list[Any] = []
+    store = None
     if launched:
         ranks = join_group(rank, world, "env://", device, timeout_s)
     else:
@@ -503,10 +512,11 @@ def make_tp_target(opts: FastOptions, world: int, timeout_s: float = TIMEOUT_S) 
         for p in workers:
             p.terminate()
         dist.destroy_process_group()
+        remove(store)
         if dead is not None:
             raise TensorParallelError(f"tensor-parallel target, start: {dead}") from exc
         raise
-    return TensorParallelTarget(local, ranks, vocab, workers)
+    return TensorParallelTarget(local, ranks, vocab, workers, store)
 
 
 def make_fast_target(opts: FastTargetOptions) -> FastTarget | TensorParallelTarget:

@@ -71,6 +71,7 @@ def test_one_rank_runs_the_sharded_code_and_matches_one_process_exactly(target_p
     finally:
         sharded.close()
     assert not dist.is_initialized()
+    assert sharded._store is not None and not Path(sharded._store).exists()  # the rendezvous file is gone too
 
 
 def test_a_dead_worker_is_named_at_the_next_call(target_path: Path) -> None:
@@ -154,7 +155,7 @@ from flashspec_fast.options import FastTargetOptions
 from flashspec_fast.tp import make_tp_target
 opts = FastTargetOptions(model=sys.argv[1], dtype="float32", device="cpu", compile=False, max_len=64, tensor_parallel=2)
 target = make_tp_target(opts, 2)
-print(target.workers[0].pid, flush=True)
+print(target.workers[0].pid, target._store, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -169,7 +170,8 @@ def gone(pid: int) -> bool:
 def test_a_worker_exits_when_rank_0_dies(target_path: Path) -> None:
     run = subprocess.run([sys.executable, "-c", RANK0, str(target_path)], capture_output=True, text=True, timeout=120)
     assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
-    pid = int(run.stdout.split()[0])
+    pid, store = int(run.stdout.split()[0]), Path(run.stdout.split()[1])
+    store.unlink(missing_ok=True)  # a killed rank 0 leaves its rendezvous file
     deadline = time.monotonic() + 15.0
     while not gone(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
