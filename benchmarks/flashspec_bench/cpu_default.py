@@ -5,7 +5,8 @@ is timed side by side with a target-only variant of the same config: the same lo
 target, its ``[[arm]]`` list replaced by one ``use = "none"`` arm. Both are one pipeline
 whose arms are swapped between requests (the policy allows it), so the weights are loaded
 once and both systems read the same memory. Every request of the default starts from an
-untrained selector and reward scale, as each ``flashspec generate`` process does.
+untrained selector and reward scale, with fresh random draws unless the config seeds the
+selector, as each ``flashspec generate`` process does.
 
 The two systems alternate request by request (A B A B), and the one that goes first flips
 with every prompt and repeat, so a drift in the machine's load weighs on both alike; the
@@ -180,6 +181,16 @@ def smoke_config(config: dict[str, Any], root: Path) -> dict[str, Any]:
     return {**config, "target": target, "arm": arms}
 
 
+def reseed(selector: Any) -> None:
+    """Fresh OS entropy for a selector's numpy generator, in place (a selector's parts that
+    share the generator keep sharing it); a selector without one is left as it is."""
+    import numpy as np
+
+    rng = getattr(selector, "rng", None)
+    if isinstance(rng, np.random.Generator):
+        rng.bit_generator.state = np.random.default_rng().bit_generator.state
+
+
 class Systems:
     """One pipeline over the default config that plays either system (arms swapped per request)."""
 
@@ -196,6 +207,9 @@ class Systems:
         self.arms, self.settings = list(policy.arms), policy.settings
         # untrained selectors and scorers, copied afresh for every default request
         self.fresh = copy.deepcopy((policy.selectors, policy.rewards, policy.first_rewards))
+        # A copy keeps its random state: every request would draw the same choices. A process of
+        # its own draws fresh ones unless the config seeds the selector, so each copy is reseeded.
+        self.reseed = config.get("selector", {}).get("seed") is None
         plain = parse_config(target_only(config), registry, "<target-only config>", base_dir=base_dir).arms[0]
         self.plain = [Arm(name=plain.name, provider=NoDraft(), gamma=0)]
 
@@ -206,6 +220,9 @@ class Systems:
         if system == DEFAULT:
             policy.arms, policy.settings = list(self.arms), self.settings
             policy.selectors, policy.rewards, policy.first_rewards = copy.deepcopy(self.fresh)
+            if self.reseed:
+                for selector in policy.selectors:
+                    reseed(selector)
         else:
             policy.arms, policy.settings = self.plain, attrs.evolve(self.settings, first=None)
             policy.selector = Always(0, 1)

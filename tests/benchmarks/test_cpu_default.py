@@ -84,3 +84,19 @@ def test_first_run_records_read_time_and_the_stamped_output() -> None:
     lines = ["     0.0 pip", "     3.0 flashspec: converting", "    40.0 [flashspec] generating", "    52.5 ```python"]
     assert cd.read_stamped(lines) == {"first_text_s": 52.5, "longest_silence_s": 37.0, "longest_silence_at_s": 3.0,
                                       "longest_silence_after": "flashspec: converting"}
+
+
+def test_reseed_gives_a_copied_selector_fresh_draws_its_parts_still_share() -> None:
+    import copy
+
+    from flashspec_selectors.selectors import Factored, FactoredConfig
+
+    fresh = Factored(FactoredConfig(), 3)
+    same = [copy.deepcopy(fresh).rng.random() for _ in range(2)]
+    assert same[0] == same[1]  # what a plain copy per request did: the same draws every time
+    a, b = copy.deepcopy(fresh), copy.deepcopy(fresh)
+    cd.reseed(a)
+    cd.reseed(b)
+    assert a.rng.random() != b.rng.random()
+    assert a.beta.rng is a.rng  # the rewards-only fallback draws from the reseeded generator too
+    cd.reseed(object())  # a selector without a generator is left alone
