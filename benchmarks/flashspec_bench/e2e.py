@@ -294,7 +294,8 @@ def summarize(src: Path, out: Path, commit: str, section_commits: dict[str, str]
 def merge_committed(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """``new`` (a summarize of the tree and sweep sections alone) laid over a committed ``old``:
     the sections ``new`` did not run keep their data, dates and commits, the summary keeps
-    theirs and takes the arm sections' keys (``ARM_KEYS``) and ``invalid_systems`` from ``new``.
+    theirs and takes the arm sections' keys (``ARM_KEYS``) from ``new``; ``invalid_systems``
+    keeps the old marks only of sections ``new`` did not measure again.
     A run with other sections is refused: their summary keys mix several sections."""
     ran = {k for k, v in new["sections"].items() if v}
     other = sorted(ran - set(TREE_SECTIONS) - set(SWEEP_SECTIONS))
@@ -304,7 +305,9 @@ def merge_committed(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     sections |= {k: None for k in SECTIONS if k not in sections}
     old_s, new_s = old["summary"], new["summary"]
     summary = {**old_s, **{k: new_s[k] for k in (*ARM_KEYS, "invalid_systems")}}
-    summary["invalid_systems"] = {**old_s.get("invalid_systems", {}), **new_s["invalid_systems"]}
+    # a section measured again is judged by the new run alone: an old mark of it no longer holds
+    summary["invalid_systems"] = {**{k: v for k, v in old_s.get("invalid_systems", {}).items() if k not in ran},
+                                  **new_s["invalid_systems"]}
     summary["skipped_sections"] = [k for k in SECTIONS if not sections[k]]
     summary["unfused_sections"] = sorted({*old_s.get("unfused_sections", []), *new_s["unfused_sections"]})
     summary["measured_at_commit"] = new_s["measured_at_commit"]

@@ -214,3 +214,21 @@ def test_summarize_merges_a_sweep_run_into_the_committed_file(tmp_path: Path) ->
     (src / "b1_greedy" / "bench.json").write_text(json.dumps(_bench_json(90.0)))
     with pytest.raises(ValueError, match="b1_greedy"):
         e2e.summarize(src, out, "new5678", {}, raw, merge=committed)
+
+
+def test_a_merged_run_with_the_reset_clears_the_old_marks_of_the_sections_it_measured_again(tmp_path: Path) -> None:
+    """A committed file that withheld sweep_b1's suffix systems and tree_b1's, merged with a
+    sweep_b1 run that records ``cross_request_state``: sweep_b1's marks go, its suffix figures
+    count; tree_b1, not measured again, keeps its marks."""
+    src, out = tmp_path / "src", tmp_path / "docs"
+    (src / "sweep_b1").mkdir(parents=True)
+    (src / "sweep_b1" / "bench.json").write_text(json.dumps(_sweep()))
+    e2e.summarize(src, out, "old1234", {}, tmp_path / "raw_old.json.gz")
+    committed = tmp_path / "committed.json"
+    old = json.loads((out / "e2e-h200.json").read_text())
+    old["summary"]["invalid_systems"]["tree_b1"] = {"fixed:suffix-g8": {"reason": "stale"}}
+    committed.write_text(json.dumps(old))
+    (src / "sweep_b1" / "bench.json").write_text(json.dumps(_sweep(cross_request_state=CROSS_REQUEST_STATE)))
+    s = e2e.summarize(src, out, "new5678", {}, tmp_path / "raw.json.gz", merge=committed)
+    assert s["invalid_systems"] == {"tree_b1": {"fixed:suffix-g8": {"reason": "stale"}}}
+    assert s["suffix_vs_target_only_code_edit_b1"] == 4.0
