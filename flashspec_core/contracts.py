@@ -662,6 +662,21 @@ class ResetsRows(Protocol):
         """Forget the sequences of rows ``rows`` (distinct indices into the batch)."""
 
 
+@runtime_checkable
+class CatchesUp(Protocol):
+    """Optional extra of a :class:`DraftProvider`: take the sequences in before the first proposal.
+
+    Called once per request, right after the target's prefill is queued and before the
+    host waits for it, so host-side indexing of the prompts (a suffix tree's, an n-gram
+    table's) runs while the device prefills instead of inside the first step. The
+    provider must then propose exactly what it would have proposed without the call:
+    :meth:`DraftProvider.propose` still catches up on whatever it has not seen.
+    """
+
+    def catch_up(self, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
+        """Take in each row's sequence ``tokens[b, : lengths[b]]`` (``[B, L]`` int64, CPU)."""
+
+
 # Every optional capability (docs/plugins.md documents each; a test checks it).
 CAPABILITIES: tuple[type, ...] = (
     RequestAware,
@@ -680,6 +695,7 @@ CAPABILITIES: tuple[type, ...] = (
     ForgetsRequests,
     PrefillsRows,
     ResetsRows,
+    CatchesUp,
 )
 
 

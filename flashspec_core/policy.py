@@ -69,6 +69,7 @@ import torch
 from flashspec_core.config import batch_buckets_problem
 from flashspec_core.contracts import (
     ArmSelector,
+    CatchesUp,
     Draft,
     DraftProvider,
     ObservesSteps,
@@ -239,6 +240,16 @@ class StepPolicy:
         for selector in self.selectors:
             if isinstance(selector, RequestAware):
                 selector.begin_request(rows)
+
+    def catch_up(self, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
+        """Hand the request's sequences to every provider that indexes them ahead
+        (:class:`CatchesUp`), once each, while the target's prefill runs on the device."""
+        seen: set[int] = set()
+        for arm in self.arms:
+            provider = arm.provider
+            if isinstance(provider, CatchesUp) and id(provider) not in seen:
+                seen.add(id(provider))
+                provider.catch_up(tokens, lengths)
 
     def choose(self, rows: Sequence[int], first_proposes: bool = False) -> Plan:
         """The plan of a step over live ``rows``, given whether the first arm proposed.

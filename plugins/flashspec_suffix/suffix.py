@@ -148,6 +148,12 @@ class SuffixDraft:
     def rollback_path(self, paths: torch.Tensor) -> None:
         """Nothing to undo after a tree either."""
 
+    def catch_up(self, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
+        """Index the prompts while the target prefills (:class:`~flashspec_core.contracts.CatchesUp`):
+        a request's first proposal otherwise pays for its whole prompt (32 prompts of 1-2k tokens:
+        ~0.2 s of host time on the CPU)."""
+        self._catch_up(tokens, lengths)
+
     def _catch_up(self, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
         """Feed each row the tokens it gained; a row whose sequence is not the one it had
         (shorter, or another last token) is finished and starts over."""

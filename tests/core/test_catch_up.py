@@ -1,0 +1,72 @@
+"""Providers that index the prompts while the target prefills (CatchesUp)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _tiny import tiny_lm
+
+from flashspec_core import SamplingParams
+from flashspec_core.build import build_pipeline
+from flashspec_core.contracts import CatchesUp
+from flashspec_suffix.suffix import SuffixConfig, SuffixDraft
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def _batch(*rows: list[int]) -> tuple[torch.Tensor, list[int]]:
+    width = max(len(r) for r in rows) + 4
+    return torch.tensor([r + [0] * (width - len(r)) for r in rows]), [len(r) for r in rows]
+
+
+def test_a_suffix_draft_that_caught_up_proposes_what_one_that_did_not_proposes() -> None:
+    earlier = [[1, 2, 3, 4, 5, 1, 2, 3, 6], [7, 7, 8, 9]]
+    now = [[4, 1, 2, 3], [9, 7, 7]]
+    drafts = [SuffixDraft(SuffixConfig(min_match=1)) for _ in range(2)]
+    for draft in drafts:
+        draft.propose(*_batch(*earlier), 4, GREEDY, None)
+        draft.reset()
+    ahead, lazy = drafts
+    assert isinstance(ahead, CatchesUp)
+    ahead.catch_up(*_batch(*now))
+    assert [len(row.ids) for row in ahead._rows] == [len(r) for r in now]  # the prompts are in already
+    got = ahead.propose(*_batch(*now), 4, GREEDY, None).tokens.tolist()
+    assert got == lazy.propose(*_batch(*now), 4, GREEDY, None).tokens.tolist()
+    assert got[0][0] == 6  # the corpus's newest continuation of 1 2 3: the drafts compared are not empty
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("catch_up")
+    tiny_lm(root / "target", vocab=16, scale=4.0)
+    return root / "target"
+
+
+def test_generate_hands_each_request_to_the_provider_once_after_the_prefill(
+        tiny_target: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = {"target": {"model": str(tiny_target), "dtype": "float32"},
+              "arm": [{"use": "suffix", "gamma": 4, "min_match": 1}], "selector": {"use": "fixed"}}
+    pipe = build_pipeline(config)
+    prompts = [[1, 2, 3, 1, 2], [4, 5, 4, 5, 4, 5, 6]]
+    lazy = pipe.generate(prompts, max_new_tokens=10, temperature=0.0)
+
+    calls: list[tuple[list[int], int]] = []
+    prefills = pipe.target.prefill
+    real = SuffixDraft.catch_up
+
+    def prefill(*args: Any) -> Any:
+        calls.append(([], -1))  # marks where the prefill came
+        return prefills(*args)
+
+    def spy(self: SuffixDraft, tokens: torch.Tensor, lengths: list[int]) -> None:
+        calls.append((list(lengths), int(tokens.shape[0])))
+        real(self, tokens, lengths)
+
+    monkeypatch.setattr(pipe.target, "prefill", prefill)
+    monkeypatch.setattr(SuffixDraft, "catch_up", spy)
+    ahead = pipe.generate(prompts, max_new_tokens=10, temperature=0.0)
+    assert calls == [([], -1), ([5, 7], 2)]
+    assert ahead.token_ids == lazy.token_ids
