@@ -160,11 +160,17 @@ multi)
     ;;
 serve)
     install
-    cd $FS && t0=$SECONDS && wait_converted 900 || exit 3
-    left=$(( ${SERVE_S:-560} - (SECONDS - t0) ))  # the bench rewrites its JSON after each system: a cut run keeps those
+    cd $FS && wait_converted 900 || exit 3
+    # SERVE_S counts from this script's start (SECONDS: the install and the conversions too), less
+    # 20 s for the copy and tar below. The bench keeps the peer inside --deadline (a level past it
+    # is recorded timed_out, its process group killed) and rewrites its JSON after each system;
+    # `timeout -k` is the backstop should the bench itself hang.
+    left=$(( ${SERVE_S:-560} - SECONDS - 20 ))
+    [ "$left" -ge 60 ] || { echo "serve: only $left s left"; exit 3; }
     echo "== serve ($left s) $(date +%T)"
-    timeout "$left" python3 benchmarks/serve_bench.py --config flashspec_core/configs/gpu.toml --local-models $BF16 \
-        --no-spec --peer $PEER --commit "$(cat SHA)" --out $RES/serve-h200.json "$@" > $LOGS/serve.log 2>&1
+    timeout -k 10 "$left" python3 benchmarks/serve_bench.py --config flashspec_core/configs/gpu.toml \
+        --local-models $BF16 --no-spec --peer $PEER --deadline $(( left - 15 )) --commit "$(cat SHA)" \
+        --out $RES/serve-h200.json "$@" > $LOGS/serve.log 2>&1
     echo "rc=$? $(date +%T)"; grep '^\[' $LOGS/serve.log | tail -n 30
     cp $RES/serve-h200.json "$OUT/" 2>/dev/null
     tar czf "$OUT/res-serve.tgz" -C /tmp fslogs 2>/dev/null

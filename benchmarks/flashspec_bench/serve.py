@@ -17,7 +17,9 @@ medians and p99s. The systems, each over the same prompts, max tokens and sampli
 ``peer``     (``--peer DIR``) ``python -m flashspec.serve`` from DIR, a ``pip install --target``
              folder (its package name is ours too, so it never goes into our environment), in
              a child process over the same model folders, non-streaming; its defaults
-             otherwise (batch size 1, the only size its default drafter runs at).
+             otherwise (batch size 1, the only size its default drafter runs at). Bounded by
+             ``--peer-deadline`` (and what ``--deadline`` leaves): a level past it is recorded
+             as ``timed_out`` and the peer's process group is killed.
 
 Every request is also checked: ``load_test`` counts the requests sent, lost (an error, or no
 complete response), duplicated (a response id seen twice, or a stream that finished twice)
@@ -68,6 +70,10 @@ PEER = "flashspec==0.3.1"
 # prompt's: shorter openings ("def ", a newline) are shared by chance.
 MIN_AGREE = 8
 PEER_START_S = 900  # model loads and CUDA-graph captures before its /health answers
+# The peer system's whole share of a run (start, warm-up and every level): a peer that never
+# answers must not eat the time the lease gives the stage to copy its results out.
+PEER_S = 300
+STOP_S = 10  # from SIGTERM to SIGKILL for the peer's process group
 
 
 @attrs.frozen
@@ -218,10 +224,12 @@ def _free_port() -> int:
 
 
 @contextmanager
-def peer_serving(setup: PeerSetup, log: Path, device: str) -> Iterator[str]:
+def peer_serving(setup: PeerSetup, log: Path, device: str, start_s: float = PEER_START_S) -> Iterator[str]:
     """The peer's server in a child process while the block runs; yields its URL. Its
     folder leads PYTHONPATH and it runs from an empty folder, so that ``import flashspec``
-    finds the peer and nothing of ours."""
+    finds the peer and nothing of ours. It leads a process group of its own, killed as a
+    whole at the end (its workers too); :class:`TimedOut` when /health does not answer
+    within ``start_s``."""
     import httpx
 
     port = _free_port()
@@ -229,15 +237,15 @@ def peer_serving(setup: PeerSetup, log: Path, device: str) -> Iterator[str]:
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     with tempfile.TemporaryDirectory() as cwd, log.open("w") as out:
         proc = subprocess.Popen(peer_command(setup, port, device), cwd=cwd, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + PEER_START_S
+            deadline = time.monotonic() + start_s
             while True:
                 if proc.poll() is not None:
                     raise RuntimeError(f"the peer's server exited ({proc.returncode}): {_tail(log)}")
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"the peer's server did not answer /health in {PEER_START_S} s: {_tail(log)}")
+                    raise TimedOut(f"the peer's server did not answer /health in {start_s:.0f} s: {_tail(log)}")
                 try:
                     if httpx.get(f"{url}/health", timeout=5).status_code == 200:
                         break
@@ -246,12 +254,26 @@ def peer_serving(setup: PeerSetup, log: Path, device: str) -> Iterator[str]:
                 time.sleep(0.5)
             yield url
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_group(proc)
+
+
+class TimedOut(RuntimeError):
+    """A system did not answer within its share of the run."""
+
+
+def stop_group(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM to ``proc``'s process group, SIGKILL after at most STOP_S: a server that ignores
+    the first, and workers that outlive their leader, still go."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(STOP_S)
+        except subprocess.TimeoutExpired:
+            pass
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the whole group is gone already
+        pass
+    proc.wait()
 
 
 def _tail(log: Path, chars: int = 1500) -> str:
@@ -469,18 +491,41 @@ class Load:
     sampling: dict[str, Any]
 
 
-def levels(url: str, model: str, spec: Load, stream: bool, say: Callable[[str], None], name: str
-           ) -> tuple[dict[str, Any], list[Request]]:
-    """Per concurrency level, :func:`summarize` of a load on ``url``; and every request."""
+def levels(url: str, model: str, spec: Load, stream: bool, say: Callable[[str], None], name: str,
+           end: float | None = None) -> tuple[dict[str, Any], list[Request]]:
+    """Per concurrency level, :func:`summarize` of a load on ``url``; and every request.
+    ``end`` (``time.monotonic()``): a level not done by then is cancelled and recorded as
+    ``{"timed_out": ...}``, and the levels after it are not run."""
     out: dict[str, Any] = {}
     sent: list[Request] = []
     for c in spec.concurrency:
-        requests, wall = asyncio.run(load(url, model, spec.prompts, c, spec.per_client, spec.max_tokens,
-                                          spec.sampling, stream))
+        try:
+            requests, wall = bounded(load(url, model, spec.prompts, c, spec.per_client, spec.max_tokens,
+                                          spec.sampling, stream), end)
+        except TimedOut as exc:
+            out[f"c{c}"] = {"timed_out": str(exc)}
+            say(f"{name} c={c}: {exc}")
+            break
         out[f"c{c}"] = summarize(requests, wall)
         sent += requests
         say(f"{name} c={c}: {out[f'c{c}']}")
     return out, sent
+
+
+def bounded(work: Any, end: float | None) -> Any:
+    """``asyncio.run(work)``, cancelled at ``end`` (``time.monotonic()``; None: no bound) with :class:`TimedOut`."""
+    if end is None:
+        return asyncio.run(work)
+    left = end - time.monotonic()
+
+    async def until() -> Any:
+        return await asyncio.wait_for(work, max(left, 0.0))
+
+    try:
+        return asyncio.run(until())
+    except TimeoutError:
+        raise TimedOut(f"no answer within the system's deadline ({max(left, 0.0):.0f} s left at the start of the load)"
+                       ) from None
 
 
 def bench_ours(config: dict[str, Any], base_dir: Path | None, spec: Load, plain: Load | None,
@@ -507,17 +552,21 @@ def bench_ours(config: dict[str, Any], base_dir: Path | None, spec: Load, plain:
     return rows, requests, references
 
 
-def bench_peer(setup: PeerSetup, spec: Load, log: Path, say: Callable[[str], None]
+def bench_peer(setup: PeerSetup, spec: Load, log: Path, say: Callable[[str], None], deadline_s: float = PEER_S
                ) -> tuple[dict[str, Any], list[Request]]:
-    """The peer's rows per level (non-streaming) and its requests. Raises when it cannot
-    serve the prompts at all (its warm-up requests all fail)."""
+    """The peer's rows per level (non-streaming) and its requests, all within ``deadline_s``
+    (start, warm-up and levels; a level past it is a ``timed_out`` row). Raises when it cannot
+    serve the prompts at all (its warm-up requests all fail), :class:`TimedOut` when it does
+    not start or warm up in time."""
     import torch
 
-    with peer_serving(setup, log, "cuda:0" if torch.cuda.is_available() else "cpu") as url:
-        warm = warm_up(url, "peer", spec.prompts, spec.max_tokens, spec.sampling, False)
+    end = time.monotonic() + deadline_s
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    with peer_serving(setup, log, device, min(PEER_START_S, deadline_s)) as url:
+        warm = bounded(load(url, "peer", spec.prompts, 2, 2, spec.max_tokens, spec.sampling, False), end)[0]
         if all(r.error is not None for r in warm):
             raise RuntimeError(f"the peer failed every warm-up request: {warm[0].error}")
-        return levels(url, "peer", spec, False, say, "peer")
+        return levels(url, "peer", spec, False, say, "peer", end)
 
 
 def _ratio(rows: dict[str, dict[str, Any]], num: str, den: str, level: str) -> float | None:
@@ -576,6 +625,12 @@ def parser() -> argparse.ArgumentParser:
                    help="requests per client for the non-streaming loads of the peer and of ours beside it")
     p.add_argument("--peer-arg", action="append", default=[], metavar="ARG",
                    help="one more argument for the peer's server (repeat), e.g. --peer-arg=--compile=off")
+    p.add_argument("--peer-deadline", type=float, default=PEER_S, metavar="S",
+                   help="seconds for the peer's start, warm-up and levels together; a level past them is recorded "
+                        "as timed_out and the peer's process group is killed")
+    p.add_argument("--deadline", type=float, default=None, metavar="S",
+                   help="seconds for the whole run: the peer gets at most what is left of them (less STOP_S), so "
+                        "a wall-clock limit a little above S never cuts a system off")
     p.add_argument("--prompts", type=Path, help="a file of prompts, one JSON string per line")
     p.add_argument("--out", type=Path, help="the result JSON (default: docs/benchmarks/serve-h200.json; "
                                              "benchmarks/.results/serve-smoke.json with --smoke)")
@@ -605,12 +660,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             prompts = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
         spec = Load(tuple(prompts), tuple(int(c) for c in args.concurrency.split(",")), args.requests_per_client,
                     args.max_tokens, {"temperature": args.temperature})
-        run(args, config, base_dir, spec, out, Path(tmp), say)
+        run(args, config, base_dir, spec, out, Path(tmp), say, time.monotonic())
     return 0
 
 
 def run(args: argparse.Namespace, config: dict[str, Any], base_dir: Path | None, spec: Load, out: Path, tmp: Path,
-        say: Callable[[str], None]) -> None:
+        say: Callable[[str], None], start: float) -> None:
     """Every system in turn, rewriting ``out`` after each, so a run cut short keeps what it
     measured; the peer last, as the slowest and the likeliest to fail."""
     notes = ["spec, no_spec: streaming (SSE) clients; spec_plain and peer: non-streaming clients, since the peer "
@@ -634,16 +689,23 @@ def run(args: argparse.Namespace, config: dict[str, Any], base_dir: Path | None,
     import torch
 
     failures = []
+    end = time.monotonic() + peer_budget(args.peer_deadline, args.deadline, time.monotonic() - start)
     for extra in peer_attempts(tuple(args.peer_arg), torch.cuda.is_available()):
         try:
+            if end - time.monotonic() < 1:
+                raise TimedOut("no time left of the peer's deadline for this attempt")
             target, draft = model_folders(config, base_dir)
             setup = PeerSetup(args.peer, target, draft, peer_dtype(config, torch.cuda.is_available()),
                               args.temperature, args.max_tokens, extra)
-            runs["peer"], requests["peer"] = bench_peer(setup, plain, tmp / "peer.log", say)
+            runs["peer"], requests["peer"] = bench_peer(setup, plain, tmp / "peer.log", say, end - time.monotonic())
             notes.append("peer command: " + " ".join(peer_command(setup, 0, "DEVICE")[1:]))
+            late = {k: v["timed_out"] for k, v in runs["peer"].items() if "timed_out" in v}
+            if late:
+                notes.append(f"peer timed_out at {', '.join(late)}: " + "; ".join(sorted(set(late.values()))))
             break
         except Exception as exc:  # noqa: BLE001  # the other systems' numbers still count
-            failures.append(f"with {list(extra)}: {type(exc).__name__}: {exc}")
+            failures.append(f"with {list(extra)}: {'timed_out' if isinstance(exc, TimedOut) else type(exc).__name__}: "
+                            f"{exc}")
             say(f"peer failed {failures[-1]}")
     else:
         runs["peer"] = {"skipped": "; ".join(failures)}
@@ -653,6 +715,12 @@ def run(args: argparse.Namespace, config: dict[str, Any], base_dir: Path | None,
         notes.append("smoke: the peer's AutoTokenizer reads the tiny models' word-level tokenizer as Qwen2's BPE, "
                      "which encodes the smoke prompts to no tokens, so the peer cannot serve them")
     _write(args, out, spec, runs, requests, references, notes, say)
+
+
+def peer_budget(peer_s: float, run_s: float | None, elapsed_s: float) -> float:
+    """Seconds the peer may take: ``peer_s``, or less where the run's own limit ``run_s``
+    (None: none) leaves less after ``elapsed_s``, with STOP_S kept back to kill its group."""
+    return peer_s if run_s is None else max(0.0, min(peer_s, run_s - elapsed_s - STOP_S))
 
 
 def peer_attempts(extra: tuple[str, ...], cuda: bool) -> list[tuple[str, ...]]:
@@ -668,6 +736,11 @@ def _write(args: argparse.Namespace, out: Path, spec: Load, runs: dict[str, Any]
            references: list[str] | None, notes: list[str], say: Callable[[str], None]) -> None:
     load_test = {name: audit(reqs, references) for name, reqs in requests.items()}
     errors = {name: sorted({r.error for r in reqs if r.error})[:5] for name, reqs in requests.items()}
+    for name, rows in runs.items():  # levels cut at the system's deadline sent requests that never came back
+        late = [f"{level}: timed_out: {row['timed_out']}" for level, row in rows.items()
+                if isinstance(row, dict) and "timed_out" in row]
+        if late:
+            errors[name] = [*errors.get(name, []), *late]
     result = {
         **provenance(SCRIPT, args.commit),
         "config": {"pipeline": str(args.config) if args.config else "smoke: tiny random target and close draft",

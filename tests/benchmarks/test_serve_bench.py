@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,9 +118,16 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 p = argparse.ArgumentParser()
 p.add_argument("--port", type=int)
 p.add_argument("--target")
+p.add_argument("--drafter")
 args, _ = p.parse_known_args()
 if args.target == "broken":
     raise SystemExit("cannot load broken")
+if args.target in ("mute", "hangs"):  # a worker of its own, its pid where the drafter would be
+    import subprocess, sys, time
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    open(args.drafter, "w").write(str(worker.pid))
+    if args.target == "mute":  # never answers /health
+        time.sleep(600)
 
 
 class H(BaseHTTPRequestHandler):
@@ -139,6 +147,9 @@ class H(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if args.target == "hangs":
+            import time
+            time.sleep(600)
         if body.get("stream"):
             return self.reply(400, {"detail": "Streaming is not implemented."})
         self.reply(200, {"id": uuid.uuid4().hex, "choices": [{"text": "echo: " + body["prompt"]}],
@@ -182,6 +193,89 @@ def test_a_peer_that_cannot_start_is_named_with_its_log(tmp_path: Path) -> None:
     spec = sb.Load(("p",), (1,), 1, 4, {"temperature": 0.0})
     with pytest.raises(RuntimeError, match="exited.*cannot load broken"):
         sb.bench_peer(setup, spec, tmp_path / "peer.log", lambda _: None)
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` no longer runs (a zombie left for its dead parent's reaper counts as gone)."""
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+def _bounded_peer(tmp_path: Path, target: str, deadline_s: float) -> tuple[Any, float, int]:
+    """bench_peer against a stand-in that never answers, run in a thread the test gives up on
+    after 20 s (without a deadline it would wait out the stand-in's 600 s); its result, the
+    seconds it took, and the stand-in's worker pid."""
+    import threading
+    import time
+
+    site = _fake_peer(tmp_path / "site")
+    pid_file = tmp_path / "worker.pid"
+    setup = sb.PeerSetup(site, target, str(pid_file), "float32", 0.0, 4)
+    spec = sb.Load(("p one", "p two"), (1, 2), 1, 4, {"temperature": 0.0})
+    box: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            box["value"] = sb.bench_peer(setup, spec, tmp_path / "peer.log", lambda _: None, deadline_s)
+        except Exception as exc:  # noqa: BLE001  # the test looks at it
+            box["error"] = exc
+
+    start = time.monotonic()
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive(), "bench_peer still waiting on a peer that never answers"
+    return box.get("value", box.get("error")), time.monotonic() - start, int(pid_file.read_text())
+
+
+def test_a_peer_that_never_starts_times_out_and_its_process_group_is_killed(tmp_path: Path) -> None:
+    pytest.importorskip("httpx")
+    got, took, worker = _bounded_peer(tmp_path, "mute", 2.0)
+    assert isinstance(got, sb.TimedOut) and "did not answer /health in 2 s" in str(got)
+    assert took < 2.0 + sb.STOP_S and _gone(worker)
+
+
+def test_a_peer_that_never_answers_a_request_is_cut_at_its_deadline_and_recorded_timed_out(tmp_path: Path) -> None:
+    """A peer whose /health answers but whose completions never come: the warm-up (or the first
+    level) is cancelled at the deadline; nothing waits on the HTTP client's own 30 min."""
+    pytest.importorskip("httpx")
+    got, took, worker = _bounded_peer(tmp_path, "hangs", 3.0)
+    assert isinstance(got, sb.TimedOut) and "deadline" in str(got)
+    assert took < 3.0 + sb.STOP_S + 2 and _gone(worker)
+
+
+def test_a_level_past_the_deadline_is_a_timed_out_row_and_the_later_levels_do_not_run() -> None:
+    async def never(*_: Any) -> Any:
+        import asyncio
+
+        await asyncio.sleep(600)
+
+    import time
+
+    spec = sb.Load(("p",), (1, 8, 32), 1, 4, {"temperature": 0.0})
+    original = sb.load
+    sb.load = never  # type: ignore[assignment]
+    try:
+        rows, sent = sb.levels("http://unused", "peer", spec, False, lambda _: None, "peer", time.monotonic() + 0.2)
+    finally:
+        sb.load = original  # type: ignore[assignment]
+    assert list(rows) == ["c1"] and "timed_out" in rows["c1"] and sent == []
+    assert sb.summary({"spec_plain": {"c32": {"output_tokens_per_s": 3.0}}, "peer": rows})["throughput_vs_peer_c32"] is None
+
+
+def test_the_peer_gets_what_the_run_deadline_leaves() -> None:
+    assert sb.peer_budget(300, None, 1000) == 300
+    assert sb.peer_budget(300, 500, 100) == 300
+    assert sb.peer_budget(300, 500, 250) == 500 - 250 - sb.STOP_S
+    assert sb.peer_budget(300, 500, 495) == 0.0
 
 
 def test_smoke_run_writes_every_system_and_the_summary_fields(tmp_path: Path) -> None:
