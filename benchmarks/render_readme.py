@@ -3,8 +3,9 @@
 The README quotes no number by hand in its table: this script fills the block between
 ``<!-- results:begin -->`` and ``<!-- results:end -->`` with the batch-1 end-to-end table
 that ``benchmarks/e2e_h200.py`` measured, then the training-free arms (draft trees against
-chains, target-only per batch size, self-speculation, the forward against its floor) and
-the systems the summary withholds. ``--check`` exits 1 when the README differs from
+chains, the float32 check, the bandit and each arm per batch size, target-only per batch
+size, self-speculation, the forward against its floor), the systems the summary withholds,
+and the server (``docs/benchmarks/serve-h200.json``, ``benchmarks/serve_bench.py``). ``--check`` exits 1 when the README differs from
 what the JSON gives (tests/core/test_docs.py runs it).
 
     python benchmarks/render_readme.py [--check]
@@ -20,6 +21,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = "docs/benchmarks/e2e-h200.json"
+SERVE = "docs/benchmarks/serve-h200.json"
 README = ROOT / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 SECTION = "b1_greedy"  # the section whose systems summary.tokens_per_s lists
@@ -66,7 +68,7 @@ def arms(data: dict[str, Any]) -> str:
              "|---|---:|---:|---:|---:|"]
     for name, row in rows.items():
         if row.get("tokens_per_s"):
-            arm = kinds.get(name.removeprefix("fixed:"), {"draft_forwards": 0})
+            arm = kinds.get(name.removeprefix("fixed:"), {"draft_forwards": "-" if name.startswith("bandit:") else 0})
             lines.append(f"| {name} | {arm['draft_forwards']} | {row['tokens_per_s']:.1f} | "
                          f"{row['tokens_per_s'] / base:.2f}x | {row['mean_accepted_length']:.2f} |")
     measured = {n: k for n, k in kinds.items() if k["family"] == "model" and rows.get(f"fixed:{n}", {}).get("tokens_per_s")}
@@ -83,6 +85,8 @@ def arms(data: dict[str, Any]) -> str:
     said = [f"{n} {per_forward[n] / per_forward[chain_of(n)]:.2f}x {chain_of(n)}'s tokens per target forward, "
             f"{tps[n] / tps[best]:.2f}x the tokens/s of the fastest chain ({best})" for n in trees]
     lines += ["", "Each tree against the chain of as many draft forwards: " + "; ".join(said) + "."]
+    lines += ["", exactness(s["tree"].get("greedy_identical_fp32_detail"))]
+    lines += ["", *sweep_table(s["batch_sweep"], s.get("suffix_vs_target_only_code_edit_b1"))]
     sweep, fwd = s["batch_sweep"], s["forward"]
     lines += ["", f"Target-only per batch size (`summary.batch_sweep`: whole requests, {sweep['config']['max_new_tokens']}"
                   " new tokens; `summary.forward`: one decoding forward alone, random weights with the same shapes):",
@@ -115,6 +119,58 @@ def arms(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def exactness(detail: dict[str, Any] | None) -> str:
+    """tree_b1's float32 greedy check: which systems matched target-only's tokens."""
+    if not detail:
+        return "The float32 greedy check of tree_b1 did not run."
+    systems = detail["systems"]
+    same = [n for n, ok in systems.items() if ok]
+    differ = [n for n, ok in systems.items() if not ok]
+    head = (f"Float32 greedy check ({detail['prompts']} prompts, `summary.tree.greedy_identical_fp32_detail`): "
+            f"{len(same)} of {len(systems)} systems gave target-only's tokens")
+    return head + (f"; {', '.join(differ)} did not." if differ else ", every one.")
+
+
+def sweep_table(sweep: dict[str, Any], suffix_b1: float | None) -> list[str]:
+    """Per batch size: the config's bandit and every arm over own target-only, all prompts
+    (``summary.batch_sweep``), and the bandit's worst domain."""
+    batches = sorted((k for k in sweep if k.isdigit()), key=int)
+    arms_seen = list(dict.fromkeys(n for b in batches for n in sweep[b]["all"]
+                                   if n not in ("target_only", "bandit") and not n.endswith("_vs_target_only")))
+    sel = sweep["config"].get("selector") or {}
+    buckets = f", a selector per batch bucket {sel['batch_buckets']}" if sel.get("batch_buckets") else ""
+    lines = [f"Batch sweep (`summary.batch_sweep`, greedy, {sweep['config']['max_new_tokens']} new tokens, HumanEval, "
+             f"code edits, chats, code and prose): tokens/s over own target-only on all prompts; `bandit` is the "
+             f"`{sel.get('use', '?')}` selector{buckets}; `-` not measured (the section's budget):", "",
+             "| batch | bandit | bandit's worst domain | " + " | ".join(arms_seen) + " |",
+             "|---:|---:|---|" + "---:|" * len(arms_seen)]
+    for b in batches:
+        row, base = sweep[b]["all"], sweep[b]["all"]["target_only"]
+        worst = min(((d, r["bandit_vs_target_only"]) for d, r in sweep[b].items()
+                     if d != "all" and "bandit_vs_target_only" in r), key=lambda x: x[1], default=None)
+        cells = [f"{row[n] / base:.2f}x" if n in row else "-" for n in arms_seen]
+        lines.append(f"| {b} | {row['bandit'] / base:.2f}x | " + (f"{worst[0]} {worst[1]:.2f}x" if worst else "-")
+                     + " | " + " | ".join(cells) + " |")
+    if suffix_b1 is not None:
+        lines += ["", f"On the code-edit prompts at batch 1 the suffix arm runs at {suffix_b1:.2f}x target-only "
+                      "(`summary.suffix_vs_target_only_code_edit_b1`)."]
+    return lines
+
+
+def serving(data: dict[str, Any]) -> str:
+    """The server's headline ratios from ``serve-h200.json``."""
+    s, ld = data["summary"], data["summary"].get("load_test") or {}
+    c32 = s.get("c32", {}).get("output_tokens_per_s")
+    peer = ("the peer did not answer within the stage's time (no `throughput_vs_peer_c32`)"
+            if s.get("throughput_vs_peer_c32") is None else f"{s['throughput_vs_peer_c32']:.2f}x the peer at 32 clients")
+    return (f"Server ([`{SERVE}`]({SERVE}), {data['device']}, measured {data['date']}, "
+            f"[`benchmarks/serve_bench.py`](benchmarks/serve_bench.py)): streaming with speculation "
+            f"{c32:.1f} output tokens/s at 32 clients, {s['spec_vs_nospec_c32']:.2f}x the same server without "
+            f"speculation; one streaming client {s['stream_vs_offline_c1']:.2f}x offline generate; of {ld.get('sent')} "
+            f"requests {ld.get('lost')} lost, {ld.get('duplicated')} duplicated, {ld.get('mixed_up')} mixed up, "
+            f"{ld.get('differs_from_offline')} differing from offline generate (bf16 near-ties); {peer}.")
+
+
 def evidence(withheld: dict[str, Any]) -> str:
     """The withheld fixed arm with the largest mean accepted length, as ``<value> (<system>, <section>)``."""
     cases = [(bad["mean_accepted_length"], name, sec) for sec, systems in withheld.items()
@@ -128,8 +184,9 @@ def evidence(withheld: dict[str, Any]) -> str:
 def render(text: str) -> str:
     """``text`` with its results block replaced by the table from the committed JSON."""
     data = json.loads((ROOT / SOURCE).read_text())
+    serve = serving(json.loads((ROOT / SERVE).read_text()))
     start, stop = text.index(BEGIN), text.index(END) + len(END)
-    return f"{text[:start]}{BEGIN}\n{table(data)}\n\n{arms(data)}\n{END}{text[stop:]}"
+    return f"{text[:start]}{BEGIN}\n{table(data)}\n\n{arms(data)}\n\n{serve}\n{END}{text[stop:]}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,8 +10,10 @@
 * ``sweep_b1`` .. ``sweep_b32`` (greedy): HumanEval, code edits, chats, code and prose
   (:func:`flashspec_bench.workloads.sweep_rows`), each arm alone (suffix, the target's own
   first layers at two depths, match-only lookup as a chain and as a tree, the 0.5B draft's
-  best chain), the bandit over them with one selector per batch bucket, and target-only.
-  Small on purpose (:func:`sweep_prompts`, 64 new tokens).
+  best chain), the bandit over them with the shipped default's selector (the ``[selector]``
+  table of ``flashspec_core/configs/default.toml``, :func:`shipped_selector`), target-only,
+  and, last and only where the budget leaves time, :data:`EXTRA_SWEEP_SELECTORS`. Small on
+  purpose (:func:`sweep_prompts`, 64 new tokens).
 
 Tree arms need tree support on the fast path: the target's ``score_tree`` for any tree, the
 fast draft's ``tree_width`` key for draft trees. :func:`tree_support` says what is missing;
@@ -24,6 +26,9 @@ the lease's ``multi`` calls (:func:`multi_plan`).
 
 from __future__ import annotations
 
+import json
+import tomllib
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +47,9 @@ LOOKUP_GAMMA, LOOKUP_TREE_GAMMA, LOOKUP_BRANCHES = 6, 12, 3
 SUFFIX_GAMMA, SUFFIX_BRANCHES = 8, 3
 SELF_LAYERS, SELF_GAMMA = (8, 16), 3  # of the 1.5B target's 28 decoder layers
 BEST_CHAIN = 3  # the draft's best chain gamma at batch 1 (e2e-h200.json, b1_gated and b1_gated_every)
-SWEEP_BUCKETS = (1, 2, 4, 8, 16, 32)
+# More bandits of the sweep besides the shipped one: a section's budget runs them last, so they
+# never displace target-only, the shipped bandit or a fixed arm.
+EXTRA_SWEEP_SELECTORS = ("thompson",)
 # Seconds of device time per section (a `full` call each: model load and compile included). A
 # section past its budget skips its lowest-priority systems, then its remaining batches
 # (flashspec_bench.harness.flashspec_runs), and says so in bench.json.
@@ -112,10 +119,26 @@ def _left_out(support: dict[str, str | None]) -> str:
     return "".join(f"# left out: {what} trees: {why}\n" for what, why in support.items() if why)
 
 
-def _tail(verifier: str, buckets: tuple[int, ...] = ()) -> str:
-    more = f"batch_buckets = [{', '.join(map(str, buckets))}]\n" if buckets else ""
-    return (f'[[arm]]\nuse = "none"\nname = "none"\n\n[verifier]\nuse = "{verifier}"\n\n'
-            f'[selector]\nuse = "thompson"\nreward = "throughput"\n{more}')
+THOMPSON = {"use": "thompson", "reward": "throughput"}  # the tree sections' bandit
+
+
+def shipped_selector() -> dict[str, Any]:
+    """The ``[selector]`` table of the config FlashSpec ships as its default."""
+    path = Path(str(resources.files("flashspec_core") / "configs" / "default.toml"))
+    return dict(tomllib.loads(path.read_text())["selector"])
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, list | tuple):
+        return f"[{', '.join(map(_toml_value, v))}]"
+    return json.dumps(v)  # a number, or a string as a TOML basic string
+
+
+def _tail(verifier: str, selector: dict[str, Any]) -> str:
+    table = "".join(f"{k} = {_toml_value(v)}\n" for k, v in selector.items())
+    return f'[[arm]]\nuse = "none"\nname = "none"\n\n[verifier]\nuse = "{verifier}"\n\n[selector]\n{table}'
 
 
 def tree_toml(paths: dict[str, str], verifier: str, max_len: int, fuse: bool, *, attention: str = "auto",
@@ -133,13 +156,13 @@ def tree_toml(paths: dict[str, str], verifier: str, max_len: int, fuse: bool, *,
     suffixes = [_suffix(), *([_suffix(SUFFIX_BRANCHES)] if ok["suffix"] is None else [])]
     head = (f"# draft chains vs trees on one draft: {TREE_PROMPTS} code and {TREE_PROMPTS} prose prompts, "
             f"{TREE_TOKENS} new tokens\n{_left_out(ok)}[target]\n{_fast(paths['target'], max_len, fuse, attention)}\n")
-    return head + "\n".join([*chains, *trees, *lookups, *suffixes, _tail(verifier)])
+    return head + "\n".join([*chains, *trees, *lookups, *suffixes, _tail(verifier, THOMPSON)])
 
 
 def sweep_toml(paths: dict[str, str], verifier: str, max_len: int, fuse: bool, *, attention: str = "auto",
                support: dict[str, str | None] | None = None) -> str:
     """Each training-free arm, the draft's best chain, lookup's tree where the target scores
-    trees, and the bandit over them with a selector per batch bucket."""
+    trees, and the bandit over them with the shipped default's ``[selector]`` table."""
     ok = support_or_all(support)
     selfs = [f'[[arm]]\nuse = "self"\nlayers = {n}\ngamma = {SELF_GAMMA}\nname = "self-l{n}-g{SELF_GAMMA}"\n'
              for n in SELF_LAYERS]
@@ -148,11 +171,12 @@ def sweep_toml(paths: dict[str, str], verifier: str, max_len: int, fuse: bool, *
     head = (f"# batch sweep: {sweep_prompts(1)} prompts per domain at batch 1, {sweep_prompts(4)} up to batch 8 "
             f"(a batch's worth from batch 16 on; domains "
             f"with fewer share a batch) of {', '.join(SWEEP_DOMAINS)}, {SWEEP_TOKENS} new tokens, greedy: small "
-            f"so that each batch size fits its budget\n{_left_out({'lookup': ok['lookup']})}"
+            f"so that each batch size fits its budget\n# bandit: the [selector] of flashspec_core/configs/default.toml\n"
+            f"{_left_out({'lookup': ok['lookup']})}"
             f"[target]\n{_fast(paths['target'], max_len, fuse, attention)}\n")
     chain = _chain(_fast(paths["draft"], max_len, fuse, attention), BEST_CHAIN)
     return head + "\n".join([_suffix(), *selfs, _lookup(LOOKUP_GAMMA, f"lookup-match-g{LOOKUP_GAMMA}"), *tree, chain,
-                             _tail(verifier, SWEEP_BUCKETS)])
+                             _tail(verifier, shipped_selector())])
 
 
 def support_or_all(support: dict[str, str | None] | None) -> dict[str, str | None]:
@@ -232,14 +256,16 @@ def workload(name: str) -> Path:
 
 
 def plan(fuse: bool) -> dict[str, list[str]]:
-    """Each new section's ``flashspec bench`` arguments (the config's bandit only: no --selectors)."""
-    both = ["--systems", "flashspec,target_only", "--selectors", "", *(["--fuse"] if fuse else [])]
-    tree = ["--max-new-tokens", str(TREE_TOKENS), *both]
+    """Each new section's ``flashspec bench`` arguments: the tree sections run the config's bandit
+    only, the sweep also :data:`EXTRA_SWEEP_SELECTORS`."""
+    systems, fused = ["--systems", "flashspec,target_only"], ["--fuse"] if fuse else []
+    tree = ["--max-new-tokens", str(TREE_TOKENS), *systems, "--selectors", "", *fused]
+    sweep = [*systems, "--selectors", ",".join(EXTRA_SWEEP_SELECTORS), *fused]
     out = {"tree_b1": [*tree, "--exactness", "2", "--exactness-fixed"],
            "tree_t07": [*tree, "--temperature", "0.7"],
            "tree_b4": [*tree, "--batch-size", "4"]}
     for b in SWEEP_BATCHES:
-        out[f"sweep_b{b}"] = ["--max-new-tokens", str(SWEEP_TOKENS), "--batch-size", str(b), *both]
+        out[f"sweep_b{b}"] = ["--max-new-tokens", str(SWEEP_TOKENS), "--batch-size", str(b), *sweep]
     return out
 
 

@@ -7,7 +7,9 @@
   fixed arm, trees included, and the goals met.
 * ``batch_sweep`` (``sweep_b*``): ``{batch: {domain: {system: tokens/s, ...,
   bandit_vs_target_only}}}``; a domain's figures come only from batches that held that
-  domain alone, and ``all`` from every batch.
+  domain alone, and ``all`` from every batch. ``bandit`` is the config's bandit (its
+  ``[selector]`` table in ``config.selector``); a bandit of ``--selectors`` keeps its name
+  (``bandit:thompson``) and has its own ``<name>_vs_target_only``.
 * ``self_spec``: each self-speculative depth's acceptance (rate, by draft position, mean
   accepted length) and tokens/s over own target-only, per sweep batch size.
 * ``arm_sections_budget``: per section, the systems skipped and the timed batches cut for lack of time.
@@ -186,22 +188,30 @@ def pure(run: dict[str, Any]) -> dict[str, Any]:
     return {"requests": [r for r in run["requests"] if len(domains[r["batch_id"]]) == 1]}
 
 
-def _system(name: str) -> str:
-    return "bandit" if name.startswith("bandit:") else name.removeprefix("fixed:")
+def config_bandit(sec: Section) -> str | None:
+    """The bandit of the section's config (``bandit:<its class>``): the one not named by ``--selectors``."""
+    extra = {f"bandit:{n}" for n in (sec.get("args") or {}).get("selectors", [])}
+    return next((n for n in sec["summaries"] if n.startswith("bandit:") and n not in extra), None)
+
+
+def _system(name: str, own: str | None) -> str:
+    return "bandit" if name == own else name.removeprefix("fixed:")
 
 
 def sweep_section(sec: Section) -> dict[str, Any]:
-    """One batch size: tokens/s per domain and system, and the bandit over own target-only."""
+    """One batch size: tokens/s per domain and system, and each bandit over own target-only."""
     out: dict[str, dict[str, Any]] = {"all": {}}
+    own = config_bandit(sec)
     for name, run in sec["runs"].items():
         if not run.get("requests") or not (name == "target_only" or name.startswith(("fixed:", "bandit:"))):
             continue
-        out["all"][_system(name)] = sec["summaries"][name]["tokens_per_s"]
+        out["all"][_system(name, own)] = sec["summaries"][name]["tokens_per_s"]
         for d, tps in by_domain(pure(run)).items():
-            out.setdefault(d, {})[_system(name)] = tps
+            out.setdefault(d, {})[_system(name, own)] = tps
     for row in out.values():
-        if row.get("bandit") and row.get("target_only"):
-            row["bandit_vs_target_only"] = row["bandit"] / row["target_only"]
+        for bandit in [k for k in row if k == "bandit" or k.startswith("bandit:")]:
+            if row[bandit] and row.get("target_only"):
+                row[f"{bandit}_vs_target_only"] = row[bandit] / row["target_only"]
     return out
 
 
@@ -216,6 +226,8 @@ def sweep_summary(sections: dict[str, Section | None], reasons: dict[str, str]) 
                          "prompts_per_domain": {str(b): _per_domain(sec) for b, sec in sorted(ran.items())},
                          "note": (first["config"].splitlines()[0].lstrip("# ") if first["config"].startswith("#")
                                   else ""),
+                         "selector": tomllib.loads(first["config"]).get("selector"),
+                         "bandit": {str(b): config_bandit(sec) for b, sec in sorted(ran.items())},
                          "domains_per_batch": "a domain's figures come from batches of that domain alone; "
                                               "'all' from every batch"}
     return out

