@@ -318,3 +318,13 @@ def test_the_peer_is_retried_without_its_graphs_on_cuda_only() -> None:
     assert sb.peer_attempts((), cuda=True) == [(), ("--compile", "off")]
     assert sb.peer_attempts((), cuda=False) == [()]
     assert sb.peer_attempts(("--compile=on",), cuda=True) == [("--compile=on",)]
+
+
+def test_the_lease_bounds_the_serve_stage_so_its_results_are_copied_out() -> None:
+    """The serve stage passes the bench a deadline inside its own limit, and `timeout -k` kills
+    the bench should it hang, before the copy of its JSON."""
+    script = (Path(__file__).parents[2] / "benchmarks" / "h200_lease.sh").read_text()
+    stage = script[script.index("\nserve)"):]
+    stage = stage[:stage.index(";;")]
+    assert "timeout -k 10" in stage and "--deadline" in stage
+    assert stage.index("serve_bench.py") < stage.index("cp $RES/serve-h200.json")
