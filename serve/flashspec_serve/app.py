@@ -39,16 +39,19 @@ class ServeSettings:
     context: int | None = None  # None: the target's own (engine.context_length)
     shutdown_grace_s: float = 10.0
     retry_after_s: int = 1
+    warmup: bool = True  # warm the engine (flashspec_serve.warmup) before the server takes requests
 
 
 def create_app(pipeline: Pipeline, settings: ServeSettings) -> FastAPI:
-    """An app whose engine starts with the app's lifespan and stops (gracefully) with it."""
+    """An app whose engine starts (warmed up, unless ``settings.warmup`` is off) with the app's
+    lifespan and stops (gracefully) with it."""
     metrics = Metrics()
     engine = Engine(pipeline, metrics, settings.max_batch, settings.max_waiting, settings.context)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        engine.start()
+        engine.start(warmup=settings.warmup)
+        await asyncio.to_thread(engine.wait_ready)  # the server accepts no connection before this
         yield
         await asyncio.to_thread(engine.stop, settings.shutdown_grace_s)
 

@@ -26,6 +26,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, help="context in tokens (default: the target's)")
     p.add_argument("--shutdown-grace", type=float, default=10.0, metavar="S",
                    help="seconds running requests get to finish on shutdown before they are aborted")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="take requests at once, without warming up (graph captures and compiles then fall "
+                        "inside the first requests; for tests and development)")
     return p
 
 
@@ -47,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pipeline = load_pipeline(config, progress=lambda msg: print(f"[flashspec] {msg}", file=sys.stderr, flush=True))
     settings = ServeSettings(model_name=args.served_model_name or model_name(pipeline.config),
                              max_batch=args.max_batch, max_waiting=args.max_waiting, context=args.max_model_len,
-                             shutdown_grace_s=args.shutdown_grace)
+                             shutdown_grace_s=args.shutdown_grace, warmup=not args.no_warmup)
     app = create_app(pipeline, settings)
     uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=int(args.shutdown_grace) + 1)
     return 0

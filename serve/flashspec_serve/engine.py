@@ -26,6 +26,13 @@ uniform batch turns back into one :class:`SamplingParams` at no extra cost. A se
 request's tokens are a function of its seed and its sequence alone (Gumbel-max coupling,
 docs/exactness.md "Seeded rows"): the same whatever else is in the batch, whichever arm
 drafts and whenever it joined. Unseeded rows draw from the engine's one generator.
+
+``start(warmup=True)`` first warms the engine on its own thread (:mod:`flashspec_serve.warmup`):
+every graph capture and compile the slot counts above can meet is made before the first
+request is taken, and :meth:`Engine.wait_ready` returns when it is done.
+``flashspec:graph_captures_while_serving`` counts the graphs captured after that (the
+target's, the verifier's and the providers' :class:`~flashspec_core.contracts.CapturesGraphs`
+counters), each one a stall inside some request.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ import torch
 
 from flashspec_core.contracts import HasContext, PrefillsRows, ResetsRows, RowSampling, SamplingParams, StepRecord
 from flashspec_core.pipeline import Pipeline
+from flashspec_serve import warmup
 from flashspec_serve.metrics import Metrics
 from flashspec_serve.text import TextStream
 
@@ -185,6 +193,12 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="flashspec-engine", daemon=True)
         self.rebuilds = 0
         self.row_prefills = 0
+        self.warmed: warmup.Warmup | None = None  # what start(warmup=True)'s warm-up did
+        self._warm = False
+        self._ready = threading.Event()
+        self._warm_error: BaseException | None = None
+        self._counters: list[Any] = []  # the graph caches whose captures count as captures while serving
+        self._captures = 0
         # Rows join one by one where the target prefills single rows and every arm's provider
         # forgets single rows (read once: isinstance on a Protocol costs microseconds a step).
         self.per_row = isinstance(pipeline.target, PrefillsRows) and all(
@@ -192,8 +206,22 @@ class Engine:
 
     # ------------------------------------------------------------------ the app's side
 
-    def start(self) -> None:
+    def start(self, warmup: bool = False) -> None:
+        """Start the engine's thread; with ``warmup`` it warms up first (:meth:`wait_ready`)."""
+        self._warm = warmup
         self._thread.start()
+
+    def wait_ready(self) -> warmup.Warmup | None:
+        """Block until the engine takes requests (after its warm-up, if any); the warm-up's
+        record, or its error raised here."""
+        self._ready.wait()
+        if self._warm_error is not None:
+            raise self._warm_error
+        return self.warmed
+
+    def slot_sizes(self) -> list[int]:
+        """Every slot count a batch rebuild can make (module docstring)."""
+        return warmup.slot_sizes(self.max_batch, self.per_row)
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Take no new requests, abort the waiting ones, let running ones finish for
@@ -243,6 +271,8 @@ class Engine:
     # ------------------------------------------------------------------ the engine thread
 
     def _run(self) -> None:
+        if not self._warm_up():
+            return
         while True:
             with self._cond:
                 while not (self._closing or self._waiting or self._joining or any(self._active)):
@@ -255,6 +285,35 @@ class Engine:
             except Exception as exc:  # the batch is lost; the next build starts afresh from the sequences
                 log.exception("engine_step_failed")
                 self._abort_all("error", f"{type(exc).__name__}: {exc}")
+            self._count_captures()
+
+    def _warm_up(self) -> bool:
+        """On the engine's thread, the one that serves: the warm-up (if asked), then the capture
+        counters' baseline; False where the warm-up failed (the engine then serves nothing)."""
+        try:
+            if self._warm:
+                self.warmed = w = warmup.warm_up(self.pipeline, self.slot_sizes(), self.context, self.per_row)
+                log.info("engine_warmed_up", seconds=round(w.seconds, 3), captures=w.captures,
+                         prewarmed=w.prewarmed, steps=w.steps, sizes=list(w.sizes), lengths=list(w.lengths))
+            self._counters = warmup.graph_counters(self.pipeline)
+            self._captures = warmup.graph_captures(self._counters)
+        except BaseException as exc:
+            self._warm_error = exc
+            log.exception("engine_warm_up_failed")
+            return False
+        finally:
+            self._ready.set()
+        return True
+
+    def _count_captures(self) -> None:
+        """Graphs captured since the last look: each one a stall some request just paid for."""
+        if not self._counters:
+            return
+        now = warmup.graph_captures(self._counters)
+        if now != self._captures:
+            self.metrics.captures_while_serving.inc(now - self._captures)
+            log.warning("graph_captured_while_serving", captures=now - self._captures, slots=len(self._active))
+            self._captures = now
 
     def _admit(self) -> bool:
         """Move waiting requests into the batch (FIFO, room permitting; any sampling settings)."""

@@ -39,6 +39,9 @@ class Metrics:
         self.rebuild_tokens = Counter("flashspec:batch_rebuild_prefill_tokens",
                                       "Tokens prefilled to start rows: every live row's at a rebuild, "
                                       "the joining row's alone at a per-row prefill", registry=r)
+        self.captures_while_serving = Counter("flashspec:graph_captures_while_serving",
+                                              "CUDA graphs captured after the warm-up, each a stall inside a request",
+                                              registry=r)
         self.rejected = Counter("flashspec:requests_rejected", "Requests refused with 429 (queue full)", registry=r)
         self.ttft = Histogram("flashspec:time_to_first_token_seconds", "Arrival to first token",
                               buckets=_LATENCY_BUCKETS, registry=r)

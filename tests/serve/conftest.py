@@ -81,6 +81,8 @@ def make_pipeline(models: dict[str, Path], selector: str = "fixed") -> Pipeline:
 
 
 def serve(pipeline: Pipeline, **settings: Any) -> Server:
+    """A server of ``pipeline``, without the warm-up unless ``warmup=True`` (test_warmup's)."""
+    settings.setdefault("warmup", False)
     return Server(create_app(pipeline, ServeSettings(model_name=MODEL, **settings))).start()
 
 

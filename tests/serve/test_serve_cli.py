@@ -36,7 +36,7 @@ def test_flashspec_serve_answers_and_stops_on_sigint(tiny_models: dict[str, Path
     port = _free_port()
     exe = os.path.join(os.path.dirname(sys.executable), "flashspec")
     proc = subprocess.Popen([exe, "serve", "--config", str(config), "--port", str(port),
-                             "--served-model-name", "tiny"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--served-model-name", "tiny", "--no-warmup"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(300):

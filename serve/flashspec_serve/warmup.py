@@ -1,0 +1,263 @@
+"""The engine's warm-up: the graph captures and compiles of serving, made before it serves.
+
+A fast back-end captures a CUDA graph the first time it meets a shape (the draft loop per
+batch, gamma and span; the target's verify forward per batch, width and span; its prefill
+per batch, width and span) and compiles its fused ops per input layout. Met inside a
+request, each costs 0.05-0.6 s of that request's latency. So before the server accepts a
+request the engine runs, at every slot count its slot policy can produce (largest first,
+so caches are allocated once):
+
+* each draft's own ``prewarm`` (:class:`~flashspec_core.contracts.Prewarmable`) at every
+  gamma it drafts with, for greedy requests and for requests of the config's ``[generation]``
+  settings (:func:`warm_samplings`; a draft captures its loop per sampling setting, so a
+  request of other settings still captures its own);
+* a dummy batch at a ladder of lengths (``2^k + 1``: every prefill width and every span
+  up to the context), decoded one step by every arm in turn (its own provider, no
+  fallback, no first arm), then one step at each draft width ``0..max gamma`` with a
+  one-hot draft (what a lookup proposes), at those settings; and, where rows join one by
+  one, one row and then two re-seated and prefilled alone (``prefill_rows``: its compiled
+  ops specialize one row apart from several), each join followed by a step.
+
+The selectors and reward scorers never see these steps (a one-arm selector and copies of
+the scorers play them), and neither do the pipeline's logger and step observers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import attrs
+import torch
+
+from flashspec_core.config import GenerationDefaults
+from flashspec_core.contracts import (
+    CapturesGraphs,
+    Draft,
+    DraftProvider,
+    GraphCounter,
+    PrefillsRows,
+    Prewarmable,
+    ResetsRows,
+    RowSampling,
+    SamplingParams,
+)
+from flashspec_core.pipeline import Pipeline
+from flashspec_core.policy import Arm, StepPolicy
+
+PATTERN = 6  # dummy sequences repeat tokens 1..PATTERN, so a lookup finds matches in them
+JOINS = 2  # per-row joins per dummy batch: one row, then two
+
+
+@attrs.frozen
+class Warmup:
+    """What a warm-up did."""
+
+    seconds: float
+    captures: int  # CUDA graphs captured meanwhile (the CapturesGraphs counters)
+    prewarmed: int  # graph keys the drafts' prewarm asked for
+    steps: int  # decode steps run on dummy batches
+    sizes: tuple[int, ...]  # slot counts warmed, largest first
+    lengths: tuple[int, ...]  # dummy sequence lengths warmed at each slot count
+
+
+def slot_sizes(max_batch: int, per_row: bool) -> list[int]:
+    """The slot counts a batch rebuild can make (engine module docstring): with per-row joins
+    the next power of two of the live rows, capped at ``max_batch``; without, any count."""
+    if not per_row:
+        return list(range(1, max_batch + 1))
+    return sorted({min(max_batch, 1 << k) for k in range(max_batch.bit_length() + 1)})
+
+
+def warm_lengths(context: int | None, growth: int) -> list[int]:
+    """Dummy sequence lengths ``2^k + 1`` (prefill widths ``2^k``) that leave ``growth`` tokens
+    of room in ``context``; without a known context, up to 65."""
+    limit = context if context is not None else 65 + growth
+    lengths, k = [], 0
+    while (1 << k) + 1 + growth <= limit:
+        lengths.append((1 << k) + 1)
+        k += 1
+    return lengths
+
+
+def graph_counters(pipeline: Pipeline) -> list[GraphCounter]:
+    """The graph caches of the target, the verifier and every arm's provider, each once."""
+    parts = (pipeline.target, pipeline.verifier, *(a.provider for a in pipeline.policy.arms))
+    return list({id(p.graphs): p.graphs for p in parts if isinstance(p, CapturesGraphs)}.values())
+
+
+def graph_captures(counters: Sequence[GraphCounter]) -> int:
+    return sum(int(c.captures) for c in counters)
+
+
+def warm_samplings(pipeline: Pipeline) -> list[SamplingParams]:
+    """Greedy, and the config's ``[generation]`` settings (what a request that names none gets)."""
+    gen = pipeline.config.generation if pipeline.config is not None else GenerationDefaults()
+    default = SamplingParams(temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p)
+    greedy = SamplingParams(temperature=0.0)
+    return [greedy] if default.greedy else [greedy, default]
+
+
+def warm_up(pipeline: Pipeline, sizes: Sequence[int], context: int | None, per_row: bool,
+            samplings: Sequence[SamplingParams] | None = None) -> Warmup:
+    """Run the warm-up (module docstring) at slot counts ``sizes`` and ``samplings`` (default:
+    :func:`warm_samplings`); the batch is left for the engine's next rebuild to replace."""
+    samplings = list(samplings) if samplings is not None else warm_samplings(pipeline)
+    counters, t0 = graph_counters(pipeline), time.perf_counter()
+    before = graph_captures(counters)
+    own = list(pipeline.policy.arms)
+    arms = play_arms(own)
+    gamma = max(a.gamma for a in arms)
+    lengths = warm_lengths(context, _room(len(arms) * len(samplings), gamma))
+    prewarmed = steps = 0
+    order = tuple(sorted(set(sizes), reverse=True))  # the largest allocates every cache once
+    with _quiet(pipeline), _forced(pipeline.policy) as force:
+        for size in order:
+            prewarmed += prewarm_drafts(own, size, samplings)
+            for length in lengths:
+                steps += _warm_batch(pipeline, force, arms, samplings, size, length, per_row)
+    return Warmup(time.perf_counter() - t0, graph_captures(counters) - before, prewarmed, steps, order, tuple(lengths))
+
+
+def play_arms(arms: Sequence[Arm]) -> list[Arm]:
+    """Each arm on its own (no fallback: its provider proposes), then one one-hot arm per draft
+    width ``0..max gamma``, the widths a lookup's partial matches reach."""
+    alone = [attrs.evolve(a, fallback=None, selectable=True) for a in arms]
+    top = max(a.gamma for a in arms)
+    return alone + [Arm(name=f"warmup-width-{w}", provider=OneHot(), gamma=w) for w in range(top + 1)]
+
+
+def prewarm_drafts(arms: Sequence[Arm], size: int, samplings: Sequence[SamplingParams]) -> int:
+    """Each :class:`Prewarmable` provider's prewarm at ``size`` rows, per gamma and sampling."""
+    done: set[tuple[int, int]] = set()
+    keys = 0
+    for arm in arms:
+        if arm.gamma < 1 or not isinstance(arm.provider, Prewarmable) or (id(arm.provider), arm.gamma) in done:
+            continue
+        done.add((id(arm.provider), arm.gamma))
+        for sampling in samplings:
+            keys += arm.provider.prewarm(size, arm.gamma, sampling)
+    return keys
+
+
+def _room(plays: int, gamma: int) -> int:
+    """Tokens a dummy batch grows by (each step emits up to gamma + 1), and one step's reserve."""
+    return (plays + JOINS + 1) * (gamma + 1)
+
+
+def _warm_batch(pipeline: Pipeline, force: Callable[[Arm], None], arms: Sequence[Arm],
+                samplings: Sequence[SamplingParams], size: int, length: int, per_row: bool) -> int:
+    """Prefill ``size`` dummy rows of ``length`` tokens, step once per arm and sampling, then
+    (per-row joins) seat the last row anew alone and step, and the last two and step; returns
+    the steps run."""
+    target = pipeline.target
+    plays = [(arm, sampling) for sampling in samplings for arm in arms]
+    gamma = max(a.gamma for a in arms)
+    tokens = torch.zeros((size, length + _room(len(plays), gamma)), dtype=torch.long)
+    tokens[:, :length] = dummy(length, target.vocab)
+    lengths, active = [length] * size, [True] * size
+    generator = torch.Generator(device=target.device).manual_seed(0)
+    for provider in _providers(arms):  # a new batch: every provider forgets the last one (policy.begin)
+        provider.reset()
+    target.prefill(tokens, lengths)
+    joins = [[size - 1], [size - 2, size - 1]][: min(size - 1, JOINS)] if per_row else []
+    base = len(plays)
+    drafter = next((a for a in arms if isinstance(a.provider, Prewarmable)), arms[0])
+    plays += [(drafter, samplings[0])] * len(joins)  # the joined rows' first step: a draft catching up on them
+    for k, (arm, sampling) in enumerate(plays):
+        if k >= base:
+            _rejoin(pipeline, arms, tokens, lengths, joins[k - base])
+        force(arm)
+        _, emitted = pipeline.step(tokens, lengths, active, RowSampling([sampling] * size, seeds=[None] * size),
+                                   generator)
+        for b, new in enumerate(emitted):
+            tokens[b, lengths[b] : lengths[b] + len(new)] = torch.tensor(new, dtype=torch.long)
+            lengths[b] += len(new)
+    return len(plays)
+
+
+def _rejoin(pipeline: Pipeline, arms: Sequence[Arm], tokens: torch.Tensor, lengths: list[int],
+            rows: list[int]) -> None:
+    """Seat new dummy sequences in ``rows`` as joining requests are seated (engine ``_seat``)."""
+    length = lengths[0] // 2 + 1  # another length than the batch's: a prefill shape of its own
+    for row in rows:
+        tokens[row] = 0
+        tokens[row, :length] = dummy(length, pipeline.target.vocab)
+        lengths[row] = length
+    for provider in _providers(arms):
+        if isinstance(provider, ResetsRows):
+            provider.reset_rows(rows)
+    if isinstance(pipeline.target, PrefillsRows):
+        pipeline.target.prefill_rows(tokens, lengths, rows)
+
+
+def _providers(arms: Sequence[Arm]) -> list[DraftProvider]:
+    return list({id(a.provider): a.provider for a in arms}.values())
+
+
+def dummy(length: int, vocab: int) -> torch.Tensor:
+    """``length`` tokens repeating ``1..PATTERN`` (within the vocabulary): [length] int64."""
+    return 1 + torch.arange(length, dtype=torch.long) % min(PATTERN, max(vocab - 1, 1))
+
+
+class OneHot:
+    """A warm-up draft of ``gamma`` copies of token 1, one-hot (``probs = None``, as a lookup's)."""
+
+    def reset(self) -> None:
+        """Stateless."""
+
+    def reset_rows(self, rows: Sequence[int]) -> None:
+        """Stateless."""
+
+    def propose(self, tokens: torch.Tensor, lengths: Sequence[int], gamma: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> Draft:
+        return Draft(tokens=torch.ones((len(lengths), gamma), dtype=torch.long), probs=None)
+
+    def rollback(self, num_accepted: Sequence[int]) -> None:
+        """Stateless."""
+
+
+class _One:
+    """The warm-up's selector: one arm, always played, learning nothing."""
+
+    num_arms = 1
+
+    def select(self) -> int:
+        return 0
+
+    def update(self, arm: int, reward: float) -> None:
+        """Warm-up steps teach nothing."""
+
+
+@contextlib.contextmanager
+def _forced(policy: StepPolicy) -> Iterator[Callable[[Arm], None]]:
+    """``force(arm)`` makes ``arm`` the policy's only arm, played by :class:`_One` with no first
+    arm; the policy's own arms, settings, selectors and scorers come back untouched after."""
+    arms, settings = policy.arms, policy.settings
+    selectors, rewards, first_rewards = policy.selectors, policy.rewards, policy.first_rewards
+    policy.settings = attrs.evolve(settings, first=None)  # the same buckets: nothing is re-spread
+    policy.selectors = [_One() for _ in selectors]
+    policy.rewards = [copy.deepcopy(r) for r in rewards]
+    policy.first_rewards = [copy.deepcopy(r) for r in first_rewards]
+
+    def force(arm: Arm) -> None:
+        policy.arms = [arm]
+
+    try:
+        yield force
+    finally:
+        policy.settings = settings
+        policy.arms, policy.selectors, policy.rewards, policy.first_rewards = arms, selectors, rewards, first_rewards
+
+
+@contextlib.contextmanager
+def _quiet(pipeline: Pipeline) -> Iterator[None]:
+    """No step log lines and no step observers while warming up: its steps are no requests'."""
+    logger, on_step = pipeline.logger, pipeline.on_step
+    pipeline.logger, pipeline.on_step = None, None
+    try:
+        yield
+    finally:
+        pipeline.logger, pipeline.on_step = logger, on_step

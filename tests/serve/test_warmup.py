@@ -1,0 +1,205 @@
+"""The engine's warm-up: every arm at every slot count before the first request, the server
+closed until it ends, ``--no-warmup``, and graph captures after it counted as a metric."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+import pytest
+import torch
+from _tiny import pipeline_dict
+from conftest import MODEL, Server, make_pipeline
+from structlog.testing import capture_logs
+
+from flashspec_core.build import build_pipeline
+from flashspec_core.contracts import SamplingParams
+from flashspec_core.pipeline import Pipeline
+from flashspec_serve import cli, warmup
+from flashspec_serve.app import ServeSettings, create_app
+from flashspec_serve.engine import Engine, Job
+
+GREEDY = SamplingParams(temperature=0.0)
+# Room for the tiny pipeline's warm-up at lengths 2, 3 and 5 only: (4 arms + widths 0..4 + 2 joins + 1)
+# steps of up to 5 tokens
+CONTEXT = 65
+
+
+def _fast_pipeline(models: dict[str, Path]) -> Pipeline:
+    config = pipeline_dict(models["target"], [models["close"]], "fixed", dtype="float32")
+    config["target"] |= {"use": "fast", "device": "cpu", "max_len": 128, "compile": False}
+    config["arm"][0] |= {"use": "fast", "device": "cpu", "max_len": 128, "compile": False}
+    return build_pipeline(config)
+
+
+def _spy(obj: Any, name: str, log: list[Any], what: Callable[..., Any]) -> None:
+    """Record ``what(*args)`` on each call of ``obj.name``, then call it."""
+    real = getattr(obj, name)
+
+    def spy(*args: Any) -> Any:
+        log.append(what(*args))
+        return real(*args)
+
+    setattr(obj, name, spy)
+
+
+def _decode(engine: Engine, job: Job) -> list[int]:
+    async def main() -> list[int]:
+        handle = engine.submit(job, asyncio.get_running_loop())
+        events = [e async for e in handle.events()]
+        assert events[-1].finish in ("stop", "length"), events[-1]
+        return [t for e in events for t in e.token_ids]
+
+    return asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_slot_sizes_are_those_a_rebuild_makes() -> None:
+    assert warmup.slot_sizes(32, per_row=True) == [1, 2, 4, 8, 16, 32]
+    assert warmup.slot_sizes(6, per_row=True) == [1, 2, 4, 6]
+    assert warmup.slot_sizes(3, per_row=False) == [1, 2, 3]
+    assert warmup.warm_lengths(65, 60) == [2, 3, 5]
+    assert warmup.warm_lengths(2047, 270) == [2, 3, 5, 9, 17, 33, 65, 129, 257, 513, 1025]
+
+
+def test_warm_up_plays_every_arm_and_width_at_every_slot_count(tiny_models: dict[str, Path]) -> None:
+    """Each arm's own provider proposes at each slot count, the target scores every draft width
+    0..max gamma at each, one row and then two join alone at each count with free slots; the UCB1 selector
+    learns nothing from it, and the policy gets its own arms back."""
+    pipeline = make_pipeline(tiny_models, "ucb1")
+    arms = list(pipeline.policy.arms)
+    proposed: dict[str, list[int]] = {a.name: [] for a in arms}
+    for arm in arms:
+        _spy(arm.provider, "propose", proposed[arm.name], lambda _t, lengths, *_: len(lengths))
+    scored: list[tuple[int, int]] = []
+    _spy(pipeline.target, "score", scored, lambda _t, _l, draft: tuple(draft.shape))
+    joined: list[tuple[int, tuple[int, ...]]] = []
+    _spy(pipeline.target, "prefill_rows", joined, lambda tokens, _l, rows: (tokens.shape[0], tuple(rows)))
+    engine = Engine(pipeline, max_batch=4, context=CONTEXT)
+    engine.start(warmup=True)
+    try:
+        done = engine.wait_ready()
+    finally:
+        engine.stop(0.0)
+    assert done is not None and done.sizes == (4, 2, 1) and done.lengths == (2, 3, 5)
+    for name, sizes in proposed.items():
+        assert set(sizes) == {1, 2, 4}, name
+    top = max(a.gamma for a in arms)
+    assert {(b, w) for b, w in scored} >= {(b, w) for b in (1, 2, 4) for w in range(top + 1)}
+    assert {(size, rows) for size, rows in joined} == {(4, (3,)), (4, (2, 3)), (2, (1,))}
+    assert pipeline.policy.arms == arms
+    assert all(sum(cast(Any, s).counts) == 0 for s in pipeline.policy.selectors)
+
+
+@pytest.mark.parametrize("target", ["hf", "fast"])
+def test_a_warmed_engine_decodes_as_alone(tiny_models: dict[str, Path], target: str) -> None:
+    """The warm-up leaves no trace in the tokens: a request after it gets exactly its greedy
+    continuation alone."""
+    pipeline = _fast_pipeline(tiny_models) if target == "fast" else make_pipeline(tiny_models)
+    job = Job((1, 2, 3), 12, GREEDY)
+    want = pipeline.generate([list(job.prompt)], max_new_tokens=job.max_tokens, temperature=0.0).token_ids[0]
+    engine = Engine(pipeline, max_batch=2, context=CONTEXT)
+    engine.start(warmup=True)
+    try:
+        assert engine.wait_ready() is not None
+        assert _decode(engine, job) == want
+    finally:
+        engine.stop(0.0)
+
+
+class FakeGraphs:
+    """A graph cache's counter (CapturesGraphs): ``captures`` goes up as the test says."""
+
+    def __init__(self) -> None:
+        self.captures = 0
+
+
+def test_captures_after_the_warm_up_are_counted_as_a_metric(tiny_models: dict[str, Path]) -> None:
+    """The target "captures" a graph at every score: those of the warm-up are its record's, and
+    those while serving the metric's, one for one."""
+    pipeline = make_pipeline(tiny_models)
+    graphs = FakeGraphs()
+    pipeline.target.graphs = graphs  # type: ignore[attr-defined]
+    real = pipeline.target.score
+
+    def score(tokens: torch.Tensor, lengths: Sequence[int], draft: torch.Tensor) -> torch.Tensor:
+        graphs.captures += 1
+        return real(tokens, lengths, draft)
+
+    pipeline.target.score = score  # type: ignore[method-assign,assignment]
+    engine = Engine(pipeline, max_batch=2, context=CONTEXT)
+    engine.start(warmup=True)
+    try:
+        done = engine.wait_ready()
+        assert done is not None and done.captures == graphs.captures > 0
+        before = graphs.captures
+        _decode(engine, Job((1, 2, 3), 8, GREEDY))
+        served = graphs.captures - before
+    finally:
+        engine.stop(0.0)
+    assert served > 0
+    value = engine.metrics.registry.get_sample_value("flashspec:graph_captures_while_serving_total")
+    assert value == served
+
+
+def _blocked_warm_up(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[int]]:
+    """warm_up waits for the returned event; the list counts its calls."""
+    release, calls = threading.Event(), []
+
+    def warm_up(*_args: Any, **_kw: Any) -> warmup.Warmup:
+        calls.append(1)
+        assert release.wait(30)
+        return warmup.Warmup(0.5, 3, 0, 7, (1,), (2,))
+
+    monkeypatch.setattr(warmup, "warm_up", warm_up)
+    return release, calls
+
+
+def test_the_server_takes_no_request_before_its_warm_up_ends(tiny_models: dict[str, Path],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    release, calls = _blocked_warm_up(monkeypatch)
+    srv = Server(create_app(make_pipeline(tiny_models), ServeSettings(model_name=MODEL)))
+    with capture_logs() as logs:
+        srv.thread.start()
+        try:
+            time.sleep(0.5)
+            assert calls == [1] and not srv.server.started
+            with pytest.raises(httpx.TransportError):
+                httpx.get(f"{srv.url}/health", timeout=1.0)
+            release.set()
+            deadline = time.monotonic() + 30
+            while not srv.server.started and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert httpx.get(f"{srv.url}/health", timeout=5.0).status_code == 200
+        finally:
+            release.set()
+            srv.stop()
+    line = next(e for e in logs if e["event"] == "engine_warmed_up")
+    assert line["seconds"] == 0.5 and line["captures"] == 3 and line["steps"] == 7
+
+
+def test_no_warmup_serves_at_once(tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    _release, calls = _blocked_warm_up(monkeypatch)
+    srv = Server(create_app(make_pipeline(tiny_models), ServeSettings(model_name=MODEL, warmup=False))).start()
+    try:
+        assert httpx.get(f"{srv.url}/health", timeout=5.0).status_code == 200
+        assert calls == [] and srv.engine.warmed is None
+    finally:
+        srv.stop()
+
+
+def test_the_cli_flag_turns_the_warm_up_off(tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvicorn
+
+    import flashspec_core.build
+
+    apps: list[Any] = []
+    monkeypatch.setattr(flashspec_core.build, "load_pipeline", lambda *_a, **_k: make_pipeline(tiny_models))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **_kw: apps.append(app))
+    assert cli.main(["--no-warmup"]) == 0
+    assert cli.main([]) == 0
+    assert [app.state.settings.warmup for app in apps] == [False, True]
