@@ -203,3 +203,28 @@ def test_the_cli_flag_turns_the_warm_up_off(tiny_models: dict[str, Path], monkey
     assert cli.main(["--no-warmup"]) == 0
     assert cli.main([]) == 0
     assert [app.state.settings.warmup for app in apps] == [False, True]
+
+
+def test_a_failed_warm_up_keeps_the_server_from_starting(tiny_models: dict[str, Path],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    def warm_up(*_args: Any, **_kw: Any) -> warmup.Warmup:
+        raise RuntimeError("out of memory while capturing")
+
+    monkeypatch.setattr(warmup, "warm_up", warm_up)
+    srv = Server(create_app(make_pipeline(tiny_models), ServeSettings(model_name=MODEL)))
+    exits: list[object] = []
+
+    def run() -> None:
+        try:
+            srv.server.run(sockets=[srv.sock])
+        except SystemExit as exc:  # uvicorn's exit status for a failed startup
+            exits.append(exc.code)
+
+    thread = threading.Thread(target=run, daemon=True)
+    with capture_logs() as logs:
+        thread.start()
+        thread.join(30)
+    srv.sock.close()
+    assert not thread.is_alive() and not srv.server.started and exits == [3]
+    assert not srv.engine._thread.is_alive()
+    assert any(e["event"] == "engine_warm_up_failed" for e in logs)
