@@ -14,7 +14,8 @@ so caches are allocated once):
 * a dummy batch at a ladder of lengths (``2^k + 1``: every prefill width and every span
   up to the context), decoded one step by every arm in turn (its own provider, no
   fallback, no first arm), then one step at each draft width ``0..max gamma`` with a
-  one-hot draft (what a lookup proposes), at those settings; and, where rows join one by
+  one-hot draft (what a lookup proposes), at those settings, and where they are all greedy
+  sampled too (the verifier's kernels for sampled rows); and, where rows join one by
   one, one row and then two re-seated and prefilled alone (``prefill_rows``: its compiled
   ops specialize one row apart from several), each join followed by a step.
 
@@ -49,6 +50,7 @@ from flashspec_core.policy import Arm, StepPolicy
 
 PATTERN = 6  # dummy sequences repeat tokens 1..PATTERN, so a lookup finds matches in them
 JOINS = 2  # per-row joins per dummy batch: one row, then two
+SAMPLED = SamplingParams(temperature=1.0)  # a sampled setting, for the verifier's sampling path
 
 
 @attrs.frozen
@@ -108,25 +110,31 @@ def warm_up(pipeline: Pipeline, sizes: Sequence[int], context: int | None, per_r
     counters, t0 = graph_counters(pipeline), time.perf_counter()
     before = graph_captures(counters)
     own = list(pipeline.policy.arms)
-    arms = play_arms(own)
-    gamma = max(a.gamma for a in arms)
-    lengths = warm_lengths(context, _room(len(arms) * len(samplings), gamma))
+    schedule = plays(own, samplings)
+    gamma = max(a.gamma for a, _ in schedule)
+    lengths = warm_lengths(context, _room(len(schedule), gamma))
     prewarmed = steps = 0
     order = tuple(sorted(set(sizes), reverse=True))  # the largest allocates every cache once
     with _quiet(pipeline), _forced(pipeline.policy) as force:
         for size in order:
             prewarmed += prewarm_drafts(own, size, samplings)
             for length in lengths:
-                steps += _warm_batch(pipeline, force, arms, samplings, size, length, per_row)
+                steps += _warm_batch(pipeline, force, schedule, size, length, per_row)
     return Warmup(time.perf_counter() - t0, graph_captures(counters) - before, prewarmed, steps, order, tuple(lengths))
 
 
-def play_arms(arms: Sequence[Arm]) -> list[Arm]:
-    """Each arm on its own (no fallback: its provider proposes), then one one-hot arm per draft
-    width ``0..max gamma``, the widths a lookup's partial matches reach."""
+def plays(arms: Sequence[Arm], samplings: Sequence[SamplingParams]) -> list[tuple[Arm, SamplingParams]]:
+    """The steps of a dummy batch: at each of ``samplings``, each arm on its own (no fallback:
+    its provider proposes), then one one-hot arm per draft width ``0..max gamma`` (the widths a
+    lookup's partial matches reach); where ``samplings`` are all greedy, the widths once more
+    sampled, so the verifier's sampling path is ready too."""
     alone = [attrs.evolve(a, fallback=None, selectable=True) for a in arms]
     top = max(a.gamma for a in arms)
-    return alone + [Arm(name=f"warmup-width-{w}", provider=OneHot(), gamma=w) for w in range(top + 1)]
+    widths = [Arm(name=f"warmup-width-{w}", provider=OneHot(), gamma=w) for w in range(top + 1)]
+    out = [(arm, sampling) for sampling in samplings for arm in alone + widths]
+    if all(s.greedy for s in samplings):
+        out += [(arm, SAMPLED) for arm in widths]
+    return out
 
 
 def prewarm_drafts(arms: Sequence[Arm], size: int, samplings: Sequence[SamplingParams]) -> int:
@@ -147,13 +155,13 @@ def _room(plays: int, gamma: int) -> int:
     return (plays + JOINS + 1) * (gamma + 1)
 
 
-def _warm_batch(pipeline: Pipeline, force: Callable[[Arm], None], arms: Sequence[Arm],
-                samplings: Sequence[SamplingParams], size: int, length: int, per_row: bool) -> int:
-    """Prefill ``size`` dummy rows of ``length`` tokens, step once per arm and sampling, then
+def _warm_batch(pipeline: Pipeline, force: Callable[[Arm], None], schedule: Sequence[tuple[Arm, SamplingParams]],
+                size: int, length: int, per_row: bool) -> int:
+    """Prefill ``size`` dummy rows of ``length`` tokens, run a step of each of ``schedule``, then
     (per-row joins) seat the last row anew alone and step, and the last two and step; returns
     the steps run."""
     target = pipeline.target
-    plays = [(arm, sampling) for sampling in samplings for arm in arms]
+    plays, arms = list(schedule), [a for a, _ in schedule]
     gamma = max(a.gamma for a in arms)
     tokens = torch.zeros((size, length + _room(len(plays), gamma)), dtype=torch.long)
     tokens[:, :length] = dummy(length, target.vocab)
@@ -165,7 +173,7 @@ def _warm_batch(pipeline: Pipeline, force: Callable[[Arm], None], arms: Sequence
     joins = [[size - 1], [size - 2, size - 1]][: min(size - 1, JOINS)] if per_row else []
     base = len(plays)
     drafter = next((a for a in arms if isinstance(a.provider, Prewarmable)), arms[0])
-    plays += [(drafter, samplings[0])] * len(joins)  # the joined rows' first step: a draft catching up on them
+    plays += [(drafter, schedule[0][1])] * len(joins)  # the joined rows' first step: a draft catching up on them
     for k, (arm, sampling) in enumerate(plays):
         if k >= base:
             _rejoin(pipeline, arms, tokens, lengths, joins[k - base])

@@ -25,9 +25,9 @@ from flashspec_serve.app import ServeSettings, create_app
 from flashspec_serve.engine import Engine, Job
 
 GREEDY = SamplingParams(temperature=0.0)
-# Room for the tiny pipeline's warm-up at lengths 2, 3 and 5 only: (4 arms + widths 0..4 + 2 joins + 1)
-# steps of up to 5 tokens
-CONTEXT = 65
+# Room for the tiny pipeline's warm-up at lengths 2, 3 and 5 only: (4 arms + widths 0..4, greedy, + widths
+# 0..4 sampled + 2 joins + 1) steps of up to 5 tokens
+CONTEXT = 90
 
 
 def _fast_pipeline(models: dict[str, Path]) -> Pipeline:
@@ -86,6 +86,7 @@ def test_warm_up_plays_every_arm_and_width_at_every_slot_count(tiny_models: dict
     finally:
         engine.stop(0.0)
     assert done is not None and done.sizes == (4, 2, 1) and done.lengths == (2, 3, 5)
+    assert done.steps == 3 * ((14 + 2) + (14 + 1) + 14)  # per length: 9 greedy plays, 5 sampled, the joins
     for name, sizes in proposed.items():
         assert set(sizes) == {1, 2, 4}, name
     top = max(a.gamma for a in arms)
