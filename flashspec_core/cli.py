@@ -3,10 +3,13 @@
 ``generate`` checks its options (with :func:`flashspec_core.config.check_generation`, the
 bounds a config and ``Pipeline.generate`` apply too), its prompt and the plugin-free part
 of its config file before torch, transformers or triton is imported, so a bad input is one
-line naming it as typed (``--top-p``) without waiting for torch. Component keys are
-checked once the plugins are loaded, still before any model is. That import takes seconds
-(far more on a first run), so it is announced (:class:`_Pending`) without ever adding a line
-to an error found while it lasts.
+line naming it as typed (``--top-p``) without waiting for torch. Component names and keys
+are checked then too, against the plugins' light keys modules
+(:func:`flashspec_core.registry.build_catalogue`); what those cannot tell (a name only a
+plugin without one may provide, a device this machine lacks) is checked once the plugins
+are loaded, still before any model is. That import takes seconds (far more on a first
+run), so it is announced (:class:`_Pending`) without ever adding a line to an error found
+while it lasts.
 
 Files it writes (``--log-json``) are written beside their target under a temporary name
 and renamed over it when the run succeeds (or, with ``--append``, added to its end then),
@@ -29,7 +32,14 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import IO, Any
 
-from flashspec_core.config import GENERATION_KEYS, check_config_file, check_generation, check_prompt_text
+from flashspec_core.config import (
+    GENERATION_KEYS,
+    check_components,
+    check_config_file,
+    check_generation,
+    check_prompt_text,
+)
+from flashspec_core.registry import build_catalogue
 
 DEFAULT_CONFIG = "default.toml"
 LOADING = "loading torch and transformers (first run takes longer)"
@@ -163,7 +173,7 @@ def _generate(args: argparse.Namespace) -> int:
     overrides = check_generation(given, _option)
     check_prompt_text(args.prompt)
     config = Path(args.config) if args.config else bundled_config(DEFAULT_CONFIG)
-    check_config_file(config)
+    check_components(check_config_file(config), build_catalogue(), str(config), base_dir=config.parent)
     if args.append and not args.log_json:
         raise UsageError("--append needs --log-json FILE")
     log_target = _output_target("--log-json", args.log_json, [config]) if args.log_json else None

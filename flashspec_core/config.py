@@ -30,7 +30,10 @@ check of generation settings behind the CLI, a config and ``Pipeline.generate``)
 ``[selector]`` keys the pipeline reads, and each arm's ``gamma``, ``name``, ``fallback``,
 ``select`` and ``use`` types. :func:`parse_config` runs it, then resolves components and
 their own keys, and the cross-references (fallback, first), which need the registry and
-so the plugins, which import torch.
+so the plugins, which import torch. :func:`check_components` runs :func:`parse_config`
+against the plugins' light keys modules instead (:class:`ComponentKeys`, gathered by
+:func:`flashspec_core.registry.build_catalogue`), so a component's name and keys are
+checked before torch too, up to a name only a plugin without such a module may provide.
 """
 
 from __future__ import annotations
@@ -43,16 +46,17 @@ import re
 import sys
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import attrs
 
-if TYPE_CHECKING:  # both import torch
+if TYPE_CHECKING:  # imports torch
     from flashspec_core.contracts import ComponentKind
-    from flashspec_core.registry import Registry
 
 REWARDS = ("acceptance", "throughput")
+TREE_CHILDREN = ("topk", "sample")  # how a sampling draft step picks a tree node's children
 MAX_GAMMA = 64
 _TOP_LEVEL = {"target", "arm", "verifier", "selector", "generation"}
 GENERATION_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
@@ -74,6 +78,36 @@ class BoundsError(ValueError):
     def __init__(self, key: str, label: str, rule: str, value: object) -> None:
         super().__init__(f"{label} {rule}, got {value!r}")
         self.key = key
+
+
+@attrs.frozen
+class ComponentKeys:
+    """What a config is checked against without importing the component: a plugin's light
+    keys module (attrs and the standard library only) lists one per component in
+    ``COMPONENTS``, and its ``plugin.py`` builds the ComponentSpecs from the same list."""
+
+    kind: Literal["target", "draft", "verifier", "selector"]  # contracts.ComponentKind
+    name: str
+    config_cls: type | None = None  # None: the component takes no keys
+    description: str = ""
+
+
+# Set while check_components runs: validators that would need torch (check_device) check names only.
+_BEFORE_TORCH: ContextVar[bool] = ContextVar("before_torch", default=False)
+
+
+class Undecided(Exception):  # noqa: N818 (not an error: the check stops and the build decides)
+    """A light check cannot tell: the name may come from a plugin that has no keys module."""
+
+
+class Components(Protocol):
+    """What :func:`parse_config` reads from a registry or a light catalogue."""
+
+    def get(self, kind: ComponentKind, name: str) -> Any:  # has ``config_cls``; KeyError if unknown
+        ...
+
+    def names(self, kind: ComponentKind) -> list[str]:
+        ...
 
 
 @attrs.frozen
@@ -157,10 +191,15 @@ def check_prompt_text(prompt: str, label: str = "the prompt") -> None:
 def check_device(value: str) -> None:
     """Refuse a torch device this machine lacks (``cuda`` on a CPU build, ``cuda:7`` with two
     GPUs) when the config is read, not when a loaded model moves there. ``auto`` passes.
+    Within :func:`check_components`, before torch is imported, only the name's form is checked.
 
     :raises ValueError: naming the device and what the machine has.
     """
     if value == "auto":
+        return
+    if _BEFORE_TORCH.get():  # the machine is checked again at build, once torch is imported
+        if not re.fullmatch(r"[a-z_]+(:\d+)?", value):
+            raise ValueError(f"device {value!r} is not a torch device (such as \"cpu\", \"cuda\" or \"cuda:1\")")
         return
     import torch  # the plugins that call this have imported it already
 
@@ -246,7 +285,7 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(source, "-", None, f"not valid TOML: {exc}") from None
 
 
-def load_config(path: str | os.PathLike[str], registry: Registry) -> PipelineConfig:
+def load_config(path: str | os.PathLike[str], registry: Components) -> PipelineConfig:
     return parse_config(read_config(path), registry, str(path), base_dir=Path(path).parent)
 
 
@@ -269,8 +308,25 @@ def check_config(data: dict[str, Any], source: str = "<dict>") -> None:
     _generation(data, source)
 
 
+def check_components(
+    data: dict[str, Any], catalogue: Components, source: str = "<dict>", base_dir: Path | None = None
+) -> None:
+    """:func:`parse_config` against a light catalogue: every check it can make before torch loads.
+
+    :raises ConfigError: the first mistake found; nothing when a name is :class:`Undecided`
+        (the checks after it run at build time).
+    """
+    token = _BEFORE_TORCH.set(True)
+    try:
+        parse_config(data, catalogue, source, base_dir)
+    except Undecided:
+        pass
+    finally:
+        _BEFORE_TORCH.reset(token)
+
+
 def parse_config(
-    data: dict[str, Any], registry: Registry, source: str = "<dict>", base_dir: Path | None = None
+    data: dict[str, Any], registry: Components, source: str = "<dict>", base_dir: Path | None = None
 ) -> PipelineConfig:
     check_config(data, source)
     arms_data = data["arm"]
@@ -407,7 +463,7 @@ def _check_arm_name(name: Any, source: str, where: str) -> None:
         raise ConfigError(source, where, "name", f"must be a word (letters, digits, _ . -), got {name!r}")
 
 
-def _arm(registry: Registry, table: dict[str, Any], source: str, where: str, base_dir: Path | None) -> ArmConfig:
+def _arm(registry: Components, table: dict[str, Any], source: str, where: str, base_dir: Path | None) -> ArmConfig:
     gamma, name, fallback, select, keys = _arm_keys(table, source, where)
     draft = _choice(registry, "draft", keys, source, where, None, base_dir)
     if gamma is None:
@@ -429,7 +485,7 @@ def _arm(registry: Registry, table: dict[str, Any], source: str, where: str, bas
 
 
 def _choice(
-    registry: Registry,
+    registry: Components,
     kind: ComponentKind,
     table: dict[str, Any],
     source: str,

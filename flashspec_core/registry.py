@@ -5,6 +5,11 @@ registered exactly like third-party ones, which are found through the entry-poin
 group ``flashspec``. ``FLASHSPEC_DISABLE_PLUGIN_AUTOLOAD=1`` skips entry points
 (tests use it so that whatever happens to be installed cannot change them).
 
+:func:`build_catalogue` reads only each plugin's light keys module (its components'
+names and config classes, :class:`~flashspec_core.config.ComponentKeys`, importing no
+torch; an entry point's under its name in the group ``flashspec.keys``), so that the
+command line checks a config's component names and keys before torch is imported.
+
 Every hook implementation must match a hookspec: a misspelled ``@hookimpl`` is an
 error naming its plugin when the registry is built, not a hook silently never called.
 
@@ -24,13 +29,16 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import pluggy
 
 from flashspec_core import hookspecs
-from flashspec_core.contracts import ComponentKind, ComponentSpec
+from flashspec_core.config import ComponentKeys, Undecided
+
+if TYPE_CHECKING:  # imports torch, which the catalogue must not
+    from flashspec_core.contracts import ComponentKind, ComponentSpec
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "flashspec_reference.plugin",
@@ -41,7 +49,20 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "flashspec_triton.plugin",
     "flashspec_fast.plugin",
 )
+# Each built-in plugin's light keys module (its components' names and config classes,
+# importing no torch), for the catalogue.
+BUILTIN_KEYS: dict[str, str] = {
+    "flashspec_reference.plugin": "flashspec_reference.keys",
+    "flashspec_selectors.plugin": "flashspec_selectors.keys",
+    "flashspec_hf.plugin": "flashspec_hf.keys",
+    "flashspec_lookup.plugin": "flashspec_lookup.keys",
+    "flashspec_suffix.plugin": "flashspec_suffix.keys",
+    "flashspec_triton.plugin": "flashspec_triton.keys",
+    "flashspec_fast.plugin": "flashspec_fast.keys",
+}
 ENTRY_POINT_GROUP = "flashspec"
+KEYS_GROUP = "flashspec.keys"  # a plugin's light keys module, under its name in the "flashspec" group
+KEYS_ATTRIBUTE = "COMPONENTS"  # that module's sequence of ComponentKeys
 DISTRIBUTION = "flashspec-engine"  # ours, that provides the built-ins ("flashspec" on PyPI is another project)
 AUTOLOAD_ENV = "FLASHSPEC_DISABLE_PLUGIN_AUTOLOAD"
 
@@ -192,6 +213,61 @@ def _import_plugin(modname: str) -> ModuleType:
         return importlib.import_module(modname)
     except ImportError as exc:
         raise PluginError(f"built-in plugin {modname!r} failed to import: {exc}") from exc
+
+
+@attrs.frozen
+class Catalogue:
+    """Installed components by kind and name, from the plugins' light keys modules (no torch).
+
+    ``complete``: every installed plugin has such a module, so a name it lacks is unknown; otherwise
+    such a name (and a name two plugins claim) is :class:`~flashspec_core.config.Undecided`.
+    """
+
+    components: dict[tuple[str, str], ComponentKeys]
+    complete: bool
+    clashes: frozenset[tuple[str, str]] = frozenset()
+
+    def get(self, kind: ComponentKind, name: str) -> ComponentKeys:
+        found = self.components.get((kind, name))
+        if found is not None and (kind, name) not in self.clashes:
+            return found
+        if not self.complete or (kind, name) in self.clashes:
+            raise Undecided(f"{kind} {name!r}")
+        raise KeyError(f"unknown {kind} component {name!r}; installed: {', '.join(self.names(kind)) or 'none'}")
+
+    def names(self, kind: ComponentKind) -> list[str]:
+        if not self.complete:
+            raise Undecided(f"the {kind} components")
+        return sorted(name for k, name in self.components if k == kind)
+
+
+def build_catalogue(autoload: bool | None = None) -> Catalogue:
+    """The light catalogue of the built-ins and (unless disabled) the entry points' keys modules,
+    each found under its plugin's entry-point name in :data:`KEYS_GROUP`; no plugin module is
+    imported. A keys module that fails to import leaves the catalogue incomplete: the build
+    reports that plugin."""
+    found: list[ComponentKeys] = []
+    complete = True
+    modules: list[str | None] = list(BUILTIN_KEYS.values())
+    if autoload is None:
+        autoload = not os.environ.get(AUTOLOAD_ENV)
+    if autoload:
+        declared = {ep.name: ep.value.partition(":")[0] for ep in md.entry_points(group=KEYS_GROUP)}
+        modules += [declared.get(ep.name) for ep in md.entry_points(group=ENTRY_POINT_GROUP)]
+    for modname in modules:
+        try:
+            found += list(getattr(importlib.import_module(modname), KEYS_ATTRIBUTE)) if modname else []
+        except Exception:  # noqa: BLE001 (the full registry names the broken plugin)
+            modname = None
+        complete = complete and modname is not None
+    components: dict[tuple[str, str], ComponentKeys] = {}
+    clashes = set()
+    for keys in found:
+        at = (keys.kind, keys.name)
+        if at in components:
+            clashes.add(at)
+        components[at] = keys
+    return Catalogue(components, complete, frozenset(clashes))
 
 
 def components_markdown(registry: Registry) -> str:

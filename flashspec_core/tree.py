@@ -45,6 +45,10 @@ from typing import Any
 import attrs
 import torch
 
+# How a model draft's tree_width picks a node's children on a sampling step: its top-k tokens
+# (deterministic nodes), or draws without replacement from its q (sample_children). Defined
+# beside the config keys, which are checked before torch loads.
+from flashspec_core.config import TREE_CHILDREN as TREE_CHILDREN
 from flashspec_core.contracts import Draft, Verdict
 from flashspec_core.sampling import Noise, emit, race
 
@@ -176,11 +180,6 @@ def fan_draft(rows: Sequence[Sequence[Sequence[int]]], last: Sequence[int], dept
         tokens.append(out)
     parents = None if width == 1 else torch.tensor(fan_parents(depths[:width]), dtype=torch.long)
     return Draft(tokens=torch.tensor(tokens, dtype=torch.long), probs=None, parents=parents)
-
-
-# How a model draft's tree_width picks a node's children on a sampling step: its top-k tokens
-# (deterministic nodes), or draws without replacement from its q (sample_children).
-TREE_CHILDREN = ("topk", "sample")
 
 
 def without_replacement_rows(q: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

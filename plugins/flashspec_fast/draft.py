@@ -30,7 +30,6 @@ steps keep the top-k.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import attrs
 import torch
@@ -39,8 +38,9 @@ from flashspec_core import Draft, SamplingParams
 from flashspec_core.contracts import DraftContext
 from flashspec_core.ragged import fit_vocab
 from flashspec_core.sampling import filter_logits, probs_from_logits, race
-from flashspec_core.tree import ROOT, TREE_CHILDREN, TreeBlock, sample_children, tree_shape
+from flashspec_core.tree import ROOT, TreeBlock, sample_children, tree_shape
 from flashspec_fast.graphs import GraphCache
+from flashspec_fast.keys import FastDraftOptions as FastDraftOptions  # defined without torch, for the config check
 from flashspec_fast.model import Transformer
 from flashspec_fast.options import FastOptions, build_model
 from flashspec_fast.target import (
@@ -57,26 +57,6 @@ from flashspec_fast.target import (
 
 _TINY = torch.finfo(torch.float32).tiny
 FUSED_CATCH_UP = 16  # widest first forward of the draft loop (tokens per row)
-
-
-def _widths(_inst: object, attr: attrs.Attribute[Any], value: tuple[int, ...]) -> None:
-    if not all(isinstance(w, int) and w >= 1 for w in value):
-        raise ValueError(f"{attr.name} must be a list of integers >= 1 (children per node, per level), got {list(value)}")
-
-
-def _children_rule(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
-    if value not in TREE_CHILDREN:
-        raise ValueError(f"{attr.name} must be one of {', '.join(map(repr, TREE_CHILDREN))}, got {value!r}")
-
-
-@attrs.frozen
-class FastDraftOptions(FastOptions):
-    """Keys of a ``use = "fast"`` draft: those of :class:`~flashspec_fast.options.FastOptions`,
-    ``tree_width`` (children per node at each depth; empty: a chain) and ``tree_children``
-    (how a sampling step picks them: ``"topk"`` or ``"sample"``, see the module docstring)."""
-
-    tree_width: tuple[int, ...] = attrs.field(default=(), converter=tuple, validator=_widths)
-    tree_children: str = attrs.field(default="topk", validator=_children_rule)
 
 
 def tree_levels(parents: Sequence[int]) -> list[list[tuple[int, int, int]]]:

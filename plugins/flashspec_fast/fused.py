@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from flashspec_fast.keys import KERNELS as KERNELS  # the ``kernels`` option of a fast model
+
 if TYPE_CHECKING:
     from flashspec_fast.model import Layer, Weights
 
-KERNELS = ("torch", "gemv")  # the ``kernels`` option of a fast model
 MAX_ROWS = 32  # batch * width of the widest forward that runs the fused GEMMs: two row tiles
 
 

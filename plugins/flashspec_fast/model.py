@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from flashspec_core.ragged import additive_mask, causal_mask
 from flashspec_core.tree import TreeBlock, tree_causal_mask
 from flashspec_fast import fused
+from flashspec_fast.keys import QWEN25_SHAPES as QWEN25_SHAPES  # a model key's "shape:" names, checked without torch
 
 MIN_SPAN = 128  # fewest slots a forward attends (smaller spans would only add captured graphs)
 
@@ -432,16 +433,6 @@ def random_weights(args: ModelArgs, dtype: torch.dtype, device: torch.device, se
     ]
     embed = rnd(a.vocab, a.dim)
     return Weights(embed=embed, layers=layers, norm=ones(a.dim), lm_head=embed if a.tie_embeddings else rnd(a.vocab, a.dim))
-
-
-# Layer shapes of public Qwen2.5 checkpoints (config.json values), for synthetic scaling runs.
-QWEN25_SHAPES: dict[str, dict[str, Any]] = {
-    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
-    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
-    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False),
-    "qwen2.5-14b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=48, num_attention_heads=40, num_key_value_heads=8, tie_word_embeddings=False),
-    "qwen2.5-32b": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40, num_key_value_heads=8, tie_word_embeddings=False),
-}
 
 
 def shape_config(name: str) -> dict[str, Any]:

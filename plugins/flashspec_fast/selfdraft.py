@@ -30,31 +30,17 @@ every request after the providers' reset and scores every step.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-import attrs
 import torch
 
 from flashspec_core import Draft, SamplingParams
 from flashspec_core.contracts import DraftContext
 from flashspec_core.sampling import filter_logits, probs_from_logits, race
 from flashspec_fast.graphs import GraphCache
+from flashspec_fast.keys import SelfOptions as SelfOptions  # defined without torch, for the config check
 from flashspec_fast.target import FastTarget, HostInputs, catch_up_width, check_room, ragged_inputs
 
 _TINY = torch.finfo(torch.float32).tiny
-
-
-def _depth(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{attr.name} must be an integer >= 1 (how many of the target's first layers draft), "
-                         f"got {value!r}")
-
-
-@attrs.frozen
-class SelfOptions:
-    """Keys of a ``use = "self"`` arm: ``layers``, the depth that drafts (1 .. the target's layers)."""
-
-    layers: int = attrs.field(validator=_depth)
 
 
 def check_depth(use: str, layers: int, have: int) -> None:

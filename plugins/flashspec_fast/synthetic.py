@@ -9,16 +9,11 @@ must be labelled synthetic and never mixed with real-acceptance numbers.
 
 from __future__ import annotations
 
-import attrs
 import torch
 
 from flashspec_core import SamplingParams, Verdict
 from flashspec_core.sampling import emit, first_rejection
-
-
-@attrs.frozen
-class SyntheticOptions:
-    acceptance: float = attrs.field(default=0.8, converter=float, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)])
+from flashspec_fast.keys import SyntheticOptions as SyntheticOptions  # defined without torch, for the config check
 
 
 class SyntheticVerifier:

@@ -17,36 +17,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
 import torch
 
 from flashspec_core import Draft, SamplingParams
 from flashspec_core.ragged import fit_vocab
 from flashspec_core.sampling import filter_logits, probs_from_logits, sample
-from flashspec_core.tree import TREE_CHILDREN, node_depths, sample_children, tree_shape
+from flashspec_core.tree import node_depths, sample_children, tree_shape
+from flashspec_hf.keys import DraftOptions as DraftOptions  # defined without torch, for the config check
 from flashspec_hf.lm import CachedLM
-from flashspec_hf.loading import ModelOptions
-
-
-def _widths(_inst: object, attr: attrs.Attribute[Any], value: tuple[int, ...]) -> None:
-    if not all(isinstance(w, int) and w >= 1 for w in value):
-        raise ValueError(f"{attr.name} must be a list of integers >= 1 (children per node, per level), got {list(value)}")
-
-
-def _children_rule(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
-    if value not in TREE_CHILDREN:
-        raise ValueError(f"{attr.name} must be one of {', '.join(map(repr, TREE_CHILDREN))}, got {value!r}")
-
-
-@attrs.frozen
-class DraftOptions(ModelOptions):
-    """A draft model's keys: those of :class:`~flashspec_hf.loading.ModelOptions`,
-    ``tree_width`` (children per node at each depth; empty: a chain) and ``tree_children``
-    (how a sampling step picks them: ``"topk"`` or ``"sample"``, see the module docstring)."""
-
-    tree_width: tuple[int, ...] = attrs.field(default=(), converter=tuple, validator=_widths)
-    tree_children: str = attrs.field(default="topk", validator=_children_rule)
-
 
 _TINY = torch.finfo(torch.float32).tiny
 

@@ -4,53 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
 import torch
 
-from flashspec_core.config import check_device
+from flashspec_hf.keys import ModelOptions as ModelOptions  # defined without torch, for the config check
 from flashspec_models.tokenizer import load_tokenizer
-from flashspec_models.weights import KNOWN_MODELS, is_model_ref, resolve_model
+from flashspec_models.weights import resolve_model
 
-DTYPES = {
+DTYPES = {  # ModelOptions.dtype's names (flashspec_hf.keys.DTYPE_NAMES)
     "auto": None,
     "float32": torch.float32,
     "float64": torch.float64,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-QUANTIZATIONS = ("none", "nf4")
-
-
-def _model_ref(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
-    if not value:
-        raise ValueError(f"{attr.name} is required (a directory with a Hugging Face checkpoint, or a known name)")
-    if not is_model_ref(value):
-        raise ValueError(f"{attr.name} {value!r} is neither an existing directory nor a known model name "
-                         f"(known: {', '.join(KNOWN_MODELS)})")
-
-
-@attrs.frozen
-class ModelOptions:
-    """Keys a model table accepts; they pass through to ``from_pretrained``."""
-
-    model: str = attrs.field(validator=_model_ref)
-    dtype: str = attrs.field(default="auto", validator=attrs.validators.in_(tuple(DTYPES)))
-    device: str = attrs.field(default="auto")
-    device_map: str | None = None
-    quantization: str = attrs.field(default="none", validator=attrs.validators.in_(QUANTIZATIONS))
-    attn_implementation: str = attrs.field(default="sdpa", validator=attrs.validators.in_(("sdpa", "eager")))
-    chat_template: bool = True
-
-    @device.validator
-    def _device(self, attribute: attrs.Attribute[Any], value: str) -> None:
-        check_device(value)
-
-    def torch_device(self) -> torch.device:
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
-
-
 def _dtype(opts: ModelOptions, device: torch.device) -> torch.dtype:
     chosen = DTYPES[opts.dtype]
     if chosen is not None:

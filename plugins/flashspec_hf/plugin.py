@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import attrs
 
 from flashspec_core import ComponentSpec, DraftProvider, hookimpl
 from flashspec_core.contracts import DraftContext, HasTokenizer, Target
-from flashspec_hf.draft import DraftOptions, HFDraft, check_same_tokenizer
-from flashspec_hf.loading import ModelOptions, load_model
-from flashspec_hf.selfdraft import SelfOptions, make_self_draft
+from flashspec_hf.draft import HFDraft, check_same_tokenizer
+from flashspec_hf.keys import COMPONENTS, DraftOptions, ModelOptions
+from flashspec_hf.loading import load_model
+from flashspec_hf.selfdraft import make_self_draft
 from flashspec_hf.target import HFTarget
 
 
@@ -28,34 +30,16 @@ def make_draft(config: DraftOptions, context: DraftContext) -> HFDraft:
     return HFDraft(model, context.vocab, config.tree_width, config.tree_children)
 
 
+_FACTORIES: dict[tuple[str, str], Callable[..., Any]] = {("target", "hf"): make_target, ("draft", "hf"): make_draft, ("draft", "hf-self"): make_self_draft}
+
+
 @hookimpl
 def flashspec_targets() -> Iterable[ComponentSpec[Target]]:
-    return [
-        ComponentSpec(
-            name="hf",
-            kind="target",
-            factory=make_target,
-            config_cls=ModelOptions,
-            description="any transformers AutoModelForCausalLM",
-        )
-    ]
+    return [ComponentSpec(k.name, "target", _FACTORIES["target", k.name], k.config_cls, k.description)
+            for k in COMPONENTS if k.kind == "target"]
 
 
 @hookimpl
 def flashspec_draft_providers() -> Iterable[ComponentSpec[DraftProvider]]:
-    return [
-        ComponentSpec(
-            name="hf",
-            kind="draft",
-            factory=make_draft,
-            config_cls=DraftOptions,
-            description="a smaller causal LM with the target's tokenizer, own KV cache",
-        ),
-        ComponentSpec(
-            name="hf-self",
-            kind="draft",
-            factory=make_self_draft,
-            config_cls=SelfOptions,
-            description="self-speculative: the hf target's first `layers` layers draft, on its weights and KV cache",
-        ),
-    ]
+    return [ComponentSpec(k.name, "draft", _FACTORIES["draft", k.name], k.config_cls, k.description)
+            for k in COMPONENTS if k.kind == "draft"]

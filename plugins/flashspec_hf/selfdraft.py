@@ -25,7 +25,6 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
 import torch
 from torch import nn
 from transformers.cache_utils import DynamicLayer
@@ -33,21 +32,9 @@ from transformers.cache_utils import DynamicLayer
 from flashspec_core import Draft, SamplingParams
 from flashspec_core.contracts import DraftContext
 from flashspec_hf.draft import HFDraft
+from flashspec_hf.keys import SelfOptions as SelfOptions  # defined without torch, for the config check
 from flashspec_hf.lm import CachedLM
 from flashspec_hf.target import HFTarget
-
-
-def _depth(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{attr.name} must be an integer >= 1 (how many of the target's first layers draft), "
-                         f"got {value!r}")
-
-
-@attrs.frozen
-class SelfOptions:
-    """Keys of a ``use = "hf-self"`` arm: ``layers``, the depth that drafts (1 .. the target's layers)."""
-
-    layers: int = attrs.field(validator=_depth)
 
 
 def decoder_layers(model: Any) -> nn.ModuleList:

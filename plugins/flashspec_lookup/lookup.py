@@ -21,29 +21,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
 import torch
 
 from flashspec_core import Draft, SamplingParams
 from flashspec_core.pipeline import NoDraft
 from flashspec_core.tree import fan_depths, fan_draft
-
-
-@attrs.frozen
-class LookupConfig:
-    """``fill = false`` proposes only what a match provides: fewer than gamma tokens
-    when the continuation is shorter, none (a plain decoding step) without a match of
-    at least ``min_ngram`` tokens. ``fill = true`` pads to gamma by repeating."""
-
-    max_ngram: int = attrs.field(default=3, validator=attrs.validators.ge(1))
-    min_ngram: int = attrs.field(default=1, validator=attrs.validators.ge(1))
-    window: int = attrs.field(default=4096, validator=attrs.validators.ge(2))
-    fill: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
-    branches: int = attrs.field(default=1, validator=[attrs.validators.instance_of(int), attrs.validators.ge(1)])
-
-    def __attrs_post_init__(self) -> None:
-        if self.min_ngram > self.max_ngram:
-            raise ValueError(f"min_ngram ({self.min_ngram}) must be <= max_ngram ({self.max_ngram})")
+from flashspec_lookup.keys import LookupConfig as LookupConfig  # defined without torch, for the config check
 
 
 def lookup(seq: torch.Tensor, gamma: int, cfg: LookupConfig) -> list[int]:

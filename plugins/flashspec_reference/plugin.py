@@ -31,6 +31,7 @@ from flashspec_core.sampling import (
     verify_random,
 )
 from flashspec_core.tree import TreeDraft, TreeVerdict, verify_tree_greedy, verify_tree_random
+from flashspec_reference.keys import COMPONENTS
 
 
 class ReferenceVerifier(RowsOverVerify):
@@ -107,4 +108,4 @@ def _make(config: object, device: torch.device) -> Verifier:
 
 @hookimpl
 def flashspec_verifiers() -> Iterable[ComponentSpec[Verifier]]:
-    return [ComponentSpec(name="reference", kind="verifier", factory=_make, description="plain-torch rejection sampler")]
+    return [ComponentSpec(k.name, "verifier", _make, k.config_cls, k.description) for k in COMPONENTS]

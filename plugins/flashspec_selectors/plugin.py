@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from flashspec_core import ArmSelector, ComponentSpec, hookimpl
+from flashspec_selectors.keys import COMPONENTS
 from flashspec_selectors.selectors import (
     UCB1,
     DiscountedThompson,
@@ -57,45 +58,21 @@ def _factored(config: FactoredConfig | None, num_arms: int) -> ArmSelector:
     return Factored(config or FactoredConfig(), num_arms)
 
 
+_FACTORIES: dict[str, Callable[..., ArmSelector]] = {
+    "fixed": _fixed,
+    "ucb1": _ucb1,
+    "thompson": _thompson,
+    "sliding_window_ucb": _sw_ucb,
+    "discounted_thompson": _discounted_thompson,
+    "glr_thompson": _glr_thompson,
+    "request_thompson": _request_thompson,
+    "factored": _factored,
+}
+
+
 def selector_specs() -> list[ComponentSpec[ArmSelector]]:
     """The selectors this plugin provides (also used directly by the simulator)."""
-    return [
-        ComponentSpec("fixed", "selector", _fixed, FixedConfig, "always the configured arm"),
-        ComponentSpec("ucb1", "selector", _ucb1, UCB1Config, "UCB1 (Auer et al. 2002)"),
-        ComponentSpec("thompson", "selector", _thompson, ThompsonConfig, "Beta Thompson sampling, fractional rewards"),
-        ComponentSpec(
-            "sliding_window_ucb", "selector", _sw_ucb, SlidingWindowUCBConfig, "SW-UCB (Garivier & Moulines 2011)"
-        ),
-        ComponentSpec(
-            "discounted_thompson",
-            "selector",
-            _discounted_thompson,
-            DiscountedThompsonConfig,
-            "discounted Thompson sampling (Raj & Kalyani 2017)",
-        ),
-        ComponentSpec(
-            "glr_thompson",
-            "selector",
-            _glr_thompson,
-            GLRThompsonConfig,
-            "Thompson sampling with GLR change detection and restarts (Besson et al. 2022)",
-        ),
-        ComponentSpec(
-            "request_thompson",
-            "selector",
-            _request_thompson,
-            RequestThompsonConfig,
-            "latent-state Thompson sampling over past requests (Hong et al. 2020); uses begin_request",
-        ),
-        ComponentSpec(
-            "factored",
-            "selector",
-            _factored,
-            FactoredConfig,
-            "Thompson sampling on predicted tokens/s: pooled acceptance, step cost linear in rows and width; "
-            "uses see_rows and observe",
-        ),
-    ]
+    return [ComponentSpec(k.name, "selector", _FACTORIES[k.name], k.config_cls, k.description) for k in COMPONENTS]
 
 
 @hookimpl

@@ -5,18 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from flashspec_core import ComponentSpec, DraftProvider, hookimpl
-from flashspec_suffix.suffix import SuffixConfig, make
+from flashspec_suffix.keys import COMPONENTS
+from flashspec_suffix.suffix import make
 
 
 @hookimpl
 def flashspec_draft_providers() -> Iterable[ComponentSpec[DraftProvider]]:
-    return [
-        ComponentSpec(
-            name="suffix",
-            kind="draft",
-            factory=make,
-            config_cls=SuffixConfig,
-            description="proposes the most frequent continuation of the longest suffix matched in "
-            "a suffix tree over past requests and the current batch (SuffixDecoding; no weights)",
-        ),
-    ]
+    return [ComponentSpec(k.name, "draft", make, k.config_cls, k.description) for k in COMPONENTS]

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import torch
@@ -42,25 +42,9 @@ from flashspec_core import ComponentSpec, SamplingParams, Verdict, Verifier, hoo
 from flashspec_core.checks import draft_flags, flagged, verifier_inputs
 from flashspec_core.sampling import Noise, RowsOverVerify
 from flashspec_core.tree import TreeVerdict
+from flashspec_triton.keys import COMPONENTS
+from flashspec_triton.keys import TritonVerifierConfig as TritonVerifierConfig  # defined without torch
 from flashspec_triton.stepgraphs import StepGraphs
-
-
-@attrs.frozen
-class TritonVerifierConfig:
-    """``[verifier] use = "triton"`` keys."""
-
-    noise: Literal["exact", "philox"] = attrs.field(
-        default="philox", validator=attrs.validators.in_(("exact", "philox"))
-    )
-    # philox mode's draw of the recovered / bonus token: "auto" takes the two-stage draw at
-    # large batch and vocabulary only (flashspec_kernels.verify, "Philox draws"); same law either way
-    philox_draw: Literal["auto", "one_stage", "two_stage"] = attrs.field(
-        default="auto", validator=attrs.validators.in_(("auto", "one_stage", "two_stage"))
-    )
-    programs: int = attrs.field(default=0, converter=int, validator=attrs.validators.ge(0))  # 0 = auto
-    graph_max_bytes: int = attrs.field(default=96 << 20, converter=int, validator=attrs.validators.ge(0))  # 0 = never
-    # replay without copying the logits when they come back at the same address (stepgraphs)
-    graph_pin: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
 
 class TritonVerifier(RowsOverVerify):
@@ -254,12 +238,4 @@ def _make(config: Any, device: torch.device | str | None = None) -> Verifier:
 
 @hookimpl
 def flashspec_verifiers() -> Iterable[ComponentSpec[Verifier]]:
-    return [
-        ComponentSpec(
-            name="triton",
-            kind="verifier",
-            factory=_make,
-            config_cls=TritonVerifierConfig,
-            description="Triton rejection sampler: one pass over the logits, no host sync",
-        )
-    ]
+    return [ComponentSpec(k.name, "verifier", _make, k.config_cls, k.description) for k in COMPONENTS]

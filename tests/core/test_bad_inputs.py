@@ -3,8 +3,9 @@
 Every row is refused with one line that names it as its user wrote it, or has the
 behaviour the page documents. Command-line rows run ``main()`` (rc 2, one
 ``flashspec: error:`` line, no traceback); config rows run through the command line and,
-where the check needs no plugin, through :func:`check_config_file` too, which shows they
-are refused before torch is imported; API rows call ``Pipeline.generate`` on a tiny
+where the check needs no torch, through :func:`check_config_file` and :func:`check_components`
+against the plugins' light catalogue too, as the command line runs them before torch is
+imported (tests/core/test_catalogue.py shows that path imports no torch); API rows call ``Pipeline.generate`` on a tiny
 pipeline. The --log-json rows are in test_cli.py, the model-cache rows in
 tests/models/test_weights.py.
 """
@@ -26,8 +27,9 @@ from _tiny import tiny_lm
 
 from flashspec_core.build import build_pipeline, load_pipeline
 from flashspec_core.cli import main
-from flashspec_core.config import BoundsError, ConfigError, check_config_file
+from flashspec_core.config import BoundsError, ConfigError, check_components, check_config_file
 from flashspec_core.pipeline import Pipeline
+from flashspec_core.registry import build_catalogue
 
 RULES = {
     "max_new_tokens": "must be an integer >= 1",
@@ -213,30 +215,30 @@ CONFIG_ROWS: list[tuple[str, Edit, str, str, bool]] = [
     ("gamma-string", _set("arm", "gamma", "4"), "[arm.0] key 'gamma'", "must be an integer, got '4'", True),
     ("gamma-float", _set("arm", "gamma", 1.5), "[arm.0] key 'gamma'", "must be an integer, got 1.5", True),
     ("gamma-bool", _set("arm", "gamma", True), "[arm.0] key 'gamma'", "must be an integer, got True", True),
-    ("gamma-zero", _set("arm", "gamma", 0), "[arm.0] key 'gamma'", "must be in 1..64 for draft 'hf', got 0", False),
-    ("gamma-65", _set("arm", "gamma", 65), "[arm.0] key 'gamma'", "must be in 1..64 for draft 'hf', got 65", False),
-    ("gamma-negative", _set("arm", "gamma", -1), "[arm.0] key 'gamma'", "got -1", False),
+    ("gamma-zero", _set("arm", "gamma", 0), "[arm.0] key 'gamma'", "must be in 1..64 for draft 'hf', got 0", True),
+    ("gamma-65", _set("arm", "gamma", 65), "[arm.0] key 'gamma'", "must be in 1..64 for draft 'hf', got 65", True),
+    ("gamma-negative", _set("arm", "gamma", -1), "[arm.0] key 'gamma'", "got -1", True),
     ("arm-name-space", _set("arm", "name", "a b"), "[arm.0] key 'name'", "must be a word", True),
     ("arm-name-int", _set("arm", "name", 3), "[arm.0] key 'name'", "must be a word", True),
     ("arm-names-clash", lambda d: [a.__setitem__("name", "x") for a in d["arm"]], "[arm] key 'name'",
-     "arm names must be unique", False),
+     "arm names must be unique", True),
     ("select-string", _set("arm", "select", "yes"), "[arm.0] key 'select'", "must be true or false", True),
     ("fallback-int", _set("arm", "fallback", 3), "[arm.0] key 'fallback'", "must be another arm's name", True),
-    ("fallback-unknown", _set("arm", "fallback", "nope"), "[arm.0] key 'fallback'", "must name another arm", False),
+    ("fallback-unknown", _set("arm", "fallback", "nope"), "[arm.0] key 'fallback'", "must name another arm", True),
     ("use-int", _set("arm", "use", 3), "[arm.0] key 'use'", "must be a component's name (a string), got 3", True),
-    ("use-unknown", _set("arm", "use", "hff"), "[arm.0] key 'use'", "hff", False),
-    ("use-missing", _drop("arm", "use"), "[arm.0] key 'use'", "missing: name a draft component", False),
+    ("use-unknown", _set("arm", "use", "hff"), "[arm.0] key 'use'", "hff", True),
+    ("use-missing", _drop("arm", "use"), "[arm.0] key 'use'", "missing: name a draft component", True),
     ("arm-unknown-key", _set("arm", "gama", 3), "[arm.0] key 'gama'",
-     "; the arm's own: use, gamma, name, fallback, select; did you mean 'gamma'?", False),
+     "; the arm's own: use, gamma, name, fallback, select; did you mean 'gamma'?", True),
     ("target-use-int", _set("target", "use", 1), "[target] key 'use'", "must be a component's name", True),
-    ("target-use-unknown", _set("target", "use", "tf"), "[target] key 'use'", "tf", False),
-    ("target-unknown-key", _set("target", "modle", "x"), "[target] key 'modle'", "unknown key for target 'hf'", False),
+    ("target-use-unknown", _set("target", "use", "tf"), "[target] key 'use'", "tf", True),
+    ("target-unknown-key", _set("target", "modle", "x"), "[target] key 'modle'", "unknown key for target 'hf'", True),
     ("target-dtype", _set("target", "dtype", "float8"), "[target] key 'dtype'",
-     "'dtype' must be in ('auto', 'float32', 'float64', 'bfloat16', 'float16') (got 'float8')", False),
+     "'dtype' must be in ('auto', 'float32', 'float64', 'bfloat16', 'float16') (got 'float8')", True),
     ("target-model-missing", _set("target", "model", "/nowhere/model"), "[target] key 'model'",
-     "is neither an existing directory nor a known model name (known: smollm2-135m-instruct, ", False),
+     "is neither an existing directory nor a known model name (known: smollm2-135m-instruct, ", True),
     ("device-not-a-device", _set("target", "device", "tpu"), "[target] key 'device'", "is not a torch device", False),
-    ("verifier-unknown", _set("verifier", "use", "strict"), "[verifier] key 'use'", "strict", False),
+    ("verifier-unknown", _set("verifier", "use", "strict"), "[verifier] key 'use'", "strict", True),
     ("reward-unknown", _set("selector", "reward", "speed"), "[selector] key 'reward'", "must be one of", True),
     ("batch-zero", _set("selector", "speculate_max_batch", 0), "[selector] key 'speculate_max_batch'",
      "must be an integer >= 1", True),
@@ -244,9 +246,9 @@ CONFIG_ROWS: list[tuple[str, Edit, str, str, bool]] = [
      "must be an integer >= 1", True),
     ("draw-ahead-string", _set("selector", "draw_ahead", "yes"), "[selector] key 'draw_ahead'",
      "must be true or false", True),
-    ("first-unknown", _set("selector", "first", "nope"), "[selector] key 'first'", "must name an arm", False),
-    ("selector-unknown", _set("selector", "use", "ucb2"), "[selector] key 'use'", "ucb2", False),
-    ("selector-unknown-key", _set("selector", "window", 3), "[selector] key 'window'", "unknown key", False),
+    ("first-unknown", _set("selector", "first", "nope"), "[selector] key 'first'", "must name an arm", True),
+    ("selector-unknown", _set("selector", "use", "ucb2"), "[selector] key 'use'", "ucb2", True),
+    ("selector-unknown-key", _set("selector", "window", 3), "[selector] key 'window'", "unknown key", True),
     ("generation-unknown-key", _set("generation", "temprature", 1.0), "[generation] key 'temprature'",
      "unknown key for generation settings", True),
     ("generation-not-a-table", _whole("generation", 3), "[generation]", "must be a table, got int", True),
@@ -255,7 +257,8 @@ CONFIG_ROWS: list[tuple[str, Edit, str, str, bool]] = [
 
 @pytest.mark.parametrize(("edit", "where", "fragment", "early"), [r[1:] for r in CONFIG_ROWS], ids=[r[0] for r in CONFIG_ROWS])
 def test_bad_config_key(
-    edit: Edit, where: str, fragment: str, early: bool, models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    edit: Edit, where: str, fragment: str, early: bool, models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     data = _base(models)
     edit(data)
@@ -266,10 +269,17 @@ def test_bad_config_key(
     assert "Attribute(" not in line, line  # attrs' own repr is not for users
     if early:
         with pytest.raises(ConfigError) as info:
-            check_config_file(path)
+            _check_before_torch(path, monkeypatch)
         assert str(info.value) == line
-    else:  # needs the component's config class, so the plugins, so torch: refused after that import
-        check_config_file(path)
+    else:  # needs torch (a device the machine has): refused after that import
+        _check_before_torch(path, monkeypatch)
+
+
+def _check_before_torch(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command line's checks before its torch import, with torch unimportable as if not loaded yet."""
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "torch", None)  # type: ignore[arg-type]
+        check_components(check_config_file(path), build_catalogue(autoload=False), str(path), path.parent)
 
 
 @pytest.mark.parametrize(

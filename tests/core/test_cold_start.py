@@ -35,9 +35,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _config(models: Path, tmp_path: Path, selector: str = "") -> str:
+def _config(models: Path, tmp_path: Path, selector: str = "", target: str = "") -> str:
     path = tmp_path / "c.toml"
-    path.write_text(f'[target]\nmodel = "{models / "target"}"\ndtype = "float32"\n'
+    path.write_text(f'[target]\nmodel = "{models / "target"}"\ndtype = "float32"\n{target}'
                     f'[[arm]]\nuse = "prompt_lookup"\ngamma = 2\n[selector]\nuse = "ucb1"\n{selector}'
                     "[generation]\nmax_new_tokens = 3\n")
     return str(path)
@@ -72,14 +72,25 @@ def test_on_a_terminal_the_line_shows_before_the_import(
 def test_on_a_terminal_a_mistake_found_during_the_wait_is_the_only_line(
     models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A component key is checked once the plugins are imported: the announcement gives way to the error."""
+    """A device the machine lacks is found once torch is imported: the announcement gives way to the error."""
     terminal = _Terminal()
     monkeypatch.setattr("sys.stderr", terminal)
-    path = _config(models, tmp_path, selector="window = 3\n")
+    path = _config(models, tmp_path, target='device = "cuda:99"\n')
     assert main(["generate", "t1", "--config", path]) == 2
     written = terminal.getvalue()
     assert written.startswith(f"[flashspec] {LOADING}{ERASE}"), written  # it was shown, then erased
     (line,) = shown(written)
+    assert line.startswith(f"flashspec: error: {path}: [target] key 'device': device 'cuda:99' is not on this machine"), line
+
+
+def test_a_component_key_is_refused_before_the_wait(models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Component names and keys are checked against the plugins' light keys modules: no announcement, no import."""
+    terminal = _Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    monkeypatch.setattr(build, "load_pipeline", lambda *args, **kwargs: pytest.fail("the plugins were loaded"))
+    path = _config(models, tmp_path, selector="window = 3\n")
+    assert main(["generate", "t1", "--config", path]) == 2
+    (line,) = shown(terminal.getvalue())
     assert line.startswith(f"flashspec: error: {path}: [selector] key 'window': unknown key"), line
 
 
