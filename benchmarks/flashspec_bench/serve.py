@@ -171,8 +171,14 @@ def audit(requests: Sequence[Request], references: Sequence[str] | None) -> dict
 # ------------------------------------------------------------------ the servers
 
 
+# The engine warms up before the server listens (flashspec_serve.warmup): graphs for every slot
+# count it can run, which on the first server over a pipeline can take minutes on the GPU.
+SERVER_START_S = 900.0
+
+
 @contextmanager
-def serving(pipeline: Any, max_batch: int, model: str = "bench") -> Iterator[str]:
+def serving(pipeline: Any, max_batch: int, model: str = "bench", start_s: float = SERVER_START_S,
+            say: Callable[[str], None] | None = None) -> Iterator[str]:
     """The app over ``pipeline`` on a free port of 127.0.0.1 while the block runs; yields its URL."""
     import uvicorn
 
@@ -184,11 +190,13 @@ def serving(pipeline: Any, max_batch: int, model: str = "bench") -> Iterator[str
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=600))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 60
+    t0 = time.monotonic()
     while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the server did not start")
+        if time.monotonic() > t0 + start_s or not thread.is_alive():
+            raise RuntimeError(f"the server did not start within {start_s:.0f} s (warm-up included)")
         time.sleep(0.01)
+    if say is not None:
+        say(f"server started in {time.monotonic() - t0:.1f} s (engine warm-up included)")
     try:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
@@ -544,7 +552,7 @@ def bench_ours(config: dict[str, Any], base_dir: Path | None, spec: Load, plain:
         references = [t[2] for t in timed]
         rows["offline"] = {"c1": offline_row(timed, plan(1, spec.per_client, len(spec.prompts))[0])}
         say(f"offline c1: {rows['offline']['c1']}")
-    with serving(pipeline, max(spec.concurrency + (plain.concurrency if plain else ()))) as url:
+    with serving(pipeline, max(spec.concurrency + (plain.concurrency if plain else ())), say=say) as url:
         warm_up(url, "bench", spec.prompts, spec.max_tokens, spec.sampling, True)
         rows[name], requests[name] = levels(url, "bench", spec, True, say, name)
         if plain is not None:
