@@ -8,7 +8,7 @@ kernel. Off the GPU, or with capture disabled, the function simply runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
@@ -42,14 +42,19 @@ class GraphCache:
         self._graphs.clear()
         self._pool = None  # freed with its last graph: a capture into it would fail an allocator assert
 
-    def __call__(self, key: Hashable, fn: Callable[..., Any], *args: torch.Tensor) -> Any:
+    def __call__(self, key: Hashable, fn: Callable[..., Any], *args: torch.Tensor,
+                 idle: Callable[..., Sequence[torch.Tensor]] | None = None) -> Any:
+        """``idle(*args)``: inputs on which ``fn`` changes nothing, for an ``fn`` that changes state
+        in place and is not idempotent (a slot move): a capture's warm-ups run ``fn``, so on
+        ``args`` the first call would make the change three times; on ``idle`` they make none
+        and the replay makes it once."""
         if not self.enabled:
             self.keys.add(key)
             return fn(*args)
         entry = self._graphs.get(key)
         if entry is None:  # a key asked for is captured or already held: record it here, off the replay path
             self.keys.add(key)
-            entry = self._graphs[key] = self._capture(fn, args)
+            entry = self._graphs[key] = self._capture(fn, args if idle is None else tuple(idle(*args)))
             self.captures += 1
         graph, inputs, out = entry
         for dst, src in zip(inputs, args, strict=True):
