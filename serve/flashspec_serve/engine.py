@@ -194,7 +194,7 @@ class Engine:
         self.rebuilds = 0
         self.row_prefills = 0
         self.warmed: warmup.Warmup | None = None  # what start(warmup=True)'s warm-up did
-        self._warm = False
+        self._warm, self._level = False, "full"
         self._ready = threading.Event()
         self._warm_error: BaseException | None = None
         self._counters: list[Any] = []  # the graph caches whose captures count as captures while serving
@@ -206,9 +206,10 @@ class Engine:
 
     # ------------------------------------------------------------------ the app's side
 
-    def start(self, warmup: bool = False) -> None:
-        """Start the engine's thread; with ``warmup`` it warms up first (:meth:`wait_ready`)."""
-        self._warm = warmup
+    def start(self, warmup: bool = False, level: str = "full") -> None:
+        """Start the engine's thread; with ``warmup`` it warms up first, at ``level`` (a key of
+        :data:`flashspec_serve.warmup.LEVELS`; :meth:`wait_ready`)."""
+        self._warm, self._level = warmup, level
         self._thread.start()
 
     def wait_ready(self) -> warmup.Warmup | None:
@@ -292,8 +293,9 @@ class Engine:
         counters' baseline; False where the warm-up failed (the engine then serves nothing)."""
         try:
             if self._warm:
-                self.warmed = w = warmup.warm_up(self.pipeline, self.slot_sizes(), self.context, self.per_row)
-                log.info("engine_warmed_up", seconds=round(w.seconds, 3), captures=w.captures,
+                self.warmed = w = warmup.warm_up(self.pipeline, self.slot_sizes(), self.context, self.per_row,
+                                                 level=self._level)
+                log.info("engine_warmed_up", level=w.level, seconds=round(w.seconds, 3), captures=w.captures,
                          prewarmed=w.prewarmed, steps=w.steps, sizes=list(w.sizes), lengths=list(w.lengths))
             self._counters = warmup.graph_counters(self.pipeline)
             self._captures = warmup.graph_captures(self._counters)
@@ -379,6 +381,7 @@ class Engine:
         for provider in {id(a.provider): a.provider for a in self.pipeline.policy.arms}.values():
             cast(ResetsRows, provider).reset_rows(seats)
         cast(PrefillsRows, self.pipeline.target).prefill_rows(self._tokens, self._lengths, seats)
+        self.pipeline.policy.catch_up(self._tokens, self._lengths)  # host-side indexing while the device prefills
         self.row_prefills += len(seats)
         self.metrics.row_prefills.inc(len(seats))
         self.metrics.rebuild_tokens.inc(sum(self._lengths[b] for b in seats))
@@ -405,6 +408,7 @@ class Engine:
         self._sampling = self._row_sampling()
         self.pipeline.policy.begin(len(rows))
         self.pipeline.target.prefill(self._tokens, self._lengths)
+        self.pipeline.policy.catch_up(self._tokens, self._lengths)
         self.rebuilds += 1
         self.metrics.rebuilds.inc()
         self.metrics.rebuild_tokens.inc(sum(len(r.sequence) for r in rows))

@@ -267,3 +267,24 @@ def test_reset_rows_starts_a_provider_row_over(tiny_models: dict[str, Path], bac
         provider.reset_rows([1])
         got = provider.propose(tokens, [8, 10], 3, GREEDY, None).tokens
         assert torch.equal(got, reference.propose(tokens, [8, 10], 3, GREEDY, None).tokens), type(provider).__name__
+
+
+def test_the_engine_hands_each_new_sequence_to_catching_up_providers_after_its_prefill(
+        tiny_models: dict[str, Path], alone: Pipeline) -> None:
+    """A provider with CatchesUp sees the batch right after the whole-batch prefill and right
+    after each join's row prefill, with the joiner's sequence in its slot."""
+    pipeline = _pipeline(tiny_models)
+    calls = Calls(pipeline.target)
+
+    class Ahead:
+        def catch_up(self, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
+            calls.log.append(("catch_up", list(lengths)))
+
+    pipeline.policy.arms[0].provider.catch_up = Ahead().catch_up  # type: ignore[attr-defined]
+    first = [Job(LONG, 20, GREEDY), Job(SHORT, 8, GREEDY), Job(OTHER, 16, GREEDY)]  # four slots, one free
+    later = {1: [Job(THIRD, 12, GREEDY)]}
+    _engine, outs = _run(pipeline, first, later)
+    assert outs == [_expected(alone, job) for job in first + later[1]]
+    kinds = [c[0] for c in calls.log]
+    assert kinds[:4] == ["all", "catch_up", "rows", "catch_up"]
+    assert calls.log[3][1][calls.log[2][1][0]] == len(THIRD)  # the joiner's slot holds its prompt
