@@ -37,7 +37,9 @@ Algorithms and the papers they follow:
   ``(1, rows, rows * width)``, shrunk toward a fit over all arms whose slopes are shared
   (the target's forward costs the same whichever arm drafted). It plays the
   argmax of ``rows * (E[accepted] + 1) / step time`` at the live rows, both factors
-  drawn from their posteriors. It needs the policy's optional ``see_rows`` and
+  drawn from their posteriors; in a static batch (``static_batch``) the acceptance is
+  scaled to the least of the live rows' counts, since the batch ends with its slowest row.
+  It needs the policy's optional ``see_rows`` and
   ``observe`` calls (:class:`~flashspec_core.contracts.ObservesSteps`); fed rewards
   alone it is plain Thompson sampling.
 
@@ -227,6 +229,15 @@ def chain_acceptance_prior(width: Any) -> Any:
     return np.interp(w, np.arange(top + 1), sums)
 
 
+def expected_least(counts: np.ndarray, rows: int) -> np.ndarray:
+    """The mean of the least of ``rows`` accepted counts drawn independently from each arm's
+    histogram ``counts[k, j]`` (rows that accepted ``j`` tokens): ``sum_{j >= 1} P(X >= j)^rows``
+    (``[K] float64``; the plain mean at one row, 0 for an arm without counts)."""
+    n = counts.sum(1, keepdims=True)  # [K, 1]
+    at_least = 1.0 - np.cumsum(counts, 1)[:, :-1] / np.maximum(n, 1.0)  # [K, M]: P(X >= j), j = 1..M
+    return (np.clip(at_least, 0.0, 1.0) ** max(int(rows), 1)).sum(1) * (n[:, 0] > 0)
+
+
 def predicted_throughput(rows: int, accepted: Any, step_s: Any) -> Any:
     """Tokens per second of a step over ``rows`` rows that accepts ``accepted`` draft
     tokens per row (each row also emits the target's own token) in ``step_s`` seconds
@@ -370,7 +381,15 @@ class FactoredConfig:
     ``ridge``: steps' worth of the fit over all arms (shared slopes) in each arm's own
     fit (so an arm seen at a few batch sizes borrows the slopes from the others); ``outlier``: a step
     slower than this many times its arm's predicted time is left out of the cost fit
-    (a CUDA graph capture, not the arm's cost; 0: keep every step); ``seed`` as for
+    (a CUDA graph capture, not the arm's cost; 0: keep every step); ``static_batch``:
+    rows that finish are not replaced until the whole batch is done (``generate`` and the
+    bench; turn off where new requests join the running batch), so a step brings the
+    batch's end closer only by what its slowest row gains, and each arm's acceptance is
+    scaled by the least of the live rows' counts over their mean
+    (:func:`expected_least`): rows that accept many tokens finish early and leave the
+    batch waiting on a row that accepted none, each step paying for the wider forward
+    (on the H200 replay, plain decoding beat every draft from batch 8 up though the
+    drafts emitted more tokens per second of full-batch step); ``seed`` as for
     ``thompson``."""
 
     initial: int = attrs.field(default=1, validator=_int_at_least(0))
@@ -378,7 +397,13 @@ class FactoredConfig:
     prior_rows: float = attrs.field(default=1.0, validator=_positive_number)
     ridge: float = attrs.field(default=2.0, validator=_positive_number)
     outlier: float = attrs.field(default=5.0)
+    static_batch: bool = attrs.field(default=True)
     seed: int | None = attrs.field(default=None, validator=_optional_int_at_least(0))
+
+    @static_batch.validator
+    def _check_static_batch(self, attr: attrs.Attribute[Any], value: object) -> None:
+        if not isinstance(value, bool):
+            raise ValueError(f"{attr.name} must be true or false, got {value!r}")
 
     @outlier.validator
     def _check_outlier(self, attr: attrs.Attribute[Any], value: object) -> None:
@@ -680,6 +705,8 @@ class Factored:
     and slopes shared by every arm (:func:`shared_slopes_fit`), worth ``ridge`` steps (so
     the slopes carry over to batch sizes the arm has not played at), and plays ``argmax_k rows (a_k + 1) / (x(rows, width_k) .
     beta_k)``. An arm that never drafts (``none``) has width 0 and ``a_k = 0`` exactly.
+    With ``static_batch`` the draw ``a_k`` is scaled by :func:`expected_least` at the live
+    rows over its value at one row, from a histogram of the arm's accepted counts per row.
     Each arm's first ``warmup`` steps count toward its acceptance but not its cost: the
     first step of a draft model pays for its prefill of the prompt, and one step priced
     at that would rule the arm out for the rest of a short request.
@@ -691,11 +718,13 @@ class Factored:
         self.initial, self.warmup = int(config.initial), int(config.warmup)
         self.prior_rows = float(config.prior_rows)
         self.ridge, self.outlier = float(config.ridge), float(config.outlier)
+        self.static_batch = bool(config.static_batch)
         self.rng = np.random.default_rng(config.seed)
         self.rows = 1  # live rows of the step to choose for
         self.steps = np.zeros(self.num_arms)  # [K] steps observed (outliers included)
         self.acc = np.zeros((3, self.num_arms))  # [3, K] rows, sum, sum of squares of accepted per row
         self.width = np.zeros(self.num_arms)  # [K] sum of widths over observed steps
+        self.counts = np.zeros((self.num_arms, 1))  # [K, M + 1] rows that accepted 0..M tokens
         # Cost fit sums weighted by 1 / time^2: a step's noise grows with its time (a batch of
         # 32 varies by milliseconds, a batch of 1 by tens of microseconds), so errors are relative.
         self.xtx = np.zeros((self.num_arms, 3, 3))  # [K, 3, 3] sum of w x x^T
@@ -766,7 +795,11 @@ class Factored:
         spread = np.sqrt(np.maximum(np.einsum("ki,kij,kj->k", x, cov, x), 0.0))
         step_s = np.einsum("ki,ki->k", x, mean) + spread * self.rng.standard_normal(self.num_arms)
         step_s = np.maximum(step_s, max(0.5 * self.fastest, 1e-9))  # no step is near-free
-        scores = predicted_throughput(self.rows, self._draw_accepted(width), step_s)
+        accepted = self._draw_accepted(width)
+        if self.static_batch and self.rows > 1:
+            mean = expected_least(self.counts, 1)
+            accepted = accepted * np.where(mean > 0, expected_least(self.counts, self.rows) / np.maximum(mean, 1e-12), 1.0)
+        scores = predicted_throughput(self.rows, accepted, step_s)
         return _argmax(scores.tolist())
 
     def observe(self, arm: int, rows: int, width: int, accepted: Sequence[int], step_s: float) -> None:
@@ -784,6 +817,11 @@ class Factored:
         self.outstanding[arm] = max(self.outstanding[arm] - 1, 0)
         self.width[arm] += width
         self.acc[:, arm] += (counts.size, counts.sum(), (counts * counts).sum())
+        if counts.size:
+            top = int(counts.max())
+            if top >= self.counts.shape[1]:
+                self.counts = np.pad(self.counts, ((0, 0), (0, top + 1 - self.counts.shape[1])))
+            np.add.at(self.counts[arm], counts.astype(np.int64), 1.0)
         if not skip:
             self._cache = None
             self.fitted[arm] += 1
