@@ -27,8 +27,20 @@ from flashspec_core.pipeline import Pipeline
 from flashspec_serve.engine import ContextError, Engine, EngineClosed, Event, Handle, Job, QueueFull, Speculation
 from flashspec_serve.metrics import Metrics
 from flashspec_serve.protocol import APIError, ChatBody, CompletionBody, Sampling, chat_messages, parse, sampling_of
+from flashspec_serve.warmup import LEVELS
+
+DEFAULT_WARMUP = "basic"  # a bounded start (flashspec_serve.warmup); "full" leaves no capture to a request
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+
+
+def warmup_level(value: bool | str) -> str:
+    """A warm-up level's name; True is :data:`DEFAULT_WARMUP`, False ``"off"``."""
+    if isinstance(value, bool):
+        return DEFAULT_WARMUP if value else "off"
+    if value != "off" and value not in LEVELS:
+        raise ValueError(f"warm-up level {value!r}: one of {', '.join([*LEVELS, 'off'])}")
+    return value
 
 
 @attrs.frozen
@@ -39,18 +51,20 @@ class ServeSettings:
     context: int | None = None  # None: the target's own (engine.context_length)
     shutdown_grace_s: float = 10.0
     retry_after_s: int = 1
-    warmup: bool = True  # warm the engine (flashspec_serve.warmup) before the server takes requests
+    # how much the engine warms up before the server takes requests (flashspec_serve.warmup):
+    # "full", "basic" or "off"; True is the default level, False "off"
+    warmup: str = attrs.field(default=DEFAULT_WARMUP, converter=warmup_level)
 
 
 def create_app(pipeline: Pipeline, settings: ServeSettings) -> FastAPI:
-    """An app whose engine starts (warmed up, unless ``settings.warmup`` is off) with the app's
-    lifespan and stops (gracefully) with it."""
+    """An app whose engine starts (warmed up at ``settings.warmup``'s level, unless it is off)
+    with the app's lifespan and stops (gracefully) with it."""
     metrics = Metrics()
     engine = Engine(pipeline, metrics, settings.max_batch, settings.max_waiting, settings.context)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        engine.start(warmup=settings.warmup)
+        engine.start(warmup=settings.warmup != "off", level=settings.warmup)
         await asyncio.to_thread(engine.wait_ready)  # the server accepts no connection before this
         yield
         await asyncio.to_thread(engine.stop, settings.shutdown_grace_s)

@@ -14,6 +14,8 @@ from pathlib import Path
 from flashspec_core.cli import DEFAULT_CONFIG, bundled_config
 from flashspec_core.config import check_config_file
 
+WARMUP_LEVELS = ("full", "basic", "off")  # flashspec_serve.warmup.LEVELS and "off" (named here: it imports torch)
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flashspec serve", description="An OpenAI-compatible server over a pipeline.")
@@ -26,9 +28,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, help="context in tokens (default: the target's)")
     p.add_argument("--shutdown-grace", type=float, default=10.0, metavar="S",
                    help="seconds running requests get to finish on shutdown before they are aborted")
-    p.add_argument("--no-warmup", action="store_true",
-                   help="take requests at once, without warming up (graph captures and compiles then fall "
-                        "inside the first requests; for tests and development)")
+    p.add_argument("--warmup", choices=WARMUP_LEVELS, default="basic",
+                   help="graph captures made before the server listens: full (every slot count, span and width: "
+                        "no capture left to a request, minutes on a GPU), basic (sequences up to 512 tokens, no "
+                        "draft prewarm: a longer request captures its graphs then), off (default: %(default)s)")
+    p.add_argument("--no-warmup", dest="warmup", action="store_const", const="off",
+                   help="--warmup off: take requests at once (captures and compiles then fall inside the first "
+                        "requests; for tests and development)")
     return p
 
 
@@ -50,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pipeline = load_pipeline(config, progress=lambda msg: print(f"[flashspec] {msg}", file=sys.stderr, flush=True))
     settings = ServeSettings(model_name=args.served_model_name or model_name(pipeline.config),
                              max_batch=args.max_batch, max_waiting=args.max_waiting, context=args.max_model_len,
-                             shutdown_grace_s=args.shutdown_grace, warmup=not args.no_warmup)
+                             shutdown_grace_s=args.shutdown_grace, warmup=args.warmup)
     app = create_app(pipeline, settings)
     uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=int(args.shutdown_grace) + 1)
     return 0

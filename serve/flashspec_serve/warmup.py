@@ -19,8 +19,20 @@ so caches are allocated once):
   one, one row and then two re-seated and prefilled alone (``prefill_rows``: its compiled
   ops specialize one row apart from several), each join followed by a step.
 
+That is the ``full`` level. Its cost is slot counts x spans x widths: for ``max_batch`` 64
+and ``configs/gpu.toml`` 1,008 captures (per slot count 90 of the draft, most from its
+prewarm over every span of the cache, and 54 of the target; ``benchmarks/warmup_keys.py``).
+The ``basic`` level (the server's default) keeps every slot count, draft width and sampling
+setting but warms only sequences of up to :data:`BASIC_LONGEST` tokens and leaves out the
+drafts' prewarm (whose loop covers every span up to the cache's end): the dummy steps still
+capture each draft's loop and catch-up at those lengths, and a request that grows past them,
+or a draft catching up at a width they did not meet, captures its graph then (counted by
+``flashspec:graph_captures_while_serving``). That is 369 captures for the same config and
+batch. ``off`` warms nothing.
+
 The selectors and reward scorers never see these steps (a one-arm selector and copies of
-the scorers play them), and neither do the pipeline's logger and step observers.
+the scorers play them), and neither do the pipeline's logger and step observers. One log
+line per slot count (``engine_warm_up_progress``) says how far it is.
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import attrs
+import structlog
 import torch
 
 from flashspec_core.config import GenerationDefaults
@@ -48,9 +61,33 @@ from flashspec_core.contracts import (
 from flashspec_core.pipeline import Pipeline
 from flashspec_core.policy import Arm, StepPolicy
 
+log = structlog.get_logger("flashspec_serve")
+
 PATTERN = 6  # dummy sequences repeat tokens 1..PATTERN, so a lookup finds matches in them
 JOINS = 2  # per-row joins per dummy batch: one row, then two
 SAMPLED = SamplingParams(temperature=1.0)  # a sampled setting, for the verifier's sampling path
+# basic's longest dummy sequence: a 256-token prompt and the 256 new tokens of configs/gpu.toml's
+# [generation]; it reaches spans of 128..512 slots, 3 of a 2,048-slot cache's 5
+BASIC_LONGEST = 512
+
+
+@attrs.frozen
+class Level:
+    """How much a warm-up covers (module docstring)."""
+
+    name: str
+    prewarm: bool  # run the drafts' own prewarm (every span of their cache)
+    longest: int | None  # longest dummy sequence, tokens (None: up to the context)
+
+    def limit(self, context: int | None) -> int | None:
+        """The longest dummy sequence in a ``context``-token model (None: unknown, see :func:`warm_lengths`)."""
+        if self.longest is None or context is None:
+            return context if self.longest is None else self.longest
+        return min(context, self.longest)
+
+
+LEVELS = {level.name: level for level in (Level("full", prewarm=True, longest=None),
+                                          Level("basic", prewarm=False, longest=BASIC_LONGEST))}
 
 
 @attrs.frozen
@@ -63,6 +100,7 @@ class Warmup:
     steps: int  # decode steps run on dummy batches
     sizes: tuple[int, ...]  # slot counts warmed, largest first
     lengths: tuple[int, ...]  # dummy sequence lengths warmed at each slot count
+    level: str = "full"
 
 
 def slot_sizes(max_batch: int, per_row: bool) -> list[int]:
@@ -103,24 +141,38 @@ def warm_samplings(pipeline: Pipeline) -> list[SamplingParams]:
 
 
 def warm_up(pipeline: Pipeline, sizes: Sequence[int], context: int | None, per_row: bool,
-            samplings: Sequence[SamplingParams] | None = None) -> Warmup:
-    """Run the warm-up (module docstring) at slot counts ``sizes`` and ``samplings`` (default:
-    :func:`warm_samplings`); the batch is left for the engine's next rebuild to replace."""
+            samplings: Sequence[SamplingParams] | None = None, level: str = "full") -> Warmup:
+    """Run the warm-up (module docstring) at slot counts ``sizes``, ``samplings`` (default:
+    :func:`warm_samplings`) and ``level`` (a key of :data:`LEVELS`), logging its progress after
+    each slot count; the batch is left for the engine's next rebuild to replace."""
+    plan = LEVELS[level]
     samplings = list(samplings) if samplings is not None else warm_samplings(pipeline)
     counters, t0 = graph_counters(pipeline), time.perf_counter()
     before = graph_captures(counters)
     own = list(pipeline.policy.arms)
     schedule = plays(own, samplings)
     gamma = max(a.gamma for a, _ in schedule)
-    lengths = warm_lengths(context, _room(len(schedule), gamma))
+    lengths = warm_lengths(plan.limit(context), _room(len(schedule), gamma))
     prewarmed = steps = 0
     order = tuple(sorted(set(sizes), reverse=True))  # the largest allocates every cache once
     with _quiet(pipeline), _forced(pipeline.policy) as force:
-        for size in order:
-            prewarmed += prewarm_drafts(own, size, samplings)
+        for done, size in enumerate(order, 1):
+            if plan.prewarm:
+                prewarmed += prewarm_drafts(own, size, samplings)
             for length in lengths:
                 steps += _warm_batch(pipeline, force, schedule, size, length, per_row)
-    return Warmup(time.perf_counter() - t0, graph_captures(counters) - before, prewarmed, steps, order, tuple(lengths))
+            seconds = time.perf_counter() - t0
+            log.info("engine_warm_up_progress", level=level, size=size, sizes_done=done, sizes=len(order),
+                     seconds=round(seconds, 3), captures=graph_captures(counters) - before,
+                     remaining_s=round(remaining(seconds, done, len(order)), 1))
+    return Warmup(time.perf_counter() - t0, graph_captures(counters) - before, prewarmed, steps, order,
+                  tuple(lengths), level)
+
+
+def remaining(seconds: float, done: int, total: int) -> float:
+    """Seconds the slot counts left should take at the mean pace so far: an over-estimate, since
+    the largest counts, the slowest steps, come first."""
+    return seconds / done * (total - done) if done else 0.0
 
 
 def plays(arms: Sequence[Arm], samplings: Sequence[SamplingParams]) -> list[tuple[Arm, SamplingParams]]:

@@ -1,5 +1,6 @@
 """The engine's warm-up: every arm at every slot count before the first request, the server
-closed until it ends, ``--no-warmup``, and graph captures after it counted as a metric."""
+closed until it ends, its levels (``--warmup``, ``--no-warmup``) and progress lines, and graph
+captures after it counted as a metric."""
 
 from __future__ import annotations
 
@@ -147,14 +148,14 @@ def test_captures_after_the_warm_up_are_counted_as_a_metric(tiny_models: dict[st
     assert value == served
 
 
-def _blocked_warm_up(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[int]]:
-    """warm_up waits for the returned event; the list counts its calls."""
+def _blocked_warm_up(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[str]]:
+    """warm_up waits for the returned event; the list holds the level of each call."""
     release, calls = threading.Event(), []
 
-    def warm_up(*_args: Any, **_kw: Any) -> warmup.Warmup:
-        calls.append(1)
+    def warm_up(*_args: Any, level: str = "full", **_kw: Any) -> warmup.Warmup:
+        calls.append(level)
         assert release.wait(30)
-        return warmup.Warmup(0.5, 3, 0, 7, (1,), (2,))
+        return warmup.Warmup(0.5, 3, 0, 7, (1,), (2,), level)
 
     monkeypatch.setattr(warmup, "warm_up", warm_up)
     return release, calls
@@ -168,7 +169,7 @@ def test_the_server_takes_no_request_before_its_warm_up_ends(tiny_models: dict[s
         srv.thread.start()
         try:
             time.sleep(0.5)
-            assert calls == [1] and not srv.server.started
+            assert calls == ["basic"] and not srv.server.started  # the server's default level
             with pytest.raises(httpx.TransportError):
                 httpx.get(f"{srv.url}/health", timeout=1.0)
             release.set()
@@ -180,7 +181,7 @@ def test_the_server_takes_no_request_before_its_warm_up_ends(tiny_models: dict[s
             release.set()
             srv.stop()
     line = next(e for e in logs if e["event"] == "engine_warmed_up")
-    assert line["seconds"] == 0.5 and line["captures"] == 3 and line["steps"] == 7
+    assert line["seconds"] == 0.5 and line["captures"] == 3 and line["steps"] == 7 and line["level"] == "basic"
 
 
 def test_no_warmup_serves_at_once(tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,7 +194,8 @@ def test_no_warmup_serves_at_once(tiny_models: dict[str, Path], monkeypatch: pyt
         srv.stop()
 
 
-def test_the_cli_flag_turns_the_warm_up_off(tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cli_picks_the_warm_up_level(tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--warmup`` takes each level, ``--no-warmup`` is ``off``, and the default is the bounded ``basic``."""
     import uvicorn
 
     import flashspec_core.build
@@ -201,9 +203,82 @@ def test_the_cli_flag_turns_the_warm_up_off(tiny_models: dict[str, Path], monkey
     apps: list[Any] = []
     monkeypatch.setattr(flashspec_core.build, "load_pipeline", lambda *_a, **_k: make_pipeline(tiny_models))
     monkeypatch.setattr(uvicorn, "run", lambda app, **_kw: apps.append(app))
-    assert cli.main(["--no-warmup"]) == 0
-    assert cli.main([]) == 0
-    assert [app.state.settings.warmup for app in apps] == [False, True]
+    for argv in (["--no-warmup"], [], ["--warmup", "full"], ["--warmup", "off"], ["--warmup", "basic"]):
+        assert cli.main(argv) == 0
+    assert [app.state.settings.warmup for app in apps] == ["off", "basic", "full", "off", "basic"]
+    assert set(cli.WARMUP_LEVELS) == {*warmup.LEVELS, "off"}
+    with pytest.raises(SystemExit):
+        cli.parser().parse_args(["--warmup", "most"])
+
+
+def test_settings_take_a_level_or_a_switch() -> None:
+    assert [ServeSettings(MODEL, warmup=w).warmup for w in (True, False, "full", "off")] == ["basic", "off", "full",
+                                                                                             "off"]
+    assert ServeSettings(MODEL).warmup == "basic"
+    with pytest.raises(ValueError, match="most"):
+        ServeSettings(MODEL, warmup="most")
+
+
+def test_basic_bounds_the_dummy_lengths_and_full_does_not() -> None:
+    full, basic = warmup.LEVELS["full"], warmup.LEVELS["basic"]
+    assert full.limit(2047) == 2047 and full.limit(None) is None
+    assert basic.limit(2047) == warmup.BASIC_LONGEST == basic.limit(None) and basic.limit(90) == 90
+    assert max(warmup.warm_lengths(basic.limit(2047), 234)) == 257  # gpu.toml's growth: spans 128..512
+    assert max(warmup.warm_lengths(full.limit(2047), 234)) == 1025
+
+
+def _levels_run(tiny_models: dict[str, Path], level: str) -> tuple[warmup.Warmup, list[tuple[int, int]], list[Any]]:
+    """A warm-up at ``level`` of the fast pipeline at slot counts 2 and 1: its record, the drafts'
+    prewarm calls (batch, gamma) and its progress log lines."""
+    pipeline = _fast_pipeline(tiny_models)
+    prewarms: list[tuple[int, int]] = []
+    for provider in {id(a.provider): a.provider for a in pipeline.policy.arms}.values():
+        if hasattr(provider, "prewarm"):
+            _spy(provider, "prewarm", prewarms, lambda b, g, _s: (b, g))
+    with capture_logs() as logs:
+        done = warmup.warm_up(pipeline, [1, 2], CONTEXT, per_row=True, level=level)
+    return done, prewarms, [e for e in logs if e["event"] == "engine_warm_up_progress"]
+
+
+def test_levels_differ_in_the_drafts_prewarm_only_at_a_short_context(tiny_models: dict[str, Path]) -> None:
+    """Below basic's bound both levels run the same dummy batches; only full runs the drafts' prewarm."""
+    full, full_prewarms, _ = _levels_run(tiny_models, "full")
+    basic, basic_prewarms, _ = _levels_run(tiny_models, "basic")
+    assert full.level == "full" and basic.level == "basic"
+    assert sorted(set(full_prewarms)) == [(b, g) for b in (1, 2) for g in (3,)] and basic_prewarms == []
+    assert basic.sizes == full.sizes == (2, 1) and basic.lengths == full.lengths == (2, 3, 5)
+    assert basic.steps == full.steps > 0
+    with pytest.raises(KeyError):
+        warmup.warm_up(_fast_pipeline(tiny_models), [1], CONTEXT, per_row=True, level="off")
+
+
+def test_a_progress_line_follows_each_slot_count(tiny_models: dict[str, Path]) -> None:
+    """One line per slot count, largest first, with the captures and seconds so far and an estimate
+    of the rest that reaches 0 at the last."""
+    pipeline = make_pipeline(tiny_models)
+    graphs = FakeGraphs()
+    pipeline.target.graphs = graphs  # type: ignore[attr-defined]
+    real = pipeline.target.score
+
+    def score(tokens: torch.Tensor, lengths: Sequence[int], draft: torch.Tensor) -> torch.Tensor:
+        graphs.captures += 1
+        return real(tokens, lengths, draft)
+
+    pipeline.target.score = score  # type: ignore[method-assign,assignment]
+    with capture_logs() as logs:
+        done = warmup.warm_up(pipeline, [1, 4, 2], CONTEXT, per_row=True, level="basic")
+    lines = [e for e in logs if e["event"] == "engine_warm_up_progress"]
+    assert [(e["size"], e["sizes_done"], e["sizes"]) for e in lines] == [(4, 1, 3), (2, 2, 3), (1, 3, 3)]
+    captures = [e["captures"] for e in lines]
+    assert captures == sorted(captures) and 0 < captures[0] < captures[-1] == done.captures == graphs.captures
+    assert [e["seconds"] for e in lines] == sorted(e["seconds"] for e in lines) and lines[-1]["seconds"] <= done.seconds
+    assert lines[0]["remaining_s"] > 0 and lines[-1]["remaining_s"] == 0 and all(e["level"] == "basic" for e in lines)
+
+
+def test_remaining_is_the_mean_pace_times_the_counts_left() -> None:
+    assert warmup.remaining(30.0, 2, 7) == 75.0
+    assert warmup.remaining(30.0, 7, 7) == 0.0
+    assert warmup.remaining(0.0, 0, 7) == 0.0
 
 
 def test_a_failed_warm_up_keeps_the_server_from_starting(tiny_models: dict[str, Path],

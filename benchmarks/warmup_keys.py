@@ -1,0 +1,11 @@
+"""CUDA graphs the server's warm-up captures at each level, counted on the CPU (no GPU needed).
+
+    python benchmarks/warmup_keys.py [--config flashspec_core/configs/gpu.toml] [--max-batch 64] [--levels basic,full]
+
+Prints JSON; see :mod:`flashspec_bench.warmup_keys`.
+"""
+
+from flashspec_bench.warmup_keys import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
