@@ -698,7 +698,8 @@ class Factored:
     State per arm ``k``: accepted tokens per row (count, sum, sum of squares over rows),
     the mean width it proposed, and the sums ``X^T X``, ``X^T y``, ``y^T y`` of its
     steps' times on :func:`cost_features`. ``select`` draws for each arm an acceptance
-    ``a_k ~ Normal(posterior mean, variance / (rows seen + prior_rows))`` (mean and
+    ``a_k ~ posterior mean + sqrt(variance / (rows seen + prior_rows)) t_nu``, ``t_nu`` a
+    Student-t draw with ``nu = rows seen + prior_rows`` degrees of freedom (mean and
     variance both carry ``prior_rows`` rows at :func:`chain_acceptance_prior`) clipped to
     ``[0, width_k]`` and cost coefficients ``beta_k ~ Normal(mean_k, sigma^2
     precision_k^-1)``, whose prior is the fit over all arms with the arm's own intercept
@@ -775,7 +776,9 @@ class Factored:
         squares = np.maximum(ss - s * s / np.maximum(n, 1.0), 0.0)
         var = (squares + self.prior_rows * prior * prior) / (n + self.prior_rows)
         mean = (s + self.prior_rows * prior) / (n + self.prior_rows)
-        draw = mean + np.sqrt(var / (n + self.prior_rows)) * self.rng.standard_normal(self.num_arms)
+        # Student-t, not normal: the spread is itself estimated, and a few unlucky equal counts
+        # read as a tight normal would keep a good arm unplayed for the rest of the run.
+        draw = mean + np.sqrt(var / (n + self.prior_rows)) * self.rng.standard_t(n + self.prior_rows)
         return np.clip(draw, 0.0, width)
 
     def select(self) -> int:
