@@ -677,6 +677,20 @@ class CatchesUp(Protocol):
         """Take in each row's sequence ``tokens[b, : lengths[b]]`` (``[B, L]`` int64, CPU)."""
 
 
+@runtime_checkable
+class SeesRefills(Protocol):
+    """Optional extra of an :class:`ArmSelector`: told whether rows that finish are replaced.
+
+    A fixed batch (``generate``) runs until its slowest row ends, so a selector may score a
+    draft by its least-accepting live row; a serving engine seats new requests in finished
+    rows' slots, where the mean row is the right score. The engine calls it once, before its
+    first step; without the call a selector assumes a fixed batch.
+    """
+
+    def rows_refilled(self, refilled: bool) -> None:
+        """Whether finished rows are replaced by new requests from now on."""
+
+
 # Every optional capability (docs/plugins.md documents each; a test checks it).
 CAPABILITIES: tuple[type, ...] = (
     RequestAware,
@@ -696,6 +710,7 @@ CAPABILITIES: tuple[type, ...] = (
     PrefillsRows,
     ResetsRows,
     CatchesUp,
+    SeesRefills,
 )
 
 

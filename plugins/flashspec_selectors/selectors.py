@@ -719,7 +719,7 @@ class Factored:
         self.initial, self.warmup = int(config.initial), int(config.warmup)
         self.prior_rows = float(config.prior_rows)
         self.ridge, self.outlier = float(config.ridge), float(config.outlier)
-        self.static_batch = bool(config.static_batch)
+        self.static_batch = self._static = bool(config.static_batch)
         self.rng = np.random.default_rng(config.seed)
         self.rows = 1  # live rows of the step to choose for
         self.steps = np.zeros(self.num_arms)  # [K] steps observed (outliers included)
@@ -741,6 +741,11 @@ class Factored:
         self._cache: tuple[np.ndarray, np.ndarray] | None = None  # the cost posterior (_posterior)
         self.beta = Thompson(ThompsonConfig(), self.num_arms)  # rewards-only fallback
         self.beta.rng = self.rng
+
+    def rows_refilled(self, refilled: bool) -> None:
+        """Where finished rows are replaced (a server) the mean row is the score, not the
+        least-accepting one (:class:`~flashspec_core.contracts.SeesRefills`)."""
+        self.static_batch = self._static and not refilled
 
     def see_rows(self, rows: int) -> None:
         self.rows = max(1, int(rows))

@@ -49,7 +49,15 @@ import attrs
 import structlog
 import torch
 
-from flashspec_core.contracts import HasContext, PrefillsRows, ResetsRows, RowSampling, SamplingParams, StepRecord
+from flashspec_core.contracts import (
+    HasContext,
+    PrefillsRows,
+    ResetsRows,
+    RowSampling,
+    SamplingParams,
+    SeesRefills,
+    StepRecord,
+)
 from flashspec_core.pipeline import Pipeline
 from flashspec_serve import warmup
 from flashspec_serve.metrics import Metrics
@@ -179,6 +187,9 @@ class Engine:
         self.max_batch, self.max_waiting = max_batch, max_waiting
         self.context = context if context is not None else context_length(pipeline)
         self.max_gamma = max(a.gamma for a in pipeline.arms)
+        for selector in pipeline.policy.selectors:  # finished rows' slots take new requests here
+            if isinstance(selector, SeesRefills):
+                selector.rows_refilled(True)
         self._cond = threading.Condition()
         self._waiting: collections.deque[Handle] = collections.deque()
         self._rows: list[_Row | None] = []  # the batch's slots: slot b holds row self._rows[b] (None: never filled)

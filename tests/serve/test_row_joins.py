@@ -288,3 +288,18 @@ def test_the_engine_hands_each_new_sequence_to_catching_up_providers_after_its_p
     kinds = [c[0] for c in calls.log]
     assert kinds[:4] == ["all", "catch_up", "rows", "catch_up"]
     assert calls.log[3][1][calls.log[2][1][0]] == len(THIRD)  # the joiner's slot holds its prompt
+
+
+def test_the_engine_tells_a_factored_selector_that_finished_rows_are_refilled(tiny_models: dict[str, Path]) -> None:
+    """generate's fixed batch waits on its slowest row (static_batch on); the server seats new
+    requests in finished rows, so its factored selector scores the mean row."""
+    config = pipeline_dict(tiny_models["target"], [tiny_models["close"]], "factored", dtype="float32")
+    pipeline = build_pipeline(config)
+    selector = pipeline.policy.selectors[0]
+    assert selector.static_batch  # type: ignore[attr-defined]
+    Engine(pipeline, max_batch=4)
+    assert not selector.static_batch  # type: ignore[attr-defined]
+    config["selector"] |= {"static_batch": False}
+    off = build_pipeline(config).policy.selectors[0]
+    off.rows_refilled(False)  # type: ignore[attr-defined]
+    assert not off.static_batch  # type: ignore[attr-defined]  # the config's choice stands
