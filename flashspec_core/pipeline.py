@@ -351,7 +351,9 @@ class Pipeline:
 
     def _score(self, tokens: torch.Tensor, lengths: list[int], draft: Draft) -> torch.Tensor:
         """The target's logits of the draft: [B, g + 1, V] (a tree: one row per node, after the root's)."""
-        ids = draft.tokens.to(self.target.device)
+        # Clamped so a draft id outside the vocabulary cannot index the target's embedding
+        # (an IndexError on the CPU, a device assert on CUDA) before the step's check names the draft.
+        ids = draft.tokens.to(self.target.device).clamp(0, self.target.vocab - 1)
         if draft.parents is None:
             return self.target.score(tokens, lengths, ids)
         return cast(ScoresTrees, self.target).score_tree(tokens, lengths, ids, draft.parents)

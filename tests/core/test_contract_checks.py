@@ -8,11 +8,13 @@ drafts and verifiers that break one rule each.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from _table import VOCAB, TableTarget
+from _tiny import tiny_lm
 
 from flashspec_core import ComponentSpec, Draft, SamplingParams, Verdict, hookimpl
 from flashspec_core.build import build_pipeline
@@ -134,3 +136,28 @@ def test_values_in_host_memory_are_refused_inside_the_pipeline_too() -> None:
     logits = torch.zeros((1, 2, VOCAB))
     with checks.checked_by_caller(), pytest.raises(VerifierInputError, match="^draft_probs: "):
         checks.verifier_inputs(logits, torch.zeros((1, 1), dtype=torch.long), torch.full((1, 1, VOCAB), 0.5))
+
+
+class OutsideDrafts:
+    """Drafts whose ids are outside the vocabulary, for a target with a real embedding."""
+
+    @hookimpl
+    def flashspec_draft_providers(self) -> list[ComponentSpec[Any]]:
+        return [ComponentSpec("above", "draft", lambda config, context: UniformDraft(bad_id=VOCAB + 3)),
+                ComponentSpec("padding", "draft", lambda config, context: UniformDraft(bad_id=-1))]
+
+
+@pytest.mark.parametrize("draft", ["above", "padding"])
+def test_ids_outside_the_vocabulary_never_reach_the_targets_embedding(draft: str, tmp_path: Path) -> None:
+    """The table target above indexes nothing; a model's embedding would raise IndexError (a device
+    assert on CUDA) before the step's check could name the draft."""
+    target = tiny_lm(tmp_path / "target", vocab=VOCAB, dtype=torch.float32)
+    config = {
+        "target": {"model": str(target), "dtype": "float32", "chat_template": False},
+        "arm": [{"use": draft, "gamma": 2, "name": "a"}],
+        "verifier": {"use": "reference"},
+        "selector": {"use": "fixed"},
+    }
+    pipeline = build_pipeline(config, build_registry(extra_plugins=[OutsideDrafts()]))
+    with pytest.raises(ContractViolation, match=rf"arm 'a' \(draft '{draft}'.*draft token ids outside \[0, vocab\)"):
+        pipeline.generate(["t1 t2"], max_new_tokens=3, temperature=0.0)
