@@ -344,9 +344,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", type=Path, required=True, help="JSONL: {'prompt': ..., 'domain': ...} per line")
     p.add_argument("--config", type=Path, required=True, help="FlashSpec pipeline TOML (its arms and selector)")
     p.add_argument("--out", type=Path, required=True, help="output folder (bench.json)")
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together per batch (default 1)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy, the default)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt at most (default 128)")
     p.add_argument("--no-prewarm", action="store_true",
                    help="do not capture the drafts' graphs before the warm-up (FastDraft.prewarm)")
     p.add_argument("--warmup", type=int, default=-1,
@@ -356,7 +356,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=1,
                    help="timed runs per system, after every system has warmed up; within a repeat the systems "
                         "take turns batch by batch and who goes first rotates with the batch and the repeat")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling and selector generators (default 0)")
     p.add_argument("--prompts", type=int, default=0, help="use only the first N prompts (0 = all)")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list from {','.join(SYSTEMS)}")
     p.add_argument("--hf-prompts", type=int, default=0, help="HF baselines on the first N prompts only (0 = all)")
@@ -378,9 +378,11 @@ def parser() -> argparse.ArgumentParser:
                    help="the float32 check runs every fixed arm too (draft trees included), not only the bandit")
     p.add_argument("--synthetic-shapes", type=lambda s: [x for x in s.split(",") if x], default=[],
                    help="LABELLED SYNTHETIC scaling: e.g. qwen2.5-7b,qwen2.5-14b,qwen2.5-32b")
-    p.add_argument("--synthetic-acceptance", type=lambda s: [float(x) for x in s.split(",")], default=[0.6, 0.8])
-    p.add_argument("--synthetic-gammas", type=lambda s: [int(x) for x in s.split(",")], default=[4])
-    p.add_argument("--synthetic-tokens", type=int, default=96)
+    p.add_argument("--synthetic-acceptance", type=lambda s: [float(x) for x in s.split(",")], default=[0.6, 0.8],
+                   help="comma list of the synthetic draft's fixed acceptance rates (default 0.6,0.8)")
+    p.add_argument("--synthetic-gammas", type=lambda s: [int(x) for x in s.split(",")], default=[4],
+                   help="comma list of the synthetic draft's gammas (default 4)")
+    p.add_argument("--synthetic-tokens", type=int, default=96, help="new tokens per synthetic run (default 96)")
     p.add_argument("--deadline", type=float, default=0.0, help="seconds; later sections are skipped past it")
     p.add_argument("--commit", default=None, help="the measured commit, where the checkout has no git")
     return p
