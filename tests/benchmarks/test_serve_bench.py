@@ -195,8 +195,20 @@ def test_a_peer_that_cannot_start_is_named_with_its_log(tmp_path: Path) -> None:
         sb.bench_peer(setup, spec, tmp_path / "peer.log", lambda _: None)
 
 
-def _gone(pid: int) -> bool:
-    """Whether ``pid`` no longer runs (a zombie left for its dead parent's reaper counts as gone)."""
+def _gone(pid: int, wait_s: float = 5.0) -> bool:
+    """Whether ``pid`` no longer runs within ``wait_s`` (a zombie left for its dead parent's reaper
+    counts as gone): a SIGKILLed process takes a moment to go on a loaded machine."""
+    import time
+
+    end = time.monotonic() + wait_s
+    while not _gone_now(pid):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _gone_now(pid: int) -> bool:
     import os
 
     try:
