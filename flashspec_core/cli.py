@@ -240,7 +240,10 @@ def _print_summary(summary: dict[str, Any], out: IO[str]) -> None:
     print(
         f"\n{summary['new_tokens']} tokens in {summary['wall_s']:.2f} s "
         f"({summary['tokens_per_s']:.1f} tokens/s), {summary['steps']} steps, "
-        f"mean accepted length {summary['mean_accepted_length']:.2f}",
+        f"mean accepted length {summary['mean_accepted_length']:.2f}"
+        + ("" if summary.get("vs_plain") is None else
+           f", about {summary['vs_plain']:.2f}x plain decoding (step times against its {summary['plain_steps']} "
+           "plain steps)"),
         file=out,
     )
     for name, arm in summary["arms"].items():

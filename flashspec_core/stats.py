@@ -43,4 +43,22 @@ def summarize(steps: Sequence[StepRecord], arm_names: Sequence[str], new_tokens:
         "target_ms": sum(r.target_ms for r in steps),
         "verify_ms": sum(r.verify_ms for r in steps),
         "arms": per_arm,
+        "plain_steps": sum(1 for r in steps if r.gamma == 0 and not r.captured and r.step_ms > 0),
+        "vs_plain": vs_plain(steps),
     }
+
+
+MIN_PLAIN_STEPS = 3
+
+
+def vs_plain(steps: Sequence[StepRecord]) -> float | None:
+    """The run's tokens per step-millisecond over those of its own plain steps (no draft; a
+    lookup without a match is one too): how much faster than plain decoding it decoded, from
+    step times alone (prefill left out), where it took at least :data:`MIN_PLAIN_STEPS` plain
+    steps. Steps that captured a CUDA graph are left out of both."""
+    timed = [r for r in steps if not r.captured and r.step_ms > 0]
+    plain = [r for r in timed if r.gamma == 0]
+    if len(plain) < MIN_PLAIN_STEPS:
+        return None
+    rate = sum(r.emitted for r in timed) / sum(r.step_ms for r in timed)
+    return rate / (sum(r.emitted for r in plain) / sum(r.step_ms for r in plain))
