@@ -271,7 +271,7 @@ def test_a_progress_line_follows_each_slot_count(tiny_models: dict[str, Path]) -
     assert [(e["size"], e["sizes_done"], e["sizes"]) for e in lines] == [(4, 1, 3), (2, 2, 3), (1, 3, 3)]
     captures = [e["captures"] for e in lines]
     assert captures == sorted(captures) and 0 < captures[0] < captures[-1] == done.captures == graphs.captures
-    assert [e["seconds"] for e in lines] == sorted(e["seconds"] for e in lines) and lines[-1]["seconds"] <= done.seconds
+    assert [e["seconds"] for e in lines] == sorted(e["seconds"] for e in lines) and lines[-1]["seconds"] <= round(done.seconds, 3)  # logged rounded to ms
     assert lines[0]["remaining_s"] > 0 and lines[-1]["remaining_s"] == 0 and all(e["level"] == "basic" for e in lines)
 
 
