@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from flashspec_core.config import TREE_CHILDREN, ComponentKeys, check_device
+from flashspec_core import keycheck
+from flashspec_core.config import ComponentKeys
+from flashspec_core.keycheck import SelfOptions as SelfOptions  # the self-speculative drafts share one key
 from flashspec_models.weights import KNOWN_MODELS, is_model_ref
 
 if TYPE_CHECKING:
@@ -39,10 +41,6 @@ def _model_ref(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
                          f"(known: {', '.join(KNOWN_MODELS)})")
 
 
-def _device(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
-    check_device(value)
-
-
 @attrs.frozen
 class FastOptions:
     """Keys of a ``use = "fast"`` table.
@@ -56,7 +54,7 @@ class FastOptions:
 
     model: str = attrs.field(validator=_model_ref)
     dtype: str = attrs.field(default="auto", validator=attrs.validators.in_(DTYPE_NAMES))
-    device: str = attrs.field(default="auto", validator=_device)
+    device: str = attrs.field(default="auto", validator=keycheck.device)
     max_len: int = attrs.field(default=2048, validator=attrs.validators.ge(8))
     compile: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     fuse: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
@@ -105,37 +103,14 @@ class FastTargetOptions(FastOptions):
                              f"{self.quantization!r})")
 
 
-def _widths(_inst: object, attr: attrs.Attribute[Any], value: tuple[int, ...]) -> None:
-    if not all(isinstance(w, int) and w >= 1 for w in value):
-        raise ValueError(f"{attr.name} must be a list of integers >= 1 (children per node, per level), got {list(value)}")
-
-
-def _children_rule(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
-    if value not in TREE_CHILDREN:
-        raise ValueError(f"{attr.name} must be one of {', '.join(map(repr, TREE_CHILDREN))}, got {value!r}")
-
-
 @attrs.frozen
 class FastDraftOptions(FastOptions):
     """Keys of a ``use = "fast"`` draft: those of :class:`FastOptions`, ``tree_width`` (children per
     node at each depth; empty: a chain) and ``tree_children`` (how a sampling step picks them:
     ``"topk"`` or ``"sample"``, see :mod:`flashspec_fast.draft`)."""
 
-    tree_width: tuple[int, ...] = attrs.field(default=(), converter=tuple, validator=_widths)
-    tree_children: str = attrs.field(default="topk", validator=_children_rule)
-
-
-def _depth(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{attr.name} must be an integer >= 1 (how many of the target's first layers draft), "
-                         f"got {value!r}")
-
-
-@attrs.frozen
-class SelfOptions:
-    """Keys of a ``use = "self"`` arm: ``layers``, the depth that drafts (1 .. the target's layers)."""
-
-    layers: int = attrs.field(validator=_depth)
+    tree_width: tuple[int, ...] = attrs.field(default=(), converter=tuple, validator=keycheck.tree_width)
+    tree_children: str = attrs.field(default="topk", validator=keycheck.tree_children)
 
 
 @attrs.frozen
