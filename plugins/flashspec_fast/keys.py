@@ -107,10 +107,26 @@ class FastTargetOptions(FastOptions):
 class FastDraftOptions(FastOptions):
     """Keys of a ``use = "fast"`` draft: those of :class:`FastOptions`, ``tree_width`` (children per
     node at each depth; empty: a chain) and ``tree_children`` (how a sampling step picks them:
-    ``"topk"`` or ``"sample"``, see :mod:`flashspec_fast.draft`)."""
+    ``"topk"`` or ``"sample"``, see :mod:`flashspec_fast.draft`);
+    ``tree_depth`` and ``tree_expand`` instead give a dynamic tree, its shape chosen each step from
+    the draft's own probabilities (:func:`flashspec_core.tree.grow_tree`)."""
 
     tree_width: tuple[int, ...] = attrs.field(default=(), converter=tuple, validator=keycheck.tree_width)
     tree_children: str = attrs.field(default="topk", validator=keycheck.tree_children)
+    # A dynamic tree (tree_depth levels, tree_expand nodes expanded per level): see the draft module.
+    tree_depth: int = attrs.field(default=0, validator=[attrs.validators.instance_of(int), attrs.validators.ge(0)])
+    tree_expand: int = attrs.field(default=0, validator=[attrs.validators.instance_of(int), attrs.validators.ge(0)])
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        if (self.tree_depth > 0) != (self.tree_expand > 0):
+            raise ValueError(f"tree_depth ({self.tree_depth}) and tree_expand ({self.tree_expand}) go together: "
+                             "set both for a dynamic tree, neither for a chain or a tree_width tree")
+        if self.tree_depth and self.tree_width:
+            raise ValueError("tree_width (a static tree) and tree_depth / tree_expand (a dynamic tree) exclude each other")
+        if self.tree_depth and self.tree_children != "topk":
+            raise ValueError("a dynamic tree keeps the draft's top tokens (tree_children = 'topk'): keeping drawn "
+                             "children by their own probabilities would change the law they were drawn from")
 
 
 @attrs.frozen
