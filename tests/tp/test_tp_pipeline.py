@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 import torch
-from _tiny import tiny_family
+from _tp_pair import ARMS, PROMPTS, one_and_two, play
 
-from flashspec_core.build import build_pipeline
 from flashspec_core.contracts import (
     CapturesGraphs,
     HasContext,
@@ -29,41 +28,13 @@ from flashspec_core.contracts import (
     StepRecord,
 )
 from flashspec_core.pipeline import Pipeline
-from flashspec_fast.tp import TensorParallelTarget
-from flashspec_selectors import FixedConfig, FixedSelector
 from flashspec_serve.engine import Engine, Job
-
-PROMPTS = [[1, 2, 3, 4, 5], [3, 4, 5, 6, 7, 8, 9], [12, 13], [7, 7, 2, 9, 4, 11]]
-ARMS = ("chain", "tree")
-
-
-def config(family: dict[str, Path], tp: int) -> dict[str, Any]:
-    common = {"use": "fast", "dtype": "float32", "device": "cpu", "compile": False, "chat_template": False}
-    draft = {**common, "model": str(family["close"])}
-    return {
-        "target": {**common, "model": str(family["target"]), "max_len": 256, "tensor_parallel": tp},
-        "arm": [{**draft, "gamma": 3, "name": "chain"}, {**draft, "gamma": 6, "tree_width": [2, 2], "name": "tree"}],
-        "verifier": {"use": "reference"},
-        "selector": {"use": "fixed"},
-    }
-
-
-@pytest.fixture(scope="module")
-def family(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return tiny_family(tmp_path_factory.mktemp("tp"))
 
 
 @pytest.fixture(scope="module")
 def pipes(family: dict[str, Path]) -> Iterator[tuple[Pipeline, Pipeline]]:
-    one, two = build_pipeline(config(family, 1)), build_pipeline(config(family, 2))
-    assert isinstance(two.target, TensorParallelTarget)
-    yield one, two
-    two.target.close()
-
-
-def play(pipe: Pipeline, arm: str) -> Pipeline:
-    pipe.selector = FixedSelector(FixedConfig(arm=ARMS.index(arm)), len(ARMS))
-    return pipe
+    with one_and_two(family, "cpu") as pair:
+        yield pair
 
 
 def test_the_sharded_target_offers_what_the_fast_target_does(pipes: tuple[Pipeline, Pipeline]) -> None:
