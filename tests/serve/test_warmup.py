@@ -5,9 +5,10 @@ captures after it counted as a metric."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -49,6 +50,44 @@ def _spy(obj: Any, name: str, log: list[Any], what: Callable[..., Any]) -> None:
     setattr(obj, name, spy)
 
 
+@contextlib.contextmanager
+def _warmed(pipeline: Pipeline, max_batch: int) -> Iterator[tuple[Engine, warmup.Warmup | None]]:
+    """An engine of ``pipeline`` started with its warm-up, and the warm-up's record once it has
+    ended; the engine stops on leaving."""
+    engine = Engine(pipeline, max_batch=max_batch, context=CONTEXT)
+    engine.start(warmup=True)
+    try:
+        yield engine, engine.wait_ready()
+    finally:
+        engine.stop(0.0)
+
+
+class FakeGraphs:
+    """A graph cache's counter (CapturesGraphs): ``captures`` goes up as the test says."""
+
+    def __init__(self) -> None:
+        self.captures = 0
+
+
+def _capture_at_every_score(pipeline: Pipeline) -> FakeGraphs:
+    """Give the target a graph counter that goes up at each of its scores, as if each captured one."""
+    graphs = FakeGraphs()
+    pipeline.target.graphs = graphs  # type: ignore[attr-defined]
+    real = pipeline.target.score
+
+    def score(tokens: torch.Tensor, lengths: Sequence[int], draft: torch.Tensor) -> torch.Tensor:
+        graphs.captures += 1
+        return real(tokens, lengths, draft)
+
+    pipeline.target.score = score  # type: ignore[method-assign,assignment]
+    return graphs
+
+
+def _unstarted_server(models: dict[str, Path]) -> Server:
+    """A server of the tiny pipeline at the default warm-up level, its thread not yet started."""
+    return Server(create_app(make_pipeline(models), ServeSettings(model_name=MODEL)))
+
+
 def _decode(engine: Engine, job: Job) -> list[int]:
     async def main() -> list[int]:
         handle = engine.submit(job, asyncio.get_running_loop())
@@ -80,13 +119,8 @@ def test_warm_up_plays_every_arm_and_width_at_every_slot_count(tiny_models: dict
     _spy(pipeline.target, "score", scored, lambda _t, _l, draft: tuple(draft.shape))
     joined: list[tuple[int, tuple[int, ...]]] = []
     _spy(pipeline.target, "prefill_rows", joined, lambda tokens, _l, rows: (tokens.shape[0], tuple(rows)))
-    engine = Engine(pipeline, max_batch=4, context=CONTEXT)
-    engine.start(warmup=True)
-    try:
-        done = engine.wait_ready()
-    finally:
-        engine.stop(0.0)
-    assert done is not None and done.sizes == (4, 2, 1) and done.lengths == (2, 3, 5)
+    with _warmed(pipeline, max_batch=4) as (_engine, done):
+        assert done is not None and done.sizes == (4, 2, 1) and done.lengths == (2, 3, 5)
     assert done.steps == 3 * ((14 + 2) + (14 + 1) + 14)  # per length: 9 greedy plays, 5 sampled, the joins
     for name, sizes in proposed.items():
         assert set(sizes) == {1, 2, 4}, name
@@ -104,45 +138,21 @@ def test_a_warmed_engine_decodes_as_alone(tiny_models: dict[str, Path], target: 
     pipeline = _fast_pipeline(tiny_models) if target == "fast" else make_pipeline(tiny_models)
     job = Job((1, 2, 3), 12, GREEDY)
     want = pipeline.generate([list(job.prompt)], max_new_tokens=job.max_tokens, temperature=0.0).token_ids[0]
-    engine = Engine(pipeline, max_batch=2, context=CONTEXT)
-    engine.start(warmup=True)
-    try:
-        assert engine.wait_ready() is not None
+    with _warmed(pipeline, max_batch=2) as (engine, done):
+        assert done is not None
         assert _decode(engine, job) == want
-    finally:
-        engine.stop(0.0)
-
-
-class FakeGraphs:
-    """A graph cache's counter (CapturesGraphs): ``captures`` goes up as the test says."""
-
-    def __init__(self) -> None:
-        self.captures = 0
 
 
 def test_captures_after_the_warm_up_are_counted_as_a_metric(tiny_models: dict[str, Path]) -> None:
     """The target "captures" a graph at every score: those of the warm-up are its record's, and
     those while serving the metric's, one for one."""
     pipeline = make_pipeline(tiny_models)
-    graphs = FakeGraphs()
-    pipeline.target.graphs = graphs  # type: ignore[attr-defined]
-    real = pipeline.target.score
-
-    def score(tokens: torch.Tensor, lengths: Sequence[int], draft: torch.Tensor) -> torch.Tensor:
-        graphs.captures += 1
-        return real(tokens, lengths, draft)
-
-    pipeline.target.score = score  # type: ignore[method-assign,assignment]
-    engine = Engine(pipeline, max_batch=2, context=CONTEXT)
-    engine.start(warmup=True)
-    try:
-        done = engine.wait_ready()
+    graphs = _capture_at_every_score(pipeline)
+    with _warmed(pipeline, max_batch=2) as (engine, done):
         assert done is not None and done.captures == graphs.captures > 0
         before = graphs.captures
         _decode(engine, Job((1, 2, 3), 8, GREEDY))
         served = graphs.captures - before
-    finally:
-        engine.stop(0.0)
     assert served > 0
     value = engine.metrics.registry.get_sample_value("flashspec:graph_captures_while_serving_total")
     assert value == served
@@ -164,7 +174,7 @@ def _blocked_warm_up(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, 
 def test_the_server_takes_no_request_before_its_warm_up_ends(tiny_models: dict[str, Path],
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     release, calls = _blocked_warm_up(monkeypatch)
-    srv = Server(create_app(make_pipeline(tiny_models), ServeSettings(model_name=MODEL)))
+    srv = _unstarted_server(tiny_models)
     with capture_logs() as logs:
         srv.thread.start()
         try:
@@ -256,15 +266,7 @@ def test_a_progress_line_follows_each_slot_count(tiny_models: dict[str, Path]) -
     """One line per slot count, largest first, with the captures and seconds so far and an estimate
     of the rest that reaches 0 at the last."""
     pipeline = make_pipeline(tiny_models)
-    graphs = FakeGraphs()
-    pipeline.target.graphs = graphs  # type: ignore[attr-defined]
-    real = pipeline.target.score
-
-    def score(tokens: torch.Tensor, lengths: Sequence[int], draft: torch.Tensor) -> torch.Tensor:
-        graphs.captures += 1
-        return real(tokens, lengths, draft)
-
-    pipeline.target.score = score  # type: ignore[method-assign,assignment]
+    graphs = _capture_at_every_score(pipeline)
     with capture_logs() as logs:
         done = warmup.warm_up(pipeline, [1, 4, 2], CONTEXT, per_row=True, level="basic")
     lines = [e for e in logs if e["event"] == "engine_warm_up_progress"]
@@ -287,7 +289,7 @@ def test_a_failed_warm_up_keeps_the_server_from_starting(tiny_models: dict[str, 
         raise RuntimeError("out of memory while capturing")
 
     monkeypatch.setattr(warmup, "warm_up", warm_up)
-    srv = Server(create_app(make_pipeline(tiny_models), ServeSettings(model_name=MODEL)))
+    srv = _unstarted_server(tiny_models)
     exits: list[object] = []
 
     def run() -> None:
