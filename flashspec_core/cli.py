@@ -5,9 +5,10 @@ bounds a config and ``Pipeline.generate`` apply too), its prompt and the plugin-
 of its config file before torch, transformers or triton is imported, so a bad input is one
 line naming it as typed (``--top-p``) without waiting for torch. Component names and keys
 are checked then too, against the plugins' light keys modules
-(:func:`flashspec_core.registry.build_catalogue`); what those cannot tell (a name only a
-plugin without one may provide, a device this machine lacks) is checked once the plugins
-are loaded, still before any model is. That import takes seconds (far more on a first
+(:func:`flashspec_core.registry.build_catalogue`), and a CUDA device or the triton verifier
+on a machine certainly without CUDA (:mod:`flashspec_core.machine`); what those cannot tell
+(a name only a plugin without one may provide, another device this machine lacks) is checked
+once the plugins are loaded, still before any model is. That import takes seconds (far more on a first
 run), so it is announced (:class:`_Pending`) without ever adding a line to an error found
 while it lasts.
 

@@ -52,6 +52,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import attrs
 
+from flashspec_core import machine
+
 if TYPE_CHECKING:  # imports torch
     from flashspec_core.contracts import ComponentKind
 
@@ -90,9 +92,13 @@ class ComponentKeys:
     name: str
     config_cls: type | None = None  # None: the component takes no keys
     description: str = ""
+    # Why the component certainly cannot run on this machine, told without torch (None: it may,
+    # and its build decides); checked with the config, so the user need not wait for torch.
+    unusable_here: Callable[[], str | None] | None = None
 
 
-# Set while check_components runs: validators that would need torch (check_device) check names only.
+# Set while check_components runs: validators that would need torch (check_device) check names,
+# and a machine only where it certainly lacks what they name.
 _BEFORE_TORCH: ContextVar[bool] = ContextVar("before_torch", default=False)
 
 
@@ -191,7 +197,8 @@ def check_prompt_text(prompt: str, label: str = "the prompt") -> None:
 def check_device(value: str) -> None:
     """Refuse a torch device this machine lacks (``cuda`` on a CPU build, ``cuda:7`` with two
     GPUs) when the config is read, not when a loaded model moves there. ``auto`` passes.
-    Within :func:`check_components`, before torch is imported, only the name's form is checked.
+    Within :func:`check_components`, before torch is imported, the name's form is checked, and
+    a ``cuda`` device only where :func:`flashspec_core.machine.no_cuda` is sure there is none.
 
     :raises ValueError: naming the device and what the machine has.
     """
@@ -200,6 +207,10 @@ def check_device(value: str) -> None:
     if _BEFORE_TORCH.get():  # the machine is checked again at build, once torch is imported
         if not re.fullmatch(r"[a-z_]+(:\d+)?", value):
             raise ValueError(f"device {value!r} is not a torch device (such as \"cpu\", \"cuda\" or \"cuda:1\")")
+        absent = machine.no_cuda() if value.partition(":")[0] == "cuda" else None
+        if absent is not None:
+            raise ValueError(f"device {value!r} is not on this machine: {absent}, so torch sees no cuda device "
+                             f"(use \"cpu\" or \"auto\")")
         return
     import torch  # the plugins that call this have imported it already
 
@@ -503,6 +514,10 @@ def _choice(
         spec = registry.get(kind, use)
     except KeyError as exc:
         raise ConfigError(source, where, "use", str(exc.args[0])) from None
+    unusable = getattr(spec, "unusable_here", None) if _BEFORE_TORCH.get() else None
+    reason = unusable() if unusable is not None else None
+    if reason is not None:
+        raise ConfigError(source, where, "use", f"{kind} {use!r} cannot run on this machine: {reason}")
     if base_dir is not None and isinstance(keys.get("model"), str):
         keys["model"] = _relative(keys["model"], base_dir)
     if spec.config_cls is None:

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 import attrs
 
+from flashspec_core import machine
 from flashspec_core.config import ComponentKeys
 
 
@@ -28,7 +30,16 @@ class TritonVerifierConfig:
     graph_pin: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
 
+def _unusable_here() -> str | None:
+    """Told before torch only where CUDA is certainly absent; the build still checks the target's device."""
+    absent = None if os.environ.get("TRITON_INTERPRET") == "1" else machine.no_cuda()
+    if absent is None:
+        return None
+    return (f"its Triton kernels need a CUDA GPU and {absent}: use = \"reference\" (or \"auto\", which takes "
+            "triton only on CUDA), or set TRITON_INTERPRET=1 to run them through Triton's interpreter")
+
+
 COMPONENTS = (
     ComponentKeys("verifier", "triton", TritonVerifierConfig,
-                  "Triton rejection sampler: one pass over the logits, no host sync"),
+                  "Triton rejection sampler: one pass over the logits, no host sync", _unusable_here),
 )

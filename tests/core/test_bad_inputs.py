@@ -25,6 +25,7 @@ import pytest
 import torch
 from _tiny import tiny_lm
 
+from flashspec_core import machine
 from flashspec_core.build import build_pipeline, load_pipeline
 from flashspec_core.cli import main
 from flashspec_core.config import BoundsError, ConfigError, check_components, check_config_file
@@ -325,6 +326,7 @@ def test_triton_verifier_without_a_gpu(models: Path, tmp_path: Path, capsys: pyt
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("triton")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(machine, "no_cuda", lambda: None)  # where CUDA may be there, the build decides
     path = tmp_path / "triton.toml"
     path.write_text(_toml({**_base(models), "verifier": {"use": "triton"}}))
     line = _refused(["generate", "t1", "--config", str(path)], capsys, alone=False)
