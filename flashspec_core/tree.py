@@ -39,7 +39,7 @@ compacts its KV cache afterwards.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -534,3 +534,119 @@ def tree_causal_mask(
     bit = (bits[:, :, None] >> off.clamp(0, MAX_MASK_NODES - 1)[:, None, :]) & 1  # [B, T, span]
     before = (slots[None, None, :] <= pos[:, :, None]) & (off < 0)[:, None, :]
     return torch.where(in_tree[:, None, :], bit != 0, before)
+
+
+# Dynamic trees (EAGLE-2, Li et al. 2024): the draft grows a wide candidate tree level by
+# level, expanding only its most likely frontier nodes, and the step keeps the candidates whose
+# whole path the draft finds most likely. Every choice reads the draft's probabilities alone,
+# so with deterministic (top-k) children the tree is a function of the context: the verifier's
+# one-hot rule keeps the target's law under sampling as it does for a static top-k tree.
+
+
+@attrs.frozen
+class Feed:
+    """One level's draft forward in :func:`grow_tree`: its expanded nodes, fed as a tree block
+    whose slot ``first + j`` holds ``tokens[:, j]`` (the block's slots ``0 .. first - 1`` hold the
+    earlier levels' expanded nodes)."""
+
+    tokens: torch.Tensor  # [B, k] int64 the expanded nodes
+    parents: torch.Tensor  # [k] int64 each node's parent's block slot, -1: a child of the root
+    bits: torch.Tensor  # [k] int64 ancestor bits over the block, the node's own slot included
+    depth: int  # the nodes' depth (1: the root's children)
+    first: int  # the block slot of tokens[:, 0]
+
+
+@attrs.frozen
+class GrownTree:
+    """A dynamic tree in parents-first order: ``tokens`` and ``parents`` as a :class:`TreeDraft`'s
+    (``parents`` on the tokens' device), and where each node sits in the draft's fed block."""
+
+    tokens: torch.Tensor  # [B, N] int64
+    parents: torch.Tensor  # [N] int64, -1: a child of the root; each parent before its children
+    fed: torch.Tensor  # [N] int64 the node's block slot (Feed.first + j), -1: never fed
+
+
+def tree_candidates(expand: int, depth: int) -> int:
+    """How many candidates :func:`grow_tree` scores: ``expand`` children of the root, then
+    ``expand`` children of each of ``expand`` expanded nodes per further level."""
+    return expand + (depth - 1) * expand * expand if depth > 0 else 0
+
+
+def batch_scores(logp: torch.Tensor, parent: torch.Tensor | None = None) -> torch.Tensor:
+    """One score per candidate for a batch sharing the tree shape: the log of its path
+    probabilities' sum over rows (the expected number of rows that accept it, if the draft is
+    right), cut to the parent's score so that rounding never ranks a child above its parent.
+
+    logp: [B, C] each row's cumulative path log-probability; parent: [C] the parents' scores
+    -> [C] float32."""
+    score = torch.logsumexp(logp.float(), dim=0)
+    return score if parent is None else torch.minimum(score, parent)
+
+
+def best_first(score: torch.Tensor, count: int) -> torch.Tensor:
+    """The indices of the ``count`` highest scores, ties to the lower index. [C] -> [count] int64.
+
+    Candidates are scored in generation order (a parent before its children), so on a tie the
+    parent ranks first: a kept node's ancestors are always kept."""
+    return torch.sort(score, descending=True, stable=True).indices[:count]
+
+
+def keep_best(score: torch.Tensor, parent: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``budget`` best candidates, best first, and their parents as indices into that order.
+
+    score: [M] float32 in generation order, no child above its parent; parent: [M] int64 each
+    candidate's parent candidate (-1: the root). Returns the kept candidates [N] and the parents
+    [N] int64 (-1: the root), each an earlier index: best first is parents first."""
+    keep = best_first(score, budget)
+    rank = torch.full_like(parent, -1).scatter(0, keep, torch.arange(keep.shape[0], device=keep.device))
+    up = parent[keep]
+    return keep, torch.where(up >= 0, rank[up.clamp_min(0)], up)
+
+
+def grow_tree(
+    root: torch.Tensor,  # [B, V] float32 the draft's log-probabilities after each row's last token
+    feed: Callable[[Feed], torch.Tensor],  # a level's draft forward -> [B, k, V] log-probabilities
+    expand: int,
+    depth: int,
+    budget: int,
+) -> GrownTree:
+    """A dynamic draft tree of ``min(budget, tree_candidates(expand, depth))`` nodes.
+
+    Level 1 is the root's top ``expand`` tokens. Each further level feeds the previous level's
+    ``expand`` best candidates (one draft forward of fixed width, :class:`Feed`) and proposes each
+    one's top ``expand`` tokens. A candidate scores its path's cumulative log-probability
+    (:func:`batch_scores` for a batch); the tree keeps the best ``budget`` candidates overall
+    (:func:`keep_best`), so the node count, hence the verify forward's width, is fixed. Shapes
+    and ops are fixed too: the whole growth can be one captured graph.
+    """
+    batch, dev = root.shape[0], root.device
+    top = torch.topk(root.float(), expand, dim=-1)  # [B, k]
+    tokens = [top.indices]
+    parent = [torch.full((expand,), ROOT, dtype=torch.int64, device=dev)]  # candidate ids
+    score = [batch_scores(top.values)]
+    fed_cand, bits = [], torch.zeros(0, dtype=torch.int64, device=dev)  # fed candidates; bits per block slot
+    level, first_cand, up_slot = top.values, 0, parent[0]  # the level's log-probs, first id, parents' slots
+    for d in range(1, depth):
+        pick = best_first(score[-1], expand)  # [k] into the level
+        first = (d - 1) * expand
+        slots = torch.arange(first, first + expand, device=dev)
+        up = up_slot[pick]
+        own = torch.ones_like(slots) << slots
+        if d > 1:  # the level's parents were fed: the node sees their ancestors too
+            own = own | bits[up]
+        bits = torch.cat([bits, own])
+        out = feed(Feed(tokens=tokens[-1][:, pick], parents=up, bits=own, depth=d, first=first))
+        kids = torch.topk(out.float(), expand, dim=-1)  # [B, k, k]
+        level = (level[:, pick, None] + kids.values).reshape(batch, -1)  # [B, k * k]
+        cand = first_cand + pick  # [k] candidate ids of the fed nodes
+        fed_cand.append(cand)
+        parent.append(cand.repeat_interleave(expand))
+        score.append(batch_scores(level, torch.cat(score)[parent[-1]]))
+        tokens.append(kids.indices.reshape(batch, -1))
+        first_cand += score[-2].shape[0]
+        up_slot = slots.repeat_interleave(expand)
+    keep, parents = keep_best(torch.cat(score), torch.cat(parent), budget)
+    fed = torch.full((first_cand + score[-1].shape[0],), -1, dtype=torch.int64, device=dev)
+    if fed_cand:
+        fed = fed.scatter(0, torch.cat(fed_cand), torch.arange(len(fed_cand) * expand, device=dev))
+    return GrownTree(tokens=torch.cat(tokens, dim=1)[:, keep], parents=parents, fed=fed[keep])

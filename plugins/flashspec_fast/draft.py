@@ -25,6 +25,14 @@ distribution, a deterministic function of the context, so they are reported as o
 from the draft's ``q`` (:func:`~flashspec_core.tree.sample_children`, on exponential noise
 drawn outside the graph) and reports each child's law given its elder siblings; greedy
 steps keep the top-k.
+
+With ``tree_depth = D`` and ``tree_expand = k`` it grows a dynamic tree
+(:func:`~flashspec_core.tree.grow_tree`) in one graph replay: the same first forward, then
+``D - 1`` forwards of the ``k`` most likely frontier nodes (a fixed width, fed with tree
+attention at slots ``lengths[b] + j`` of a block of ``(D - 1) k``), each proposing its top
+``k`` tokens; the ``gamma`` candidates with the most likely paths are the draft, parents
+first. Its shape (parents and fed slots, ``2 N`` integers) is read back to the host once per
+step, since the verifier and the target take a tree's shape on the host.
 """
 
 from __future__ import annotations
@@ -38,7 +46,16 @@ from flashspec_core import Draft, SamplingParams
 from flashspec_core.contracts import DraftContext
 from flashspec_core.ragged import fit_vocab
 from flashspec_core.sampling import filter_logits, probs_from_logits, race
-from flashspec_core.tree import ROOT, TreeBlock, sample_children, tree_shape
+from flashspec_core.tree import (
+    MAX_MASK_NODES,
+    ROOT,
+    Feed,
+    TreeBlock,
+    grow_tree,
+    sample_children,
+    tree_candidates,
+    tree_shape,
+)
 from flashspec_fast.graphs import GraphCache
 from flashspec_fast.keys import FastDraftOptions as FastDraftOptions  # defined without torch, for the config check
 from flashspec_fast.model import Transformer
@@ -81,12 +98,17 @@ class FastDraft:
     accepted path: one graph replay of slot copies)."""
 
     def __init__(self, model: Transformer, vocab: int, opts: FastOptions, tree_width: Sequence[int] = (),
-                 tree_children: str = "topk") -> None:
+                 tree_children: str = "topk", tree_depth: int = 0, tree_expand: int = 0) -> None:
+        if (tree_depth - 1) * tree_expand > MAX_MASK_NODES:
+            raise ValueError(f"tree_depth {tree_depth} and tree_expand {tree_expand} feed {(tree_depth - 1) * tree_expand} "
+                             f"nodes to the draft, more than a tree block holds ({MAX_MASK_NODES})")
         self.model = model
         self.vocab = vocab
         self.tree_width = tuple(tree_width)
         self.tree_children = tree_children
-        self.proposes_trees = any(w > 1 for w in self.tree_width)
+        self.tree_depth, self.tree_expand = tree_depth, tree_expand
+        self.proposes_trees = any(w > 1 for w in self.tree_width) or tree_depth > 0
+        self._slots = torch.zeros(0, dtype=torch.long)  # [N + 1] a dynamic tree's fed slot per node + 1, -1 first
         self.graphs = GraphCache(model.device, opts.compile)
         self._stage = HostInputs(model.device)
         self._stage_path = HostInputs(model.device)  # rollback_path's own: one copy per step
@@ -122,9 +144,11 @@ class FastDraft:
         if gamma == 0:  # an empty proposal feeds nothing: the rollback after it keeps the cache as it is
             self._lengths, self._fed = list(self.seen), 0
             return Draft(tokens=torch.zeros((batch, 0), dtype=torch.long), probs=None)
-        parents = tree_shape(self.tree_width, gamma) if self.proposes_trees else []
+        parents = tree_shape(self.tree_width, gamma) if self.proposes_trees and not self.tree_depth else []
         gamma = len(parents) or gamma
-        check_room(self.model, max(lengths) + gamma, "draft")
+        if self.tree_depth:
+            gamma = min(gamma, tree_candidates(self.tree_expand, self.tree_depth))
+        check_room(self.model, max(lengths) + max(gamma, (self.tree_depth - 1) * self.tree_expand), "draft")
         behind = [max(n - 2, 0) for n in lengths]
         starts = [min(s, e) for s, e in zip(self.seen, behind, strict=True)]  # first token the cache lacks
         width = bucket(max(n - s for s, n in zip(starts, lengths, strict=True)), least=2)
@@ -134,6 +158,8 @@ class FastDraft:
         host = first_inputs(tokens, starts, lengths, width, self.model.scratch)
         if parents:
             return self._propose_tree(host, list(lengths), parents, sampling, generator)
+        if self.tree_depth:
+            return self._grow_tree(host, list(lengths), gamma, sampling)
         noise = torch.empty(0, device=self.model.device)
         if not sampling.greedy:
             noise = torch.empty((gamma, batch, self.vocab), device=self.model.device).exponential_(generator=generator)
@@ -228,6 +254,42 @@ class FastDraft:
                 fed = list(range(first, stop))
         return nodes, probs
 
+    def _grow_tree(self, host: torch.Tensor, lengths: list[int], budget: int, sampling: SamplingParams) -> Draft:
+        """A dynamic tree of ``budget`` nodes after each row: one graph replay per (batch, budget,
+        sampling, span, first width). host: [3, B, W] (see :func:`first_inputs`)."""
+        block = (self.tree_depth - 1) * self.tree_expand
+        span = self.model.span_for(max(lengths) + max(budget, block))
+        key = ("grow", host.shape[1], budget, sampling, span, host.shape[2])
+        first = self._stage(host)
+        tokens, shape = self.graphs(key, lambda h: self._grow_loop(h, budget, sampling, span), first)
+        parents, fed = shape.cpu()  # the step's one read back: verifier and target take the shape on the host
+        self._root = first[1, :, -1]  # rollback_path's: each row's last position, already on the device
+        self._lengths, self._fed, self._tree = lengths, block, True
+        self._slots = torch.cat([fed.new_full((1,), -1), fed])
+        return Draft(tokens=tokens, probs=None, parents=parents)
+
+    def _grow_loop(self, host: torch.Tensor, budget: int, sampling: SamplingParams, span: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """host: [3, B, W] the first forward -> the nodes [B, N] int64 and [2, N] int64: their
+        parents and fed block slots (:class:`~flashspec_core.tree.GrownTree`)."""
+        ids, pos, write = host[0], host[1], host[2]
+        last = pos[:, -1]  # the root's position [B]
+        width = self.tree_expand
+
+        def feed(level: Feed) -> torch.Tensor:
+            batch = level.tokens.shape[0]
+            block = TreeBlock(start=last + 1, bits=level.bits[None].expand(batch, -1).contiguous(),
+                              nodes=level.first + width)
+            slots = last[:, None] + 1 + level.first + torch.arange(width, device=ids.device)  # [B, k]
+            out = self.model.forward(level.tokens, (last + level.depth)[:, None].expand(-1, width).contiguous(),
+                                     slots, span=span, tree=block)
+            return torch.log_softmax(filter_logits(fit_vocab(out, self.vocab), sampling), dim=-1)
+
+        root = fit_vocab(self.model.forward(ids, pos, write, last_only=True, span=span)[:, -1], self.vocab)
+        scores = torch.log_softmax(filter_logits(root, sampling), dim=-1)
+        tree = grow_tree(scores, feed, width, self.tree_depth, budget)
+        return tree.tokens, torch.stack([tree.parents, tree.fed])
+
     def prewarm(self, batch: int, gamma: int, sampling: SamplingParams, off_gpu: bool = False) -> int:
         """Capture now every graph a step at this ``batch``, ``gamma`` and ``sampling`` can
         ask for, so none is captured while serving (each capture costs 0.05-0.6 s on the
@@ -260,7 +322,8 @@ class FastDraft:
                 self.seen = [length - width] * batch  # first token the cache lacks: `width` behind
                 self.propose(tokens, [length] * batch, gamma, sampling, gen)
             if self._tree:  # the accepted path's moves: one graph per batch and depth
-                self.rollback_path(torch.full((batch, len(tree_levels(tree_shape(self.tree_width, gamma)))), -1))
+                depth = self.tree_depth or len(tree_levels(tree_shape(self.tree_width, gamma)))
+                self.rollback_path(torch.full((batch, depth), -1))
             # the catch-up forward feeds at least FUSED_CATCH_UP - 1 tokens (a first forward wider than
             # FUSED_CATCH_UP less the last two), at most `end`: the largest need of each width
             widest = {catch_up_width(n, top): n for n in range(FUSED_CATCH_UP - 1, end + 1)}
@@ -287,6 +350,8 @@ class FastDraft:
         if not self._tree:  # an empty proposal, or a chain: paths hold nothing it fed
             self.rollback([0] * len(self._lengths))
             return
+        if self.tree_depth:  # a dynamic tree's nodes sit at their fed block slots
+            paths = self._slots[paths + 1]
         move_path(self.model, self.graphs, self._stage_path, paths, self._root, below=self._fed)
         self.seen = [n + k for n, k in zip(self._lengths, kept_counts(paths, below=self._fed), strict=True)]
 
@@ -308,4 +373,5 @@ def make_draft(opts: FastOptions, context: DraftContext) -> FastDraft:
     if opts.device == "auto":
         opts = attrs.evolve(opts, device=str(context.device))
     model, _path = build_model(opts)
-    return FastDraft(model, context.vocab, opts, getattr(opts, "tree_width", ()), getattr(opts, "tree_children", "topk"))
+    return FastDraft(model, context.vocab, opts, getattr(opts, "tree_width", ()), getattr(opts, "tree_children", "topk"),
+                     getattr(opts, "tree_depth", 0), getattr(opts, "tree_expand", 0))

@@ -10,6 +10,12 @@ distribution, a deterministic function of the context, so they are reported as o
 node's children without replacement from the draft's ``q`` instead
 (:func:`~flashspec_core.tree.sample_children`) and reports each child's law given its
 elder siblings; greedy steps keep the top-k.
+
+With ``tree_depth = D`` and ``tree_expand = k`` it grows a dynamic tree instead
+(:func:`~flashspec_core.tree.grow_tree`): per level one forward over the ``k`` most likely
+frontier nodes, each proposing its top ``k`` tokens, then the ``gamma`` candidates with the
+most likely paths, parents first. Its children are top-k tokens, so sampling steps stay exact
+as for ``tree_children = "topk"``.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import torch
 from flashspec_core import Draft, SamplingParams
 from flashspec_core.ragged import fit_vocab
 from flashspec_core.sampling import filter_logits, probs_from_logits, sample
-from flashspec_core.tree import node_depths, sample_children, tree_shape
+from flashspec_core.tree import Feed, grow_tree, node_depths, sample_children, tree_candidates, tree_shape
 from flashspec_hf.keys import DraftOptions as DraftOptions  # defined without torch, for the config check
 from flashspec_hf.lm import CachedLM
 
@@ -50,12 +56,15 @@ def check_same_tokenizer(draft_tok: Any, target_tok: Any, draft_name: str) -> No
 class HFDraft:
     """Autoregressive drafting with its own KV cache, rolled back to the accepted prefix."""
 
-    def __init__(self, model: Any, vocab: int, tree_width: Sequence[int] = (), tree_children: str = "topk") -> None:
+    def __init__(self, model: Any, vocab: int, tree_width: Sequence[int] = (), tree_children: str = "topk",
+                 tree_depth: int = 0, tree_expand: int = 0) -> None:
         self.lm = CachedLM(model)
         self.vocab = vocab
         self.tree_width = tuple(tree_width)
         self.tree_children = tree_children
-        self.proposes_trees = any(w > 1 for w in self.tree_width)
+        self.tree_depth, self.tree_expand = tree_depth, tree_expand
+        self.proposes_trees = any(w > 1 for w in self.tree_width) or tree_depth > 0
+        self._slots: list[int] | None = None  # a dynamic tree's node -> fed block slot (-1: not fed)
         self._fed = 0  # draft tokens of the last proposal that went through the model
         self._lengths: list[int] = []
 
@@ -80,11 +89,14 @@ class HFDraft:
     ) -> Draft:
         if len(self.lm.seen) != len(lengths):
             self.lm.reset(len(lengths))
+        self._slots = None
         if gamma == 0:  # an empty proposal feeds nothing: the rollback after it keeps the cache as it is
             self._fed, self._lengths = 0, list(self.lm.seen)
             return Draft(tokens=torch.zeros((len(lengths), 0), dtype=torch.long), probs=None)
         logits = self.lm.catch_up(tokens, lengths)[:, -1]  # [B, Vd]
         self._lengths = list(lengths)
+        if self.tree_depth:
+            return self._grow_tree(fit_vocab(logits, self.vocab), gamma, sampling)
         if self.proposes_trees:
             return self._propose_tree(fit_vocab(logits, self.vocab), tree_shape(self.tree_width, gamma), sampling,
                                       generator)
@@ -142,8 +154,28 @@ class HFDraft:
         chain = parents == list(range(-1, len(parents) - 1))
         return Draft(tokens=nodes, probs=probs, parents=None if chain else torch.tensor(parents, dtype=torch.long))
 
+    def _grow_tree(self, root: torch.Tensor, gamma: int, sampling: SamplingParams) -> Draft:
+        """A dynamic tree of ``gamma`` nodes (fewer if there are fewer candidates); root: [B, V]
+        logits after each sequence. Each level's fed nodes go to the cache as a tree block."""
+        block: list[int] = []  # the fed block's parents, slot by slot
+
+        def feed(level: Feed) -> torch.Tensor:
+            block.extend(level.parents.tolist())
+            ones = torch.ones_like(level.tokens, dtype=torch.bool)
+            out = self.lm.forward(level.tokens, ones, block, nodes=level.tokens.shape[1])
+            return torch.log_softmax(filter_logits(fit_vocab(out, self.vocab), sampling), dim=-1)
+
+        budget = min(gamma, tree_candidates(self.tree_expand, self.tree_depth))
+        scores = torch.log_softmax(filter_logits(root, sampling), dim=-1)
+        tree = grow_tree(scores, feed, self.tree_expand, self.tree_depth, budget)
+        self._fed, self._slots = len(block), tree.fed.tolist()
+        return Draft(tokens=tree.tokens, probs=None, parents=tree.parents.cpu())
+
     def rollback_path(self, paths: torch.Tensor) -> None:
         """Keep the accepted nodes the draft fed (those with children), compacted in its cache."""
+        if self._slots is not None:  # a dynamic tree: its nodes sit at their fed block slots
+            slots = torch.tensor([-1, *self._slots], dtype=torch.long)[paths + 1]
+            paths, self._slots = slots, None
         if self._fed == 0:
             kept = [0] * paths.shape[0]
         else:

@@ -27,7 +27,8 @@ def make_draft(config: DraftOptions, context: DraftContext) -> HFDraft:
     model, tokenizer = load_model(config)
     target_tokenizer = context.target.tokenizer if isinstance(context.target, HasTokenizer) else None
     check_same_tokenizer(tokenizer, target_tokenizer, config.model)
-    return HFDraft(model, context.vocab, config.tree_width, config.tree_children)
+    return HFDraft(model, context.vocab, config.tree_width, config.tree_children, config.tree_depth,
+                   config.tree_expand)
 
 
 _FACTORIES: dict[tuple[str, str], Callable[..., Any]] = {("target", "hf"): make_target, ("draft", "hf"): make_draft, ("draft", "hf-self"): make_self_draft}
