@@ -4,7 +4,8 @@ LABELLED SYNTHETIC: random weights with the Qwen2.5 layer shapes, bf16, timing o
 weights do not change the time of a forward). The 0.5B and 1.5B shapes are the engine's
 draft and target; 7B, 14B and 32B show how the forward scales. For every shape, batch
 (1, 8, 32) and ``kernels`` option (``torch``: cuBLAS GEMMs; ``gemv``: the fused GEMMs of
-:mod:`flashspec_fast.fused`), one decoding forward of ``width`` tokens per row is captured
+:mod:`flashspec_fast.fused`; ``persistent``: every layer in one launch of
+:mod:`flashspec_kernels.decoder` up to 16 rows, the torch path past that), one decoding forward of ``width`` tokens per row is captured
 in a CUDA graph and replayed: the time of a forward is a median over ``repeats`` runs of
 ``replays`` back-to-back replays. The floor is the weight and KV bytes the forward reads
 (:func:`flashspec_bench.floors.forward_bytes`) at the copy bandwidth measured in the same run.
@@ -36,7 +37,7 @@ LABEL = "synthetic: random weights with the Qwen2.5 layer shapes, timing only"
 SHAPES = (("target", "qwen2.5-1.5b"), ("draft", "qwen2.5-0.5b"), ("synthetic_7b", "qwen2.5-7b"),
           ("synthetic_14b", "qwen2.5-14b"), ("synthetic_32b", "qwen2.5-32b"))
 REAL = ("target", "draft")
-KERNELS = ("torch", "gemv")
+KERNELS = ("torch", "gemv", "persistent")
 # --smoke: few programs per launch, as the interpreter runs each one in Python
 TINY = {"hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
         "num_key_value_heads": 1, "tie_word_embeddings": True, "vocab_size": 64}
@@ -201,20 +202,21 @@ def figures(rows: list[dict[str, Any]], batches: list[int], kernels: str | None)
 
 def summarize(rows: list[dict[str, Any]], batches: list[int]) -> dict[str, Any]:
     """Headline figures from the faster kernels option of each row, each option's own, the
-    gemv option's speed-up per forward, and NF4 against bf16 at batch 1 (bf16's faster option)."""
+    other options' speed-up per forward over torch's (``<option>_speedup``), and NF4 against bf16 at batch 1 (bf16's faster option)."""
     summary: dict[str, Any] = figures(rows, batches, None)
     summary["faster_kernels"] = {f"{role}_b{b}": r["kernels"] for role, _ in SHAPES for b in batches
                                  if (r := pick(rows, role, b)) is not None}
     summary["by_kernels"] = {k: figures(rows, batches, k) for k in KERNELS}
-    speedup: dict[str, dict[str, float]] = {}
-    for r in rows:
-        if r["kernels"] == "gemv":
-            base = [t for t in rows if t["kernels"] == "torch" and t["quantization"] == "none"
-                    and (t["shape"], t["batch"], t["width"]) == (r["shape"], r["batch"], r["width"])]
-            if base:
-                speedup.setdefault(r["shape"], {})[f"b{r['batch']}_w{r['width']}"] = (
-                    base[0]["forward_ms_p50"] / r["forward_ms_p50"])
-    summary["gemv_speedup"] = speedup
+    for option in KERNELS[1:]:
+        speedup: dict[str, dict[str, float]] = {}
+        for r in rows:
+            if r["kernels"] == option:
+                base = [t for t in rows if t["kernels"] == "torch" and t["quantization"] == "none"
+                        and (t["shape"], t["batch"], t["width"]) == (r["shape"], r["batch"], r["width"])]
+                if base:
+                    speedup.setdefault(r["shape"], {})[f"b{r['batch']}_w{r['width']}"] = (
+                        base[0]["forward_ms_p50"] / r["forward_ms_p50"])
+        summary[f"{option}_speedup"] = speedup
     nf4, bf16 = pick(rows, "target", 1, quantization="nf4"), pick(rows, "target", 1)
     summary["nf4_vs_bf16_b1"] = None if nf4 is None or bf16 is None else bf16["forward_ms_p50"] / nf4["forward_ms_p50"]
     return summary

@@ -25,9 +25,10 @@ import torch
 from flashspec_fast.keys import KERNELS as KERNELS  # the ``kernels`` option of a fast model
 
 if TYPE_CHECKING:
-    from flashspec_fast.model import Layer, Weights
+    from flashspec_fast.model import Layer, ModelArgs, Weights
 
 MAX_ROWS = 32  # batch * width of the widest forward that runs the fused GEMMs: two row tiles
+DECODER_ROWS = 16  # batch * width of the widest forward the persistent decoder runs (its one row tile)
 
 
 def gemv_module(kernels: str, weights: Weights) -> ModuleType | None:
@@ -36,7 +37,7 @@ def gemv_module(kernels: str, weights: Weights) -> ModuleType | None:
     that a CUDA graph captured later does not allocate them."""
     if kernels not in KERNELS:
         raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
-    if kernels == "torch":
+    if kernels != "gemv":
         return None
     try:
         from flashspec_kernels import gemv
@@ -54,6 +55,39 @@ def gemv_module(kernels: str, weights: Weights) -> ModuleType | None:
         raise ValueError("kernels = 'gemv' on a CPU model needs TRITON_INTERPRET=1 (Triton's interpreter)")
     gemv.prepare(embed.device)
     return gemv
+
+
+def persistent_decoder(kernels: str, args: ModelArgs, weights: Weights, cos: torch.Tensor,
+                       sin: torch.Tensor) -> object | None:
+    """A :class:`flashspec_kernels.decoder.Decoder` for ``kernels = "persistent"`` (a clear error
+    where it cannot run these weights), None otherwise. Stacks the layer weights into one
+    tensor per kind and re-points ``weights.layers`` at views of them, so they are held once;
+    makes the kernel's buffers and barrier counters now, before any CUDA-graph capture."""
+    if kernels != "persistent":
+        return None
+    try:
+        from flashspec_kernels import decoder
+    except ModuleNotFoundError as exc:
+        if exc.name != "triton":
+            raise
+        raise ValueError("kernels = 'persistent' needs the triton package: pip install 'flashspec-engine[triton]'") from None
+    embed = weights.embed
+    if embed.dtype not in decoder.DTYPES:
+        raise ValueError(f"kernels = 'persistent' runs float16, bfloat16 and float32 models, not {embed.dtype}")
+    if any(not isinstance(t, torch.Tensor) for layer in weights.layers for t in (layer.wqkv, layer.wo, layer.w_gate_up,
+                                                                                  layer.w_down)):
+        raise ValueError("kernels = 'persistent' multiplies unquantized weights (quantization = 'none')")
+    if embed.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("kernels = 'persistent' on a CPU model needs TRITON_INTERPRET=1 (Triton's interpreter)")
+    stacked = decoder.stack(weights.layers, weights.norm)
+    for i, layer in enumerate(weights.layers):
+        layer.wqkv, layer.wo = stacked.wqkv[i], stacked.wo[i]
+        layer.w_gate_up, layer.w_down = stacked.w_gate_up[i], stacked.w_down[i]
+        layer.attn_norm, layer.mlp_norm = stacked.attn_norm[i], stacked.mlp_norm[i]
+        layer.bqkv = None if stacked.bqkv is None else stacked.bqkv[i]
+    shape = decoder.Shape(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, eps=args.norm_eps)
+    mode = os.environ.get("FLASHSPEC_DECODER_MODE", "persistent")  # "phased": one launch per phase (diagnosis)
+    return decoder.Decoder(stacked, shape, cos, sin, mode=mode)
 
 
 class GemvLayers:

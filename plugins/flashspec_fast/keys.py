@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import torch
 
 DTYPE_NAMES = ("auto", "bf16", "bfloat16", "float16", "float32", "float64")  # flashspec_fast.options.DTYPES' keys
-KERNELS = ("torch", "gemv")  # the ``kernels`` option (flashspec_fast.fused)
+KERNELS = ("torch", "gemv", "persistent")  # the ``kernels`` option (flashspec_fast.fused)
 # Layer shapes of public Qwen2.5 checkpoints (config.json values), for synthetic scaling runs.
 QWEN25_SHAPES: dict[str, dict[str, Any]] = {
     "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
@@ -65,8 +65,9 @@ class FastOptions:
     seed: int = 0  # random weights of a "shape:" model
 
     def __attrs_post_init__(self) -> None:
-        if self.kernels == "gemv" and self.quantization != "none":
-            raise ValueError(f"kernels = 'gemv' multiplies unquantized weights, not quantization = {self.quantization!r}")
+        if self.kernels != "torch" and self.quantization != "none":
+            raise ValueError(f"kernels = {self.kernels!r} multiplies unquantized weights, not quantization = "
+                             f"{self.quantization!r}")
 
     def torch_device(self) -> torch.device:
         import torch  # at build time only

@@ -246,6 +246,8 @@ class Transformer:
         self.sin = emb.sin().to(self.dtype)  # [S, hd]
         self.batch = 0
         self.k_cache = self.v_cache = torch.empty(0)
+        # forwards of few rows in one persistent launch (flashspec_kernels.decoder)
+        self.decoder: Any = fused.persistent_decoder(kernels, args, weights, self.cos, self.sin)
 
     @property
     def scratch(self) -> int:
@@ -291,6 +293,16 @@ class Transformer:
         allowed = seen[:, None, None].expand(batch, 1, group, width, span)
         return additive_mask(allowed, self.dtype).view(batch, 1, group * width, span)
 
+    def _decode_persistent(self, x: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, span: int,
+                           depth: int | None, last_only: bool) -> torch.Tensor:
+        """A decoding forward in one launch of :mod:`flashspec_kernels.decoder` (every layer,
+        the final norm) and the LM head's GEMM."""
+        batch, width = pos.shape
+        slots = (torch.arange(batch, device=self.device)[:, None] * self.max_len + write).view(-1)
+        h = self.decoder.forward(x, pos.reshape(-1), slots, self.k_cache, self.v_cache, width, span, depth)
+        h = h.view(batch, width, -1)
+        return F.linear(h[:, -1:] if last_only else h, self.w.lm_head)
+
     @torch.no_grad()
     def forward(
         self, tokens: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, last_only: bool = False, span: int = 0,
@@ -312,6 +324,8 @@ class Transformer:
         nq, nkv = a.heads * hd, a.kv_heads * hd
         span = span or self.max_len
         x = self.embed(tokens).view(batch * width, a.dim)  # [B*T, D]
+        if self.decoder is not None and batch * width <= fused.DECODER_ROWS and tree is None and rows is None:
+            return self._decode_persistent(x, pos, write, span, depth, last_only)
         cos, sin = self.cos[pos][:, :, None], self.sin[pos][:, :, None]  # [B, T, 1, hd]
         kernels = triton_kernels() if self.decode_kernel else None  # (attention, rope) modules
         # decoding forwards: flashspec_kernels.attention, [B, T, H, hd] in and out

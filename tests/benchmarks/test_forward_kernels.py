@@ -19,7 +19,7 @@ def test_smoke_run_writes_the_summary(tmp_path: Path) -> None:
     assert data["label"].startswith("synthetic") and data["config"]["smoke"] and data["commit"]
     rows = data["rows"]
     assert {(r["shape"], r["kernels"]) for r in rows} == {
-        (s, k) for s in ("qwen2.5-1.5b", "qwen2.5-7b") for k in ("torch", "gemv")}
+        (s, k) for s in ("qwen2.5-1.5b", "qwen2.5-7b") for k in ("torch", "gemv", "persistent")}
     assert all(r["forward_ms_p50"] > 0 and r["tokens_per_s"] > 0 for r in rows)
     summary = data["summary"]
     for key in ("target_forward_over_floor", "draft_forward_over_floor", "synthetic_7b_fraction_of_floor",
@@ -27,7 +27,7 @@ def test_smoke_run_writes_the_summary(tmp_path: Path) -> None:
         assert key in summary  # None on a CPU: no floor, no NF4 run
     fastest = min(r["forward_ms_p50"] for r in rows if r["role"] == "target")
     assert summary["target_only_tokens_per_s"]["1"] == pytest.approx(1e3 / fastest)
-    assert set(summary["gemv_speedup"]) == {"qwen2.5-1.5b", "qwen2.5-7b"}
+    assert set(summary["gemv_speedup"]) == set(summary["persistent_speedup"]) == {"qwen2.5-1.5b", "qwen2.5-7b"}
 
 
 def test_summary_figures_against_the_floor() -> None:
