@@ -32,6 +32,26 @@ def tree_children(_inst: object, attr: attrs.Attribute[Any], value: str) -> None
         raise ValueError(f"{attr.name} must be one of {', '.join(map(repr, TREE_CHILDREN))}, got {value!r}")
 
 
+# A dynamic tree's tree_depth (levels) and tree_expand (nodes expanded per level); 0: none.
+tree_size = attrs.validators.and_(attrs.validators.instance_of(int), attrs.validators.ge(0))
+
+
+def check_tree(width: tuple[int, ...], children: str, depth: int, expand: int) -> None:
+    """A draft's tree keys together: a static tree (``tree_width``), a dynamic one (``tree_depth``
+    and ``tree_expand``, both set) or a chain (none), and a dynamic tree only of top-k children.
+
+    :raises ValueError: naming the keys that clash.
+    """
+    if (depth > 0) != (expand > 0):
+        raise ValueError(f"tree_depth ({depth}) and tree_expand ({expand}) go together: "
+                         "set both for a dynamic tree, neither for a chain or a tree_width tree")
+    if depth and width:
+        raise ValueError("tree_width (a static tree) and tree_depth / tree_expand (a dynamic tree) exclude each other")
+    if depth and children != "topk":
+        raise ValueError("a dynamic tree keeps the draft's top tokens (tree_children = 'topk'): keeping drawn "
+                         "children by their own probabilities would change the law they were drawn from")
+
+
 def depth(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
     """A self-speculative draft's ``layers``: an integer >= 1; ``True`` is refused, though an int."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -115,19 +115,12 @@ class FastDraftOptions(FastOptions):
     tree_width: tuple[int, ...] = attrs.field(default=(), converter=tuple, validator=keycheck.tree_width)
     tree_children: str = attrs.field(default="topk", validator=keycheck.tree_children)
     # A dynamic tree (tree_depth levels, tree_expand nodes expanded per level): see the draft module.
-    tree_depth: int = attrs.field(default=0, validator=[attrs.validators.instance_of(int), attrs.validators.ge(0)])
-    tree_expand: int = attrs.field(default=0, validator=[attrs.validators.instance_of(int), attrs.validators.ge(0)])
+    tree_depth: int = attrs.field(default=0, validator=keycheck.tree_size)
+    tree_expand: int = attrs.field(default=0, validator=keycheck.tree_size)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        if (self.tree_depth > 0) != (self.tree_expand > 0):
-            raise ValueError(f"tree_depth ({self.tree_depth}) and tree_expand ({self.tree_expand}) go together: "
-                             "set both for a dynamic tree, neither for a chain or a tree_width tree")
-        if self.tree_depth and self.tree_width:
-            raise ValueError("tree_width (a static tree) and tree_depth / tree_expand (a dynamic tree) exclude each other")
-        if self.tree_depth and self.tree_children != "topk":
-            raise ValueError("a dynamic tree keeps the draft's top tokens (tree_children = 'topk'): keeping drawn "
-                             "children by their own probabilities would change the law they were drawn from")
+        keycheck.check_tree(self.tree_width, self.tree_children, self.tree_depth, self.tree_expand)
 
 
 @attrs.frozen

@@ -1,4 +1,4 @@
-"""The key validators the fast and hf keys modules share refuse the same values with the same words."""
+"""The key checks the fast and hf keys modules share refuse the same values with the same words."""
 
 from __future__ import annotations
 
@@ -30,8 +30,12 @@ def test_self_layers_keeps_a_positive_int() -> None:
     ({"tree_width": [2, 0]}, r"tree_width must be a list of integers >= 1 \(children per node, per level\), got \[2, 0\]"),
     ({"tree_children": "top-k"}, r"tree_children must be one of 'topk', 'sample', got 'top-k'"),
     ({"device": "tpu"}, r"is not a torch device"),
+    ({"tree_depth": 2}, r"^tree_depth \(2\) and tree_expand \(0\) go together"),
+    ({"tree_depth": 2, "tree_expand": 1, "tree_width": [2]}, r"^tree_width \(a static tree\) and tree_depth / tree_expand"),
+    ({"tree_depth": 2, "tree_expand": 1, "tree_children": "sample"}, r"^a dynamic tree keeps the draft's top tokens"),
+    ({"tree_expand": -1}, r"'tree_expand' must be >= 0"),
 ])
 def test_drafts_refuse_alike(cls: type, keys: dict[str, Any], message: str, tmp_path: Path) -> None:
-    assert cls(model=str(tmp_path)).tree_width == ()  # the directory is a model ref: only `keys` is wrong
+    assert cls(model=str(tmp_path), tree_depth=2, tree_expand=1).tree_width == ()  # only `keys` is wrong
     with pytest.raises(ValueError, match=message):
         cls(model=str(tmp_path), **keys)
