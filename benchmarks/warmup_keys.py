@@ -2,7 +2,7 @@
 
     python benchmarks/warmup_keys.py [--config flashspec_core/configs/gpu.toml] [--max-batch 64] [--levels basic,full]
 
-Prints JSON; see :mod:`flashspec_bench.warmup_keys`.
+Writes docs/benchmarks/warmup-keys.json (``--out -``: prints it); see :mod:`flashspec_bench.warmup_keys`.
 """
 
 from flashspec_bench.warmup_keys import main
