@@ -130,10 +130,7 @@ class Handle:
 
     def put(self, event: Event) -> None:
         """From the engine thread: hand ``event`` to the request's coroutine."""
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
-        except RuntimeError:  # the loop is closed: nobody is listening
-            pass
+        hand_over([(self, event)])
 
     async def events(self) -> AsyncIterator[Event]:
         while True:
@@ -141,6 +138,25 @@ class Handle:
             yield event
             if event.finish is not None:
                 return
+
+
+def hand_over(events: list[tuple[Handle, Event]]) -> None:
+    """From the engine thread: each event to its request's coroutine, with one wake-up per
+    event loop. A wake-up lets that loop's thread take the GIL from the engine's, so a step's
+    events go in one call, not one per row; each loop receives them in order."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Handle, Event]]] = {}
+    for handle, event in events:
+        by_loop.setdefault(handle.loop, []).append((handle, event))
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_put_all, items)
+        except RuntimeError:  # the loop is closed: nobody is listening
+            pass
+
+
+def _put_all(items: list[tuple[Handle, Event]]) -> None:
+    for handle, event in items:
+        handle.queue.put_nowait(event)
 
 
 def context_length(pipeline: Pipeline) -> int | None:
@@ -210,6 +226,7 @@ class Engine:
         self._warm_error: BaseException | None = None
         self._counters: list[Any] = []  # the graph caches whose captures count as captures while serving
         self._captures = 0
+        self._shown_running = 0  # what the running gauge shows
         # Rows join one by one where the target prefills single rows and every arm's provider
         # forgets single rows (read once: isinstance on a Protocol costs microseconds a step).
         self.per_row = isinstance(pipeline.target, PrefillsRows) and all(
@@ -348,12 +365,18 @@ class Engine:
                 self._build()
         elif self._shrinks():
             self._build()
-        self.metrics.running.set(self.running)
+        self._gauge_running()
         if not any(self._active):
             return
         record, emitted = self._step()
         self._deliver(record, emitted)
-        self.metrics.running.set(self.running)
+        self._gauge_running()
+
+    def _gauge_running(self) -> None:
+        running = self.running
+        if running != self._shown_running:  # a gauge's set takes a lock: not on every step for nothing
+            self._shown_running = running
+            self.metrics.running.set(running)
 
     def _drop_cancelled(self) -> None:
         past_deadline = self._deadline is not None and time.perf_counter() > self._deadline
@@ -424,13 +447,15 @@ class Engine:
         self.metrics.rebuilds.inc()
         self.metrics.rebuild_tokens.inc(sum(len(r.sequence) for r in rows))
 
-    def _row_sampling(self) -> RowSampling:
+    def _row_sampling(self) -> SamplingParams | RowSampling:
         """One setting per slot; a never-filled slot copies the first row's (unseeded), so a
-        batch of one setting stays uniform."""
+        batch of one setting stays uniform, and is handed to the steps as that one setting
+        (what the pipeline would make of it each step)."""
         first = next(r for r in self._rows if r is not None)
         rows = [first if r is None else r for r in self._rows]
         seeds = [None if r is None else r.job.seed for r in self._rows]
-        return RowSampling([r.job.params for r in rows], seeds=seeds)
+        sampling = RowSampling([r.job.params for r in rows], seeds=seeds)
+        return sampling.uniform or sampling
 
     def _step(self) -> tuple[StepRecord, list[list[int]]]:
         # The pipeline's own step (plan -> propose -> score -> verify -> commit), so the engine's
@@ -441,6 +466,8 @@ class Engine:
         eos = self.pipeline.target.eos_token_ids
         now = time.perf_counter()
         accepted = []
+        events: list[tuple[Handle, Event]] = []
+        generated = 0
         for b, row in enumerate(self._rows):
             if row is None or not self._active[b]:
                 continue
@@ -454,15 +481,14 @@ class Engine:
             self._lengths[b] += len(new)
             row.out.extend(new)
             self._observe_latency(row, now)
-            self.metrics.generation_tokens.inc(len(new))
-            piece = row.text.feed(new)
+            generated += len(new)
+            events.append((row.handle, Event(row.text.feed(new), tuple(new))))
             if row.text.stopped or stop is not None or len(row.out) >= row.job.max_tokens:
                 self._active[b] = False
                 reason = "stop" if row.text.stopped or stop is not None else "length"
-                row.handle.put(Event(piece, tuple(new)))
-                self._finish(row, reason)
-            else:
-                row.handle.put(Event(piece, tuple(new)))
+                events.append((row.handle, self._last(row, reason)))
+        hand_over(events)
+        self.metrics.generation_tokens.inc(generated)
         self.metrics.step(record.arm_name, record.gamma, accepted, record.step_ms / 1e3)
 
     def _observe_latency(self, row: _Row, now: float) -> None:
@@ -473,9 +499,13 @@ class Engine:
         row.last = now
 
     def _finish(self, row: _Row, reason: str, error: str | None = None) -> None:
+        row.handle.put(self._last(row, reason, error))
+
+    def _last(self, row: _Row, reason: str, error: str | None = None) -> Event:
+        """A request's last event: the text held back, why it ended and its statistics."""
         tail = row.text.flush() if reason in ("stop", "length") else ""
-        row.handle.put(Event(tail, (), finish=reason, completion_tokens=len(row.out),
-                             speculation=row.speculation(), error=error))
+        return Event(tail, (), finish=reason, completion_tokens=len(row.out), speculation=row.speculation(),
+                     error=error)
 
     def _abort_all(self, reason: str, error: str) -> None:
         for row in [r for b, r in enumerate(self._rows) if r is not None and self._active[b]] + self._joining:

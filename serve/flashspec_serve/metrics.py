@@ -9,6 +9,7 @@ tests start many) never share counters. Counters are exposed with prometheus_cli
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -50,10 +51,16 @@ class Metrics:
                              buckets=_LATENCY_BUCKETS, registry=r)
         self.step_time = Histogram("flashspec:step_time_seconds", "Wall time of one decode step",
                                    buckets=_LATENCY_BUCKETS, registry=r)
+        self._arms: dict[str, Any] = {}  # arm name -> its arm_selections child
+        self._positions: list[Any] = []  # draft position -> its accepted_per_pos child
 
     def step(self, arm: str, width: int, accepted: Sequence[int], step_s: float) -> None:
         """One decode step: ``accepted`` holds the accepted draft tokens of each live row."""
-        self.arm_selections.labels(arm=arm).inc()
+        # A labelled child is looked up once: labels() takes a lock and builds a key each call.
+        child = self._arms.get(arm)
+        if child is None:
+            child = self._arms[arm] = self.arm_selections.labels(arm=arm)
+        child.inc()
         self.step_time.observe(step_s)
         if width == 0:
             return
@@ -61,8 +68,9 @@ class Metrics:
         self.num_draft_tokens.inc(width * len(accepted))
         self.num_accepted_tokens.inc(sum(accepted))
         for pos in range(max(accepted, default=0)):
-            hits = sum(n > pos for n in accepted)
-            self.accepted_per_pos.labels(position=str(pos)).inc(hits)
+            while len(self._positions) <= pos:
+                self._positions.append(self.accepted_per_pos.labels(position=str(len(self._positions))))
+            self._positions[pos].inc(sum(n > pos for n in accepted))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,0 +1,108 @@
+"""The engine's host path per step: how its events reach the event loop, and what a step re-reads."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import make_pipeline
+
+from flashspec_core.contracts import RowSampling, SamplingParams
+from flashspec_serve.engine import Engine, Event, Handle, Job, hand_over
+from flashspec_serve.metrics import Metrics
+
+PROMPTS = [(1, 2, 3), (3, 4), (7, 8, 9, 1, 2), (5,)]
+
+
+class _Loop:
+    """An event loop that only records what is handed to it from another thread."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, tuple[Any, ...]]] = []
+
+    def call_soon_threadsafe(self, fn: Any, *args: Any) -> None:
+        self.calls.append((fn, args))
+
+
+def test_hand_over_wakes_each_loop_once_with_its_events_in_order() -> None:
+    a, b = _Loop(), _Loop()
+    job = Job((1,), 1, SamplingParams())
+    ha1, ha2, hb = (Handle(job, loop) for loop in (a, a, b))  # type: ignore[arg-type]
+    events = [(ha1, Event("x", (1,))), (hb, Event("y", (2,))), (ha2, Event("z", (3,))), (ha1, Event("", (), "stop"))]
+    hand_over(events)
+    assert len(a.calls) == 1 and len(b.calls) == 1
+    assert a.calls[0][1][0] == [events[0], events[2], events[3]] and b.calls[0][1][0] == [events[1]]
+
+
+def test_one_wake_up_of_the_event_loop_per_step_whatever_the_rows(tiny_models: dict[str, Path]) -> None:
+    """Four rows decode together: each step's events (their last ones included) reach the
+    event loop in one thread-safe call, not one per row."""
+    pipeline = make_pipeline(tiny_models)
+    steps: list[Any] = []
+    pipeline.on_step = steps.append
+    engine = Engine(pipeline, max_batch=len(PROMPTS))
+    wake_ups = 0
+
+    async def run() -> list[list[Event]]:
+        nonlocal wake_ups
+        loop = asyncio.get_running_loop()
+        threadsafe = loop.call_soon_threadsafe
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal wake_ups
+            wake_ups += 1
+            return threadsafe(*args, **kwargs)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        # all queued before the engine starts, so they join in one batch
+        handles = [engine.submit(Job(p, 12, SamplingParams(temperature=0.0)), loop) for p in PROMPTS]
+        engine.start()
+        return [[e async for e in h.events()] for h in handles]
+
+    try:
+        got = asyncio.run(run())
+    finally:
+        engine.stop()
+    assert all(events[-1].finish in ("stop", "length") for events in got)
+    assert all(s.batch_size == len(PROMPTS) for s in steps[:1])  # they did share the steps
+    assert wake_ups == len(steps)
+
+
+def test_a_uniform_batch_hands_the_steps_its_one_setting(tiny_models: dict[str, Path]) -> None:
+    """A batch whose rows share one unseeded setting is stepped with that SamplingParams (what
+    the pipeline would derive from the RowSampling every step); a seeded row keeps the rows."""
+    engine = Engine(make_pipeline(tiny_models), max_batch=2)
+
+    async def run(seeds: tuple[int | None, ...]) -> Any:
+        loop = asyncio.get_running_loop()
+        for prompt, seed in zip(PROMPTS, seeds, strict=False):
+            engine._waiting.append(Handle(Job(prompt, 4, SamplingParams(temperature=0.7), seed=seed), loop))
+        engine._admit()
+        engine._build()
+        return engine._sampling
+
+    assert asyncio.run(run((None, None))) == SamplingParams(temperature=0.7)
+    engine._rows, engine._active = [], []
+    assert isinstance(asyncio.run(run((None, 5))), RowSampling)
+
+
+def test_step_metrics_reuse_their_labelled_children() -> None:
+    metrics = Metrics()
+    for accepted in ([2, 0], [3, 1], [0, 0]):
+        metrics.step("d0", 3, accepted, 0.001)
+    metrics.step("lookup", 0, [], 0.001)
+    text = metrics.render().decode()
+
+    def value(name: str) -> float:
+        return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+    assert value('flashspec:spec_decode_arm_selections_total{arm="d0"}') == 3
+    assert value('flashspec:spec_decode_arm_selections_total{arm="lookup"}') == 1
+    per_pos = [value(f'flashspec:spec_decode_num_accepted_tokens_per_pos_total{{position="{p}"}}') for p in range(3)]
+    assert per_pos == [3, 2, 1]
+    assert value("flashspec:spec_decode_num_drafts_total") == 6
+    assert value("flashspec:spec_decode_num_accepted_tokens_total") == 6
+    with pytest.raises(StopIteration):
+        value('flashspec:spec_decode_num_accepted_tokens_per_pos_total{position="3"}')
