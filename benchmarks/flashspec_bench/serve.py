@@ -19,7 +19,12 @@ medians and p99s. The systems, each over the same prompts, max tokens and sampli
              a child process over the same model folders, non-streaming; its defaults
              otherwise (batch size 1, the only size its default drafter runs at). Bounded by
              ``--peer-deadline`` (and what ``--deadline`` leaves): a level past it is recorded
-             as ``timed_out`` and the peer's process group is killed.
+             as ``timed_out`` and the peer's process group is killed. It needs no network
+             (it starts offline in seconds), but on CUDA its default ``--compile auto`` runs
+             ``torch.compile(mode="reduce-overhead")`` on its first requests, once per input
+             width of each model: minutes before the first answer (on the CPU, forced on, the
+             tiny models' first request takes 100 s). So on CUDA it is tried with its default
+             for half of its time, then with ``--compile off`` for the rest.
 
 Every request is also checked: ``load_test`` counts the requests sent, lost (an error, or no
 complete response), duplicated (a response id seen twice, or a stream that finished twice)
@@ -241,7 +246,10 @@ def peer_serving(setup: PeerSetup, log: Path, device: str, start_s: float = PEER
     import httpx
 
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(setup.site), os.environ.get("PYTHONPATH")])),
+    # Offline: it loads local folders only. Its torch.compile logs each (re)compile, so a log cut
+    # short at a deadline says whether it was still compiling.
+    env = {"TORCH_LOGS": "recompiles", **os.environ,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(setup.site), os.environ.get("PYTHONPATH")])),
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     with tempfile.TemporaryDirectory() as cwd, log.open("w") as out:
         proc = subprocess.Popen(peer_command(setup, port, device), cwd=cwd, env=env, stdout=out,
@@ -571,7 +579,10 @@ def bench_peer(setup: PeerSetup, spec: Load, log: Path, say: Callable[[str], Non
     end = time.monotonic() + deadline_s
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     with peer_serving(setup, log, device, min(PEER_START_S, deadline_s)) as url:
-        warm = bounded(load(url, "peer", spec.prompts, 2, 2, spec.max_tokens, spec.sampling, False), end)[0]
+        try:
+            warm = bounded(load(url, "peer", spec.prompts, 2, 2, spec.max_tokens, spec.sampling, False), end)[0]
+        except TimedOut as exc:  # its log says what it was doing (its compiles are logged)
+            raise TimedOut(f"its warm-up requests got {exc}; its log ends: {_tail(log)}") from None
         if all(r.error is not None for r in warm):
             raise RuntimeError(f"the peer failed every warm-up request: {warm[0].error}")
         return levels(url, "peer", spec, False, say, "peer", end)
@@ -696,33 +707,56 @@ def run(args: argparse.Namespace, config: dict[str, Any], base_dir: Path | None,
         return
     import torch
 
-    failures = []
     end = time.monotonic() + peer_budget(args.peer_deadline, args.deadline, time.monotonic() - start)
-    for extra in peer_attempts(tuple(args.peer_arg), torch.cuda.is_available()):
-        try:
-            if end - time.monotonic() < 1:
-                raise TimedOut("no time left of the peer's deadline for this attempt")
-            target, draft = model_folders(config, base_dir)
-            setup = PeerSetup(args.peer, target, draft, peer_dtype(config, torch.cuda.is_available()),
-                              args.temperature, args.max_tokens, extra)
-            runs["peer"], requests["peer"] = bench_peer(setup, plain, tmp / "peer.log", say, end - time.monotonic())
-            notes.append("peer command: " + " ".join(peer_command(setup, 0, "DEVICE")[1:]))
-            late = {k: v["timed_out"] for k, v in runs["peer"].items() if "timed_out" in v}
-            if late:
-                notes.append(f"peer timed_out at {', '.join(late)}: " + "; ".join(sorted(set(late.values()))))
-            break
-        except Exception as exc:  # noqa: BLE001  # the other systems' numbers still count
-            failures.append(f"with {list(extra)}: {'timed_out' if isinstance(exc, TimedOut) else type(exc).__name__}: "
-                            f"{exc}")
-            say(f"peer failed {failures[-1]}")
-    else:
-        runs["peer"] = {"skipped": "; ".join(failures)}
-    if failures:
-        notes.append("peer attempts that failed: " + "; ".join(failures))
+    cuda = torch.cuda.is_available()
+
+    def setup(extra: tuple[str, ...]) -> PeerSetup:
+        target, draft = model_folders(config, base_dir)
+        return PeerSetup(args.peer, target, draft, peer_dtype(config, cuda), args.temperature, args.max_tokens, extra)
+
+    runs["peer"], sent, peer_notes, failures = peer_runs(setup, peer_attempts(tuple(args.peer_arg), cuda), plain,
+                                                         tmp / "peer.log", say, end)
+    if sent is not None:
+        requests["peer"] = sent
+    notes += peer_notes
     if failures and args.smoke:
         notes.append("smoke: the peer's AutoTokenizer reads the tiny models' word-level tokenizer as Qwen2's BPE, "
                      "which encodes the smoke prompts to no tokens, so the peer cannot serve them")
     _write(args, out, spec, runs, requests, references, notes, say)
+
+
+def peer_runs(setup: Callable[[tuple[str, ...]], PeerSetup], attempts: Sequence[tuple[str, ...]], spec: Load,
+              log: Path, say: Callable[[str], None], end: float
+              ) -> tuple[dict[str, Any], list[Request] | None, list[str], list[str]]:
+    """The peer's rows from the first of ``attempts`` (extra arguments each) that serves, all by
+    ``end`` (``time.monotonic()``); every attempt but the last gets an equal share of the time
+    left, so the fallback still runs after a first attempt that never answers (the compiled
+    path compiling for minutes). Its rows (``skipped`` with every failure where none served),
+    requests (None then), notes, and the failures."""
+    failures: list[str] = []
+    notes: list[str] = []
+    for i, extra in enumerate(attempts):
+        left = end - time.monotonic()
+        try:
+            if left < 1:
+                raise TimedOut("no time left of the peer's deadline for this attempt")
+            chosen = setup(extra)
+            rows, requests = bench_peer(chosen, spec, log, say, left / (len(attempts) - i))
+        except Exception as exc:  # noqa: BLE001  # the other systems' numbers still count
+            failures.append(f"with {list(extra)}: {'timed_out' if isinstance(exc, TimedOut) else type(exc).__name__}: "
+                            f"{exc}")
+            say(f"peer failed {failures[-1]}")
+            continue
+        notes.append("peer command: " + " ".join(peer_command(chosen, 0, "DEVICE")[1:]))
+        late = {k: v["timed_out"] for k, v in rows.items() if "timed_out" in v}
+        if late:
+            notes.append(f"peer timed_out at {', '.join(late)}: " + "; ".join(sorted(set(late.values()))))
+        if failures:
+            notes.append("peer attempts that failed: " + "; ".join(failures))
+        return rows, requests, notes, failures
+    if failures:
+        notes.append("peer attempts that failed: " + "; ".join(failures))
+    return {"skipped": "; ".join(failures)}, None, notes, failures
 
 
 def peer_budget(peer_s: float, run_s: float | None, elapsed_s: float) -> float:
@@ -734,7 +768,8 @@ def peer_budget(peer_s: float, run_s: float | None, elapsed_s: float) -> float:
 def peer_attempts(extra: tuple[str, ...], cuda: bool) -> list[tuple[str, ...]]:
     """The peer's argument sets to try in turn: as given, then, on CUDA where the compile
     mode was not given, without its static-cache CUDA-graph path (its ``auto`` turns that on
-    with CUDA, and it is the part likeliest to break on another transformers)."""
+    with CUDA: it compiles for minutes on its first requests, and it is the part likeliest to
+    break on another transformers)."""
     if cuda and not any(a.startswith("--compile") for a in extra):
         return [extra, (*extra, "--compile", "off")]
     return [extra]
