@@ -301,6 +301,9 @@ def _forced(policy: StepPolicy) -> Iterator[Callable[[Arm], None]]:
     policy.selectors = [_One() for _ in selectors]
     policy.rewards = [copy.deepcopy(r) for r in rewards]
     policy.first_rewards = [copy.deepcopy(r) for r in first_rewards]
+    # Drops a choice drawn ahead by a generate() before the warm-up: an index into the
+    # policy's own arms, which the forced single arm does not have.
+    policy.begin(1)
 
     def force(arm: Arm) -> None:
         policy.arms = [arm]

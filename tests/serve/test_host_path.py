@@ -10,6 +10,7 @@ import pytest
 from conftest import make_pipeline
 
 from flashspec_core.contracts import RowSampling, SamplingParams
+from flashspec_serve import warmup
 from flashspec_serve.engine import Engine, Event, Handle, Job, hand_over
 from flashspec_serve.metrics import Metrics
 
@@ -106,3 +107,14 @@ def test_step_metrics_reuse_their_labelled_children() -> None:
     assert value("flashspec:spec_decode_num_accepted_tokens_total") == 6
     with pytest.raises(StopIteration):
         value('flashspec:spec_decode_num_accepted_tokens_per_pos_total{position="3"}')
+
+
+def test_the_warm_up_runs_after_generate_drew_a_choice_ahead(tiny_models: dict[str, Path]) -> None:
+    """The serve bench times generate() on the pipeline before it serves: the choice UCB1 drew
+    ahead at generate's last step (an index into all four arms) must not reach the warm-up's
+    forced single arm."""
+    pipeline = make_pipeline(tiny_models, "ucb1")
+    pipeline.generate(["t1 t2 t3"], max_new_tokens=6)
+    warmed = warmup.warm_up(pipeline, [1], None, True, level="basic")
+    assert warmed.steps > 0
+    assert pipeline.generate(["t1 t2 t3"], max_new_tokens=6).token_ids  # the policy's own arms are back
