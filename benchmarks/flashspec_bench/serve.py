@@ -2,8 +2,9 @@
 ``generate`` and the other project published on PyPI as ``flashspec`` (0.3.1, "the peer").
 
 Our server runs in this process (uvicorn in a thread, 127.0.0.1, a free port) over a pipeline
-from a TOML config; ``clients`` closed-loop clients each send ``requests_per_client``
-completions one after another. Per request: the time to the first text chunk (TTFT), the
+from a TOML config; ``clients`` closed-loop clients, in a child process of their own (as real
+clients are: in the server's, they would take the GIL from its engine thread), each send
+``requests_per_client`` completions one after another. Per request: the time to the first text chunk (TTFT), the
 gaps between text chunks (ITL: a chunk holds one step's tokens) and the completion tokens
 (the response's ``usage``). Per concurrency: output tokens/s over the wall time, and the
 medians and p99s. The systems, each over the same prompts, max tokens and sampling:
@@ -363,6 +364,37 @@ def plan(clients: int, per_client: int, n_prompts: int) -> list[list[int]]:
 
 async def load(url: str, model: str, prompts: Sequence[str], clients: int, per_client: int, max_tokens: int,
                sampling: dict[str, Any], stream: bool = True) -> tuple[list[Request], float]:
+    """:func:`load_here` in a child process, as real clients are: in ours, their Python (HTTP
+    parsing, JSON) would hold the GIL that our server's engine thread needs between its
+    device calls, and slow the server it measures. Killed if cancelled (a deadline)."""
+    job = {"url": url, "model": model, "prompts": list(prompts), "clients": clients, "per_client": per_client,
+           "max_tokens": max_tokens, "sampling": sampling, "stream": stream}
+    here = str(Path(__file__).resolve().parents[1])  # the folder that holds flashspec_bench
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "from flashspec_bench.serve import load_child; load_child()", env=env,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await proc.communicate(json.dumps(job).encode())
+    except asyncio.CancelledError:
+        proc.kill()
+        await proc.wait()
+        raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"the load's client process failed ({proc.returncode}): {err.decode()[-1500:]}")
+    done = json.loads(out)
+    return [Request(**{**r, "gaps_s": tuple(r["gaps_s"])}) for r in done["requests"]], done["wall_s"]
+
+
+def load_child() -> None:
+    """The child of :func:`load`: a load's arguments as JSON on stdin, its requests and wall time on stdout."""
+    job = json.loads(sys.stdin.read())
+    requests, wall = asyncio.run(load_here(**job))
+    json.dump({"requests": [attrs.asdict(r) for r in requests], "wall_s": wall}, sys.stdout)
+
+
+async def load_here(url: str, model: str, prompts: Sequence[str], clients: int, per_client: int, max_tokens: int,
+                    sampling: dict[str, Any], stream: bool = True) -> tuple[list[Request], float]:
     """``clients`` clients, each sending ``per_client`` requests in turn; the requests and
     the wall time of the whole load."""
     import httpx
