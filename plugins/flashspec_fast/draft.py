@@ -350,8 +350,9 @@ class FastDraft:
         if not self._tree:  # an empty proposal, or a chain: paths hold nothing it fed
             self.rollback([0] * len(self._lengths))
             return
-        if self.tree_depth:  # a dynamic tree's nodes sit at their fed block slots
+        if self.tree_depth:  # a dynamic tree's nodes sit at their fed block slots; one width, one graph
             paths = self._slots[paths + 1]
+            paths = torch.cat([paths, paths.new_full((paths.shape[0], self.tree_depth - paths.shape[1]), -1)], dim=1)
         move_path(self.model, self.graphs, self._stage_path, paths, self._root, below=self._fed)
         self.seen = [n + k for n, k in zip(self._lengths, kept_counts(paths, below=self._fed), strict=True)]
 

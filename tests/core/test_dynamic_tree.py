@@ -198,3 +198,22 @@ def test_greedy_dynamic_tree_output_is_target_only_output(models: dict[str, Path
         assert got.token_ids == plain.generate(batch, max_new_tokens=20, temperature=0.0).token_ids
     assert len(widths) > 3 and {w[1] for w in widths} == {10}  # every tree the budget's width
     assert max(max(s.accepted) for s in got.steps) >= 2
+
+
+def test_fast_prewarm_asks_for_every_key_a_dynamic_tree_step_can_need(models: dict[str, Path]) -> None:
+    opts = FastDraftOptions(model=str(models["close"]), dtype="float32", device="cpu", max_len=300,
+                            chat_template=False, tree_depth=3, tree_expand=2)
+    d = make_draft(opts, DraftContext(target=None, vocab=16, device=torch.device("cpu")))
+    sampling, gamma, gen = SamplingParams(temperature=0.0), 6, torch.Generator().manual_seed(0)
+    assert d.prewarm(1, gamma, sampling, off_gpu=True) == len(d.graphs.keys) > 0
+    warmed = set(d.graphs.keys)
+    for length in (2, 17, 121, 200, d.model.scratch - 7):
+        tokens = torch.randint(0, 16, (1, length + 1), generator=gen)
+        for behind in sorted({0, 2, 9, 16, length}):
+            d.reset()
+            d.seen = [max(length - behind, 0)]
+            draft = d.propose(tokens, [length], gamma, sampling, gen)
+            assert draft.parents is not None
+            d.rollback_path(torch.full((1, 1 + behind % 3), -1))  # a tree as deep as the budget lets it
+    assert d.graphs.keys <= warmed, sorted(map(str, d.graphs.keys - warmed))
+    assert any(key[0] == "grow" for key in warmed)
