@@ -161,7 +161,7 @@ class _Api:
 
     # ------------------------------------------------------------------ decoding
 
-    def _job(self, prompt: list[int], sampling: Sampling, param: str) -> Job:
+    def _job(self, prompt: list[int], sampling: Sampling, param: str, stream: bool) -> Job:
         try:
             room = self.engine.room(len(prompt))
         except ContextError as exc:
@@ -171,7 +171,7 @@ class _Api:
             raise APIError(400, f"the prompt has {len(prompt)} tokens and max_tokens is {wanted}, but the model's "
                                 f"context leaves room for {room} new tokens ({self.engine.context} in all)",
                            param="max_tokens", code="context_length_exceeded")
-        return Job(tuple(prompt), wanted, sampling.params, sampling.seed, sampling.stop)
+        return Job(tuple(prompt), wanted, sampling.params, sampling.seed, sampling.stop, stream)
 
     def _submit(self, job: Job) -> Handle:
         try:
@@ -187,7 +187,8 @@ class _Api:
             sampling = sampling_of(body, self.defaults)
         except ValueError as exc:  # the prompt's own check
             raise APIError(400, str(exc), param="prompt") from None
-        handle = self._submit(self._job(prompt, sampling, "messages" if isinstance(body, ChatBody) else "prompt"))
+        handle = self._submit(self._job(prompt, sampling, "messages" if isinstance(body, ChatBody) else "prompt",
+                                        bool(body.stream)))
         reply = _Reply(kind, self.settings.model_name, len(prompt))
         if body.stream:
             usage = bool((body.stream_options or {}).get("include_usage"))

@@ -87,6 +87,7 @@ class Job:
     params: SamplingParams
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    stream: bool = True  # False: the text is wanted once, at the end (no per-step decode without stop strings)
 
 
 @attrs.frozen
@@ -171,7 +172,7 @@ class _Row:
     def __init__(self, handle: Handle, decode: Any) -> None:
         self.handle, self.job = handle, handle.job
         self.out: list[int] = []
-        self.text = TextStream(decode, handle.job.stop)
+        self.text = TextStream(decode, handle.job.stop, lazy=not handle.job.stream)
         self.last: float | None = None  # when tokens were last delivered
         self.drafted = self.accepted = self.steps = 0
         self.per_pos: list[int] = []

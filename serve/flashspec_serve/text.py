@@ -12,10 +12,15 @@ class TextStream:
     the one before it) and returns the new text that is safe to show: a trailing
     ``U+FFFD`` (an incomplete UTF-8 character) and a suffix that could start a stop string
     are held back until the next tokens settle them. A stop string ends the text just before it.
+
+    ``lazy`` (a response sent whole, with no stop strings): :meth:`feed` only keeps the ids and
+    :meth:`flush` decodes them once, since nothing reads the text before the end; a decode of a
+    growing continuation at every step costs time linear in its length.
     """
 
-    def __init__(self, decode: Callable[[Sequence[int]], str], stop: Sequence[str] = ()) -> None:
+    def __init__(self, decode: Callable[[Sequence[int]], str], stop: Sequence[str] = (), lazy: bool = False) -> None:
         self.decode, self.stop = decode, tuple(stop)
+        self.lazy = lazy and not self.stop
         self.ids: list[int] = []
         self.sent = 0  # characters handed out
         self.stopped = False
@@ -23,6 +28,8 @@ class TextStream:
     def feed(self, new: Sequence[int]) -> str:
         """The text that ``new`` adds; after a stop string, the text up to it (and ``stopped``)."""
         self.ids.extend(new)
+        if self.lazy:
+            return ""
         text = self.decode(self.ids)
         cut = min((i for s in self.stop if (i := text.find(s)) >= 0), default=-1)
         if cut >= 0:

@@ -13,6 +13,7 @@ from flashspec_core.contracts import RowSampling, SamplingParams
 from flashspec_serve import warmup
 from flashspec_serve.engine import Engine, Event, Handle, Job, hand_over
 from flashspec_serve.metrics import Metrics
+from flashspec_serve.text import TextStream
 
 PROMPTS = [(1, 2, 3), (3, 4), (7, 8, 9, 1, 2), (5,)]
 
@@ -118,3 +119,40 @@ def test_the_warm_up_runs_after_generate_drew_a_choice_ahead(tiny_models: dict[s
     warmed = warmup.warm_up(pipeline, [1], None, True, level="basic")
     assert warmed.steps > 0
     assert pipeline.generate(["t1 t2 t3"], max_new_tokens=6).token_ids  # the policy's own arms are back
+
+
+def test_a_text_sent_whole_is_decoded_once_at_the_end() -> None:
+    words = {1: "a", 2: " b", 3: "c", 4: "\ufffd"}
+    calls: list[int] = []
+
+    def decode(ids: Any) -> str:
+        calls.append(len(ids))
+        return "".join(words[i] for i in ids)
+
+    lazy = TextStream(decode, lazy=True)
+    assert [lazy.feed(new) for new in ([1], [2, 4], [3])] == ["", "", ""] and calls == []
+    assert lazy.flush() == "a b\ufffdc" and calls == [4]
+    eager = TextStream(decode, lazy=False)
+    assert "".join([eager.feed(new) for new in ([1], [2, 4], [3])] + [eager.flush()]) == "a b\ufffdc"
+    assert len(calls) == 1 + 4  # a decode per feed and one for the flush
+    assert not TextStream(decode, stop=("c",), lazy=True).lazy  # stop strings are looked for at every step
+
+
+def test_the_engine_decodes_a_request_sent_whole_once(tiny_models: dict[str, Path]) -> None:
+    pipeline = make_pipeline(tiny_models)
+    decode, calls = pipeline.target.decode, []
+    pipeline.target.decode = lambda ids: calls.append(len(ids)) or decode(ids)  # type: ignore[method-assign]
+    engine = Engine(pipeline, max_batch=1)
+
+    async def run(stream: bool) -> str:
+        handle = engine.submit(Job((1, 2, 3), 12, SamplingParams(temperature=0.0), stream=stream),
+                               asyncio.get_running_loop())
+        return "".join([e.text async for e in handle.events()])
+
+    engine.start()
+    try:
+        whole = asyncio.run(run(False))
+        assert len(calls) == 1
+        assert asyncio.run(run(True)) == whole and len(calls) > 2  # streamed: a decode per step
+    finally:
+        engine.stop()
