@@ -1,0 +1,174 @@
+"""Host time per decode step of the serving path beside ``Pipeline.generate``, on the CPU.
+
+    python benchmarks/serve_host_cost.py [--tokens 200] [--repeats 5] [--modes generate,engine,http,...]
+
+Over the tiny random models (:mod:`flashspec_core.testing.tiny`, float32, one draft arm,
+EOS ignored so every run decodes ``--tokens``), each mode decodes the same prompts; the
+pipeline's ``step`` is wrapped to time ``step_ms`` (the step itself) and ``loop_ms`` (from
+one step's end to the next's start: what the loop around the step does), and ``cpu_ms`` is
+this process's CPU time per step over all its threads. Modes, all greedy:
+
+``generate`` / ``generate8``  ``Pipeline.generate`` on one prompt / eight.
+``engine`` / ``engine8``      the serving engine, one / eight requests, read by a coroutine.
+``http`` / ``http8``          the HTTP server streaming to one / eight clients in a child process.
+``whole8``                   eight non-streaming clients (``stream: false``) in a child process.
+
+Modes run in turn, ``--repeats`` times (ABAB), after one untimed round; each field is the
+median over the repeats. Prints JSON; with ``--out`` writes it too (benchmarks/.results is
+git-ignored). The numbers are the CPU's: they rank the host costs, not a GPU's step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+PROMPTS = [[1, 2, 3, 4, 5], [3, 4], [7, 8, 9, 1, 2], [5], [2, 2, 6], [9, 8, 7, 6], [11, 3, 5, 1], [4, 12]]
+MODES = ("generate", "engine", "http", "generate8", "engine8", "http8", "whole8")
+
+
+def timed_step(pipeline: Any) -> list[tuple[float, float]]:
+    """Wrap ``pipeline.step`` to record each call's start and end (perf_counter); the marks."""
+    marks: list[tuple[float, float]] = []
+    inner = pipeline.step
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        out = inner(*args, **kwargs)
+        marks.append((t0, time.perf_counter()))
+        return out
+
+    pipeline.step = step
+    return marks
+
+
+def per_step(marks: list[tuple[float, float]], cpu_s: float) -> dict[str, float]:
+    """Mean step and loop milliseconds, and CPU milliseconds per step."""
+    loop = [marks[i + 1][0] - marks[i][1] for i in range(len(marks) - 1)]
+    return {"step_ms": statistics.mean(b - a for a, b in marks) * 1e3,
+            "loop_ms": statistics.mean(loop) * 1e3 if loop else 0.0,
+            "cpu_ms": cpu_s / len(marks) * 1e3, "steps": len(marks)}
+
+
+def build(root: Path) -> Callable[[], Any]:
+    """A maker of pipelines over the tiny target and its close draft, EOS ignored."""
+    from flashspec_core.build import build_pipeline
+    from flashspec_core.testing.tiny import pipeline_dict, tiny_family
+
+    models = tiny_family(root)
+    config = pipeline_dict(models["target"], [models["close"]], "fixed", dtype="float32")
+    config["arm"] = config["arm"][:1]
+
+    def make() -> Any:
+        pipeline = build_pipeline(config)
+        target = pipeline.target  # this target only: a subclass whose EOS set is empty
+        target.__class__ = type(f"NoEos{type(target).__name__}", (type(target),), {"eos_token_ids": frozenset()})
+        return pipeline
+
+    return make
+
+
+def serve(pipeline: Any) -> str:
+    """The app over ``pipeline`` on a free port of 127.0.0.1, in a daemon thread; its URL."""
+    import uvicorn
+
+    from flashspec_serve.app import ServeSettings, create_app
+
+    app = create_app(pipeline, ServeSettings(model_name="m", max_batch=8, warmup=False))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
+    while not server.started:
+        time.sleep(0.01)
+    return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def runners(make: Callable[[], Any], tokens: int) -> tuple[dict[str, Callable[[], dict[str, float]]], Any]:
+    """Per mode a function that runs it once and returns its per-step times; and the engine."""
+    from flashspec_bench.serve import load
+    from flashspec_core.contracts import SamplingParams
+    from flashspec_serve.engine import Engine, Job
+
+    offline, engined, served = make(), make(), make()
+    marks = {id(p): timed_step(p) for p in (offline, engined, served)}
+    engine = Engine(engined, max_batch=8)
+    engine.start()
+    url = serve(served)
+    texts = [" ".join(f"t{i}" for i in p) for p in PROMPTS]
+
+    def timed(pipeline: Any, work: Callable[[], Any]) -> dict[str, float]:
+        mine = marks[id(pipeline)]
+        mine.clear()
+        c0 = time.process_time()
+        work()
+        return per_step(mine, time.process_time() - c0)
+
+    async def engine_run(k: int) -> None:
+        loop = asyncio.get_running_loop()
+        handles = [engine.submit(Job(tuple(p), tokens, SamplingParams(temperature=0.0)), loop) for p in PROMPTS[:k]]
+
+        async def drain(h: Any) -> None:
+            async for _ in h.events():
+                pass
+
+        await asyncio.gather(*(drain(h) for h in handles))
+
+    def http_run(k: int, stream: bool) -> None:
+        asyncio.run(load(url, "m", texts[:k], k, 1, tokens, {"temperature": 0.0}, stream))
+
+    return {
+        "generate": lambda: timed(offline, lambda: offline.generate(PROMPTS[:1], max_new_tokens=tokens)),
+        "generate8": lambda: timed(offline, lambda: offline.generate(PROMPTS, max_new_tokens=tokens)),
+        "engine": lambda: timed(engined, lambda: asyncio.run(engine_run(1))),
+        "engine8": lambda: timed(engined, lambda: asyncio.run(engine_run(8))),
+        "http": lambda: timed(served, lambda: http_run(1, True)),
+        "http8": lambda: timed(served, lambda: http_run(8, True)),
+        "whole8": lambda: timed(served, lambda: http_run(8, False)),
+    }, engine
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, default=200)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    modes = args.modes.split(",")
+    if unknown := set(modes) - set(MODES):
+        p.error(f"unknown modes {sorted(unknown)}")
+    import torch
+
+    torch.set_num_threads(1)  # the host's share, not the intra-op pool's
+    with tempfile.TemporaryDirectory() as tmp:
+        run, engine = runners(build(Path(tmp)), args.tokens)
+        try:
+            for mode in modes:  # untimed: first allocations, first imports
+                run[mode]()
+            rounds = [{mode: run[mode]() for mode in modes} for _ in range(args.repeats)]
+        finally:
+            engine.stop()
+    result = {"tokens": args.tokens, "repeats": args.repeats,
+              "modes": {m: {k: round(statistics.median(r[m][k] for r in rounds), 4)
+                            for k in ("step_ms", "loop_ms", "cpu_ms", "steps")} for m in modes}}
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
