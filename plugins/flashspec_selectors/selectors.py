@@ -216,16 +216,21 @@ def shared_slopes_fit(xtx: np.ndarray, xty: np.ndarray) -> np.ndarray:
     return np.column_stack([intercepts, np.broadcast_to(solution[k:], (k, 2))])
 
 
-def chain_acceptance_prior(width: Any) -> Any:
+def chain_acceptance_prior(width: Any, rows: int = 1) -> Any:
     """The mean accepted count of a chain of ``width`` drafted tokens before any is seen:
     ``sum_{i=1..width} 1 / (i + 1)``, the expected ``sum_i alpha^i`` (Leviathan, Kalman &
     Matias 2023, section 3.1) under a uniform prior on the acceptance rate ``alpha``;
     linear between whole widths (an arm's mean width need not be one). A count spread
     evenly over ``[0, width]`` instead expects ``width / 2``, which overrates wide drafts:
-    the i-th token counts only if all before it were accepted."""
+    the i-th token counts only if all before it were accepted.
+
+    With ``rows`` above 1 it is the mean of the least of ``rows`` chains drafted at the same
+    rate (a static batch waits on its slowest row): the least accepts ``i`` or more with
+    probability ``alpha^(i rows)``, so ``sum_{i=1..width} 1 / (i rows + 1)``."""
     w = np.asarray(width, dtype=np.float64)
     top = int(np.ceil(w.max())) if w.size else 0
-    sums = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(2, top + 2))])  # [top + 1]: sums[n] for width n
+    terms = 1.0 / (max(int(rows), 1) * np.arange(1, top + 1) + 1.0)  # [top]
+    sums = np.concatenate([[0.0], np.cumsum(terms)])  # [top + 1]: sums[n] for width n
     return np.interp(w, np.arange(top + 1), sums)
 
 
@@ -710,7 +715,11 @@ class Factored:
     rows over its value at one row, from a histogram of the arm's accepted counts per row.
     Each arm's first ``warmup`` steps count toward its acceptance but not its cost: the
     first step of a draft model pays for its prefill of the prompt, and one step priced
-    at that would rule the arm out for the rest of a short request.
+    at that would rule the arm out for the rest of a short request. The opening is cost-aware
+    (:meth:`_worth_opening`): an arm not yet seen is opened only where the prior's value of a
+    chain at the live rows, at the cost the fit over the other arms predicts, beats the best
+    costed arm, so a static batch of 32 rows does not pay several plain steps per arm to learn
+    what the least row's prior already says; the arm opens once rows finish and it may pay.
     Until the first :meth:`observe` it is Beta-Bernoulli Thompson sampling on rewards.
     """
 
@@ -793,22 +802,58 @@ class Factored:
             # capped: fed rewards alone for a while, no arm may look opened before it was observed
             self.outstanding[first] = min(self.outstanding[first] + 1, opening - 1)
             return first
-        short = np.flatnonzero(self.steps + self.outstanding < opening)
-        if short.size:
+        short = [k for k in np.flatnonzero(self.steps + self.outstanding < opening).tolist() if self._worth_opening(k)]
+        if short:
             self.outstanding[short[0]] += 1
-            return int(short[0])
+            return short[0]
         mean, cov = self._posterior()
-        width = self.width / np.maximum(self.steps, 1)  # [K]; 0 for an arm whose first play is in flight
-        x = np.stack([np.ones(self.num_arms), np.full(self.num_arms, float(self.rows)), self.rows * width], 1)
+        x = self._features()
         spread = np.sqrt(np.maximum(np.einsum("ki,kij,kj->k", x, cov, x), 0.0))
         step_s = np.einsum("ki,ki->k", x, mean) + spread * self.rng.standard_normal(self.num_arms)
         step_s = np.maximum(step_s, max(0.5 * self.fastest, 1e-9))  # no step is near-free
-        accepted = self._draw_accepted(width)
-        if self.static_batch and self.rows > 1:
-            mean = expected_least(self.counts, 1)
-            accepted = accepted * np.where(mean > 0, expected_least(self.counts, self.rows) / np.maximum(mean, 1e-12), 1.0)
-        scores = predicted_throughput(self.rows, accepted, step_s)
+        scores = predicted_throughput(self.rows, self._least(self._draw_accepted(x[:, 2] / self.rows)), step_s)
+        # An arm with no step observed (the gate kept it from opening) has no width or acceptance
+        # yet: scored here it would read as plain decoding at another cost and win a lucky draw.
+        scores = np.where(self.steps > 0, scores, -np.inf)
         return _argmax(scores.tolist())
+
+    def _features(self) -> np.ndarray:
+        """Each arm's :func:`cost_features` at the live rows and its mean width (``[K, 3]``; width 0
+        for an arm whose first play is in flight)."""
+        width = self.width / np.maximum(self.steps, 1)  # [K]
+        return np.stack([np.ones(self.num_arms), np.full(self.num_arms, float(self.rows)), self.rows * width], 1)
+
+    def _least(self, accepted: np.ndarray) -> np.ndarray:
+        """Accepted tokens per row ``[K]`` scaled, in a static batch, to the least of the live rows."""
+        if not (self.static_batch and self.rows > 1):
+            return accepted
+        one = expected_least(self.counts, 1)
+        return accepted * np.where(one > 0, expected_least(self.counts, self.rows) / np.maximum(one, 1e-12), 1.0)
+
+    def _worth_opening(self, arm: int) -> bool:
+        """Whether ``arm``'s opening may start at the live rows. Once a step is costed and a draft
+        seen, an arm with no step observed (an opening play drawn ahead and dropped at a request's
+        end does not count) opens only if its prior value can beat the best costed arm's value
+        (both at posterior means): the most, over whole widths up to the widest mean width
+        seen, of the tokens per second of a chain with a uniform prior on its acceptance rate (in
+        a static batch the least of the live rows' chains, :func:`chain_acceptance_prior`) at the
+        arm's prior cost (the fit over every arm, :meth:`_posterior`). At 32 rows the least row of
+        a chain expects a few hundredths of a token, and an opening play there costs several plain
+        steps; as rows finish the live rows fall and a held-back arm opens where it may pay."""
+        costed = self.fitted > 0
+        if self.steps[arm] > 0 or not costed.any() or not self.width.any():
+            return True
+        mean, _ = self._posterior()
+        x = self._features()
+        n, s, _ = self.acc
+        accepted = (s + self.prior_rows * chain_acceptance_prior(x[:, 2] / self.rows)) / (n + self.prior_rows)
+        floor = max(0.5 * self.fastest, 1e-9)
+        known = predicted_throughput(self.rows, self._least(accepted), np.maximum(np.einsum("ki,ki->k", x, mean), floor))
+        widths = np.arange(1.0, math.ceil(float((self.width / np.maximum(self.steps, 1)).max())) + 1.0)  # [W]
+        wx = np.stack([np.ones_like(widths), np.full_like(widths, float(self.rows)), self.rows * widths], 1)
+        prior = chain_acceptance_prior(widths, self.rows if self.static_batch else 1)
+        value = predicted_throughput(self.rows, prior, np.maximum(wx @ mean[arm], floor))
+        return bool(value.max() > known[costed].max())
 
     def observe(self, arm: int, rows: int, width: int, accepted: Sequence[int], step_s: float) -> None:
         arm = _check_arm(arm, self.num_arms)

@@ -134,6 +134,40 @@ def test_the_acceptance_prior_is_the_chain_mean_under_a_uniform_rate() -> None:
     assert chain_acceptance_prior(np.array([2.5]))[0] == pytest.approx((1 / 2 + 1 / 3 + 1 / 2 + 1 / 3 + 1 / 4) / 2)
 
 
+def test_the_least_of_rows_prior_is_the_mean_least_chain_under_a_uniform_rate() -> None:
+    rng = np.random.default_rng(0)
+    alpha = rng.random(200_000)
+    for rows, width in ((1, 3), (4, 3), (8, 6), (32, 8)):
+        # A row's chain accepts i or more with probability alpha^i; the rows share alpha.
+        least = np.stack([rng.random((alpha.size, rows)).max(1) < alpha**i for i in range(1, width + 1)]).sum(0)
+        assert chain_acceptance_prior(width, rows) == pytest.approx(least.mean(), abs=0.01)
+    assert chain_acceptance_prior(3, 32) < 0.06 < 1.0 < chain_acceptance_prior(3)
+
+
+def _plain_and_a_costly_draft(rows: int, static_batch: bool = True) -> Factored:
+    # Three arms: plain decoding and a draft, both opened and costed at ``rows``; arm 2 not played yet.
+    selector = Factored(FactoredConfig(seed=6, static_batch=static_batch), 3)
+    for _ in range(4):
+        selector.observe(0, rows, 0, [0] * rows, planted_time(rows, 0))
+        selector.observe(1, rows, 4, ([0, 4] * rows)[:rows], planted_time(rows, 4) + 3e-3)
+    return selector
+
+
+def test_an_arm_is_not_opened_where_its_prior_cannot_beat_the_costed_arms() -> None:
+    selector = _plain_and_a_costly_draft(32)
+    selector.see_rows(32)  # the least of 32 rows' chains expects under 0.06 tokens: not worth a forced play
+    assert 2 not in [selector.select() for _ in range(200)]
+    selector.see_rows(1)  # at one row a chain of the same width expects a token or more
+    assert selector.select() == 2 and selector.outstanding[2] == 1
+
+
+def test_held_back_arms_open_where_rows_are_refilled() -> None:
+    # Refilled rows are scored by the mean row, whose prior does not fall with the rows.
+    selector = _plain_and_a_costly_draft(32, static_batch=False)
+    selector.see_rows(32)
+    assert selector.select() == 2
+
+
 def test_a_wide_draft_that_accepts_nothing_is_dropped_within_a_few_plays() -> None:
     # Twice a plain step's time for eight drafted tokens (a CPU verifying nine), none ever accepted.
     plays = []
@@ -187,7 +221,7 @@ def test_the_opening_plays_each_arm_warmup_plus_initial_times(draw_ahead: bool, 
     for _ in range(6):
         plan = policy.choose([0])
         played.append(plan.choice)
-        policy.learn(plan, 4, [1], 1e-3 * (1 + plan.choice))
+        policy.learn(plan, 4, [1], 1e-3)  # equal costs: the cost-aware gate holds no arm back
     assert sorted(played) == [0, 0, 1, 1, 2, 2]
 
 
