@@ -16,9 +16,11 @@ A. ``qkv = rms_norm(x) @ Wqkv^T + b``, an item per 16 column pairs ``(j, j + hd 
    values into the KV cache at each token's slot;
 B. attention, an item per (row, KV head, split of ``CHUNK`` slots): the grouped queries
    of the row fold the split's slots they may see (slot ``<= position``) into an online
-   softmax in float32, base 2, and write the split's partial ``(max, sum, acc)``;
-C. ``x += o @ Wo^T``, an item per 16 output columns, combining the splits of every head
-   (rescaled to their common max, added in split order) into ``o`` as it goes;
+   softmax in float32, base 2, and write the split's partial ``(max, sum, acc)``; the
+   item that finishes last for its (row, KV head) (an atomic counter, as split-K GEMMs
+   do) rescales the splits to their common max, adds them in split order and writes
+   the attention output ``o`` in the model dtype;
+C. ``x += o @ Wo^T``, an item per 16 output columns;
 D. ``a = silu(g) * u`` with ``[g, u] = rms_norm(x) @ Wgu^T``, an item per 16 columns;
 E. ``x += a @ Wdown^T``, an item per 16 output columns;
 
@@ -26,8 +28,9 @@ and after the last layer the final norm, written to ``out`` for the LM head (cuB
 GEMM, a wide matrix it streams at bandwidth). Five barriers per layer replace about ten
 launches.
 
-**Barriers.** The grid has at most one program per SM and every program is resident, so
-spinning cannot starve one that has yet to arrive. A program arrives with a release
+**Barriers.** The grid has one program per SM and every program is resident, so
+spinning cannot starve one that has yet to arrive (more programs per SM than fit at once
+would hang: the grid is never larger). A program arrives with a release
 atomic once all its threads' stores are done and spins on an acquire load; data written
 by other programs in this launch is read with ``.cg`` loads (L2, not the SM's L1, which
 is not coherent). The last program to leave zeroes the counters for the next launch (and
@@ -84,7 +87,7 @@ def _sync(bar_ptr, idx, nprog, PERSISTENT: tl.constexpr):
 @triton.jit
 def _rstd(x_ptr, rows, rmask, D, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in range(0, D, BLOCK_K):
+    for k0 in tl.range(0, D, BLOCK_K, num_stages=2):
         ks = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rows[:, None] * D + ks[None, :], mask=rmask[:, None] & (ks < D)[None, :], other=0.0,
                     cache_modifier=".cg").to(tl.float32)
@@ -106,7 +109,8 @@ def _normed(x_ptr, nw_ptr, rows, rmask, ks, kmask, rstd, D, dt: tl.constexpr, IN
 def _phase_qkv(x_ptr, w_ptr, b_ptr, nw_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
                M, D, eps, pid, nprog,
                H: tl.constexpr, KV: tl.constexpr, HD: tl.constexpr, BIAS: tl.constexpr, UPCAST: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NORM_K: tl.constexpr, STAGES: tl.constexpr,
+               INTERPRET: tl.constexpr):
     dt: tl.constexpr = x_ptr.dtype.element_ty
     half: tl.constexpr = HD // 2
     chunks: tl.constexpr = (half + 15) // 16
@@ -114,7 +118,7 @@ def _phase_qkv(x_ptr, w_ptr, b_ptr, nw_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin_
     rows = tl.arange(0, BLOCK_M)
     rmask = rows < M
     if pid < n_items:
-        rstd = _rstd(x_ptr, rows, rmask, D, eps, BLOCK_M, BLOCK_K)
+        rstd = _rstd(x_ptr, rows, rmask, D, eps, BLOCK_M, NORM_K)
         pos = tl.load(pos_ptr + rows, mask=rmask, other=0)
         slot = tl.load(slot_ptr + rows, mask=rmask, other=0)
         for item in range(pid, n_items, nprog):
@@ -124,7 +128,7 @@ def _phase_qkv(x_ptr, w_ptr, b_ptr, nw_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin_
             col = hh * HD + j  # the pair's first halves; + half: the second
             acc1 = tl.zeros((BLOCK_M, 16), dtype=tl.float32)
             acc2 = tl.zeros((BLOCK_M, 16), dtype=tl.float32)
-            for k0 in range(0, D, BLOCK_K):
+            for k0 in tl.range(0, D, BLOCK_K, num_stages=STAGES):
                 ks = k0 + tl.arange(0, BLOCK_K)
                 km = ks < D
                 h = _normed(x_ptr, nw_ptr, rows, rmask, ks, km, rstd, D, dt, INTERPRET)
@@ -162,9 +166,11 @@ def _phase_qkv(x_ptr, w_ptr, b_ptr, nw_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin_
 
 
 @triton.jit
-def _phase_attention(q_ptr, kc_ptr, vc_ptr, pos_ptr, ml_ptr, acc_ptr, M, T, S, nsplit, qk_scale, pid, nprog,
+def _phase_attention(q_ptr, kc_ptr, vc_ptr, pos_ptr, ml_ptr, acc_ptr, o_ptr, cnt_ptr, M, T, S, nsplit, qk_scale,
+                     pid, nprog,
                      H: tl.constexpr, KV: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr, G: tl.constexpr,
-                     BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, ATT_BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
+                     BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, ATT_BLOCK: tl.constexpr, STAGES: tl.constexpr,
+                     INTERPRET: tl.constexpr):
     dt: tl.constexpr = q_ptr.dtype.element_ty
     n_items = (M // T) * KV * nsplit
     d = tl.arange(0, HD_PAD)
@@ -189,11 +195,12 @@ def _phase_attention(q_ptr, kc_ptr, vc_ptr, pos_ptr, ml_ptr, acc_ptr, M, T, S, n
             m = tl.full([BLOCK_M], float("-inf"), tl.float32)
             den = tl.zeros([BLOCK_M], tl.float32)
             acc = tl.zeros([BLOCK_M, HD_PAD], tl.float32)
-            for n0 in range(start, stop, ATT_BLOCK):
+            for n0 in tl.range(start, stop, ATT_BLOCK, num_stages=STAGES):
                 n = n0 + tl.arange(0, ATT_BLOCK)
                 in_range = n < stop
                 kv_off = kv_base + n[:, None] * (KV * HD) + d[None, :]
                 k = tl.load(kc_ptr + kv_off, mask=in_range[:, None] & dm[None, :], other=0.0, cache_modifier=".cg")
+                v = tl.load(vc_ptr + kv_off, mask=in_range[:, None] & dm[None, :], other=0.0, cache_modifier=".cg")
                 sc = _dot(q, k, tl.zeros((BLOCK_M, ATT_BLOCK), dtype=tl.float32), INTERPRET) * qk_scale
                 seen = (n[None, :] <= p_row[:, None]) & in_range[None, :]
                 sc = tl.where(seen, sc, float("-inf"))
@@ -202,7 +209,6 @@ def _phase_attention(q_ptr, kc_ptr, vc_ptr, pos_ptr, ml_ptr, acc_ptr, M, T, S, n
                 alpha = tl.exp2(m - m_safe)
                 p = tl.exp2(sc - m_safe[:, None])
                 den = den * alpha + tl.sum(p, axis=1)
-                v = tl.load(vc_ptr + kv_off, mask=in_range[:, None] & dm[None, :], other=0.0, cache_modifier=".cg")
                 pv = _dot(_round(p, dt, INTERPRET).to(dt), tl.trans(v), tl.zeros((BLOCK_M, HD_PAD), dtype=tl.float32),
                           INTERPRET)  # p in the cache dtype, as flash attention does
                 acc = acc * alpha[:, None] + pv
@@ -211,42 +217,56 @@ def _phase_attention(q_ptr, kc_ptr, vc_ptr, pos_ptr, ml_ptr, acc_ptr, M, T, S, n
             tl.store(ml_ptr + at * 2, m, mask=live)
             tl.store(ml_ptr + at * 2 + 1, den, mask=live)
             tl.store(acc_ptr + at[:, None] * HD_PAD + d[None, :], acc, mask=live[:, None])
+        # the split that finishes last for this (row, KV head) combines all of them into o
+        tl.debug_barrier()  # every thread's partials are stored before the counter says so
+        arrived = tl.atomic_add(cnt_ptr + b * KV + h, 1, sem="acq_rel", scope="gpu")
+        if arrived == nsplit - 1:
+            for r0 in range(0, G * T, BLOCK_M):
+                r = r0 + tl.arange(0, BLOCK_M)
+                live = r < G * T
+                row = b * T + r % T
+                head = h * G + r // T
+                first = (row * H + head) * nsplit
+                top = tl.full([BLOCK_M], float("-inf"), tl.float32)
+                for sp in range(0, nsplit):
+                    top = tl.maximum(top, tl.load(ml_ptr + (first + sp) * 2, mask=live, other=float("-inf"),
+                                                  cache_modifier=".cg"))
+                top = tl.where(top == float("-inf"), 0.0, top)
+                o = tl.zeros((BLOCK_M, HD_PAD), dtype=tl.float32)
+                total = tl.zeros((BLOCK_M,), dtype=tl.float32)
+                for sp in range(0, nsplit):  # in split order; empty splits (sum 0) add exact zeros
+                    part = tl.load(ml_ptr + (first + sp) * 2 + 1, mask=live, other=0.0, cache_modifier=".cg")
+                    mx = tl.load(ml_ptr + (first + sp) * 2, mask=live, other=0.0, cache_modifier=".cg")
+                    w = tl.where(part > 0, tl.exp2(mx - top), 0.0)
+                    o += tl.load(acc_ptr + (first + sp)[:, None] * HD_PAD + d[None, :], mask=live[:, None], other=0.0,
+                                 cache_modifier=".cg") * w[:, None]
+                    total += part * w
+                o = o / tl.where(total > 0, total, 1.0)[:, None]
+                tl.store(o_ptr + row[:, None] * (H * HD) + head[:, None] * HD + d[None, :],
+                         _round(o, dt, INTERPRET).to(dt), mask=live[:, None] & dm[None, :])
+            tl.atomic_xchg(cnt_ptr + b * KV + h, 0)  # ready for the next layer and launch
 
 
 @triton.jit
-def _phase_out(x_ptr, wo_ptr, ml_ptr, acc_ptr, M, D, nsplit, pid, nprog,
-               H: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
+def _phase_residual_gemv(x_ptr, w_ptr, in_ptr, M, D, K, pid, nprog, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, STAGES: tl.constexpr, INTERPRET: tl.constexpr):
+    """``x += in @ W^T`` (``in`` ``[M, K]``, written earlier in this launch; W ``[D, K]``), an
+    item per ``BLOCK_N`` output columns: the output projection and the down projection."""
     dt: tl.constexpr = x_ptr.dtype.element_ty
     n_items = tl.cdiv(D, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     rmask = rows < M
-    d = tl.arange(0, HD_PAD)
-    dm = d < HD
     for item in range(pid, n_items, nprog):
         cols = item * BLOCK_N + tl.arange(0, BLOCK_N)
         cm = cols < D
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for hh in range(0, H):
-            first = (rows * H + hh) * nsplit
-            top = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            for s in range(0, nsplit):
-                top = tl.maximum(top, tl.load(ml_ptr + (first + s) * 2, mask=rmask, other=float("-inf"),
-                                              cache_modifier=".cg"))
-            top = tl.where(top == float("-inf"), 0.0, top)
-            o = tl.zeros((BLOCK_M, HD_PAD), dtype=tl.float32)
-            den = tl.zeros((BLOCK_M,), dtype=tl.float32)
-            for s in range(0, nsplit):  # in split order; empty splits (sum 0) add exact zeros
-                part = tl.load(ml_ptr + (first + s) * 2 + 1, mask=rmask, other=0.0, cache_modifier=".cg")
-                w = tl.where(part > 0, tl.exp2(tl.load(ml_ptr + (first + s) * 2, mask=rmask, other=0.0,
-                                                       cache_modifier=".cg") - top), 0.0)
-                o += tl.load(acc_ptr + (first + s)[:, None] * HD_PAD + d[None, :], mask=rmask[:, None], other=0.0,
-                             cache_modifier=".cg") * w[:, None]
-                den += part * w
-            o = _round(o / tl.where(den > 0, den, 1.0)[:, None], dt, INTERPRET).to(dt)
-            wt = tl.load(wo_ptr + cols[:, None] * (H * HD) + hh * HD + d[None, :], mask=cm[:, None] & dm[None, :],
-                         other=0.0)
-            acc = _dot(o, wt, acc, INTERPRET)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            km = ks < K
+            a = tl.load(in_ptr + rows[:, None] * K + ks[None, :], mask=rmask[:, None] & km[None, :], other=0.0,
+                        cache_modifier=".cg")
+            w = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=cm[:, None] & km[None, :], other=0.0)
+            acc = _dot(a, w, acc, INTERPRET)
         ptrs = x_ptr + rows[:, None] * D + cols[None, :]
         mask = rmask[:, None] & cm[None, :]
         y = acc + tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
@@ -255,19 +275,20 @@ def _phase_out(x_ptr, wo_ptr, ml_ptr, acc_ptr, M, D, nsplit, pid, nprog,
 
 @triton.jit
 def _phase_gate_up(x_ptr, w_ptr, nw_ptr, act_ptr, M, D, F, eps, pid, nprog,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_K: tl.constexpr,
+                   STAGES: tl.constexpr, INTERPRET: tl.constexpr):
     dt: tl.constexpr = x_ptr.dtype.element_ty
     n_items = tl.cdiv(F, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     rmask = rows < M
     if pid < n_items:
-        rstd = _rstd(x_ptr, rows, rmask, D, eps, BLOCK_M, BLOCK_K)
+        rstd = _rstd(x_ptr, rows, rmask, D, eps, BLOCK_M, NORM_K)
         for item in range(pid, n_items, nprog):
             cols = item * BLOCK_N + tl.arange(0, BLOCK_N)
             cm = cols < F
             acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for k0 in range(0, D, BLOCK_K):
+            for k0 in tl.range(0, D, BLOCK_K, num_stages=STAGES):
                 ks = k0 + tl.arange(0, BLOCK_K)
                 km = ks < D
                 h = _normed(x_ptr, nw_ptr, rows, rmask, ks, km, rstd, D, dt, INTERPRET)
@@ -283,38 +304,14 @@ def _phase_gate_up(x_ptr, w_ptr, nw_ptr, act_ptr, M, D, F, eps, pid, nprog,
 
 
 @triton.jit
-def _phase_down(x_ptr, w_ptr, act_ptr, M, D, F, pid, nprog,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr):
-    dt: tl.constexpr = x_ptr.dtype.element_ty
-    n_items = tl.cdiv(D, BLOCK_N)
-    rows = tl.arange(0, BLOCK_M)
-    rmask = rows < M
-    for item in range(pid, n_items, nprog):
-        cols = item * BLOCK_N + tl.arange(0, BLOCK_N)
-        cm = cols < D
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, F, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            km = ks < F
-            a = tl.load(act_ptr + rows[:, None] * F + ks[None, :], mask=rmask[:, None] & km[None, :], other=0.0,
-                        cache_modifier=".cg")
-            w = tl.load(w_ptr + cols[:, None] * F + ks[None, :], mask=cm[:, None] & km[None, :], other=0.0)
-            acc = _dot(a, w, acc, INTERPRET)
-        ptrs = x_ptr + rows[:, None] * D + cols[None, :]
-        mask = rmask[:, None] & cm[None, :]
-        y = acc + tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-        tl.store(ptrs, _round(y, dt, INTERPRET).to(dt), mask=mask)
-
-
-@triton.jit
 def _phase_final_norm(x_ptr, nw_ptr, out_ptr, M, D, eps, pid, nprog,
-                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NORM_K: tl.constexpr, INTERPRET: tl.constexpr):
     dt: tl.constexpr = x_ptr.dtype.element_ty
     n_items = tl.cdiv(D, BLOCK_K)
     rows = tl.arange(0, BLOCK_M)
     rmask = rows < M
     if pid < n_items:
-        rstd = _rstd(x_ptr, rows, rmask, D, eps, BLOCK_M, BLOCK_K)
+        rstd = _rstd(x_ptr, rows, rmask, D, eps, BLOCK_M, NORM_K)
         for item in range(pid, n_items, nprog):
             ks = item * BLOCK_K + tl.arange(0, BLOCK_K)
             km = ks < D
@@ -326,12 +323,12 @@ def _phase_final_norm(x_ptr, nw_ptr, out_ptr, M, D, eps, pid, nprog,
 def _decoder_kernel(
     x_ptr, out_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr,
     wqkv_ptr, bqkv_ptr, anorm_ptr, wo_ptr, mnorm_ptr, wgu_ptr, wd_ptr, fnorm_ptr,
-    kc_ptr, vc_ptr, q_ptr, ml_ptr, acc_ptr, act_ptr, bar_ptr,
+    kc_ptr, vc_ptr, q_ptr, ml_ptr, acc_ptr, o_ptr, cnt_ptr, act_ptr, bar_ptr,
     M, T, S, layers, layer_cache, nsplit, D, F, eps, qk_scale, phase_lo, phase_hi,
     H: tl.constexpr, KV: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr, G: tl.constexpr,
     BIAS: tl.constexpr, UPCAST: tl.constexpr, PERSISTENT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr,
-    ATT_BLOCK: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_K: tl.constexpr, STAGES: tl.constexpr,
+    CHUNK: tl.constexpr, ATT_BLOCK: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -344,26 +341,26 @@ def _decoder_kernel(
         if phase_lo <= idx and idx < phase_hi:
             _phase_qkv(x_ptr, wqkv_ptr + layer * nqkv * D, bqkv_ptr + layer * nqkv, anorm_ptr + layer * D, q_ptr, kc, vc,
                        cos_ptr, sin_ptr, pos_ptr, slot_ptr, M, D, eps, pid, nprog,
-                       H, KV, HD, BIAS, UPCAST, BLOCK_M, BLOCK_K, INTERPRET)
+                       H, KV, HD, BIAS, UPCAST, BLOCK_M, BLOCK_K, NORM_K, STAGES, INTERPRET)
             _sync(bar_ptr, idx, nprog, PERSISTENT)
         if phase_lo <= idx + 1 and idx + 1 < phase_hi:
-            _phase_attention(q_ptr, kc, vc, pos_ptr, ml_ptr, acc_ptr, M, T, S, nsplit, qk_scale, pid, nprog,
-                             H, KV, HD, HD_PAD, G, BLOCK_M, CHUNK, ATT_BLOCK, INTERPRET)
+            _phase_attention(q_ptr, kc, vc, pos_ptr, ml_ptr, acc_ptr, o_ptr, cnt_ptr, M, T, S, nsplit, qk_scale, pid,
+                             nprog, H, KV, HD, HD_PAD, G, BLOCK_M, CHUNK, ATT_BLOCK, STAGES, INTERPRET)
             _sync(bar_ptr, idx + 1, nprog, PERSISTENT)
         if phase_lo <= idx + 2 and idx + 2 < phase_hi:
-            _phase_out(x_ptr, wo_ptr + layer * D * (H * HD), ml_ptr, acc_ptr, M, D, nsplit, pid, nprog,
-                       H, HD, HD_PAD, BLOCK_M, BLOCK_N, INTERPRET)
+            _phase_residual_gemv(x_ptr, wo_ptr + layer * D * (H * HD), o_ptr, M, D, H * HD, pid, nprog,
+                                 BLOCK_M, BLOCK_N, BLOCK_K, STAGES, INTERPRET)
             _sync(bar_ptr, idx + 2, nprog, PERSISTENT)
         if phase_lo <= idx + 3 and idx + 3 < phase_hi:
             _phase_gate_up(x_ptr, wgu_ptr + layer * 2 * F * D, mnorm_ptr + layer * D, act_ptr, M, D, F, eps, pid, nprog,
-                           BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
+                           BLOCK_M, BLOCK_N, BLOCK_K, NORM_K, STAGES, INTERPRET)
             _sync(bar_ptr, idx + 3, nprog, PERSISTENT)
         if phase_lo <= idx + 4 and idx + 4 < phase_hi:
-            _phase_down(x_ptr, wd_ptr + layer * D * F, act_ptr, M, D, F, pid, nprog, BLOCK_M, BLOCK_N, BLOCK_K,
-                        INTERPRET)
+            _phase_residual_gemv(x_ptr, wd_ptr + layer * D * F, act_ptr, M, D, F, pid, nprog,
+                                 BLOCK_M, BLOCK_N, BLOCK_K, STAGES, INTERPRET)
             _sync(bar_ptr, idx + 4, nprog, PERSISTENT)
     if phase_lo <= layers * 5 and layers * 5 < phase_hi:
-        _phase_final_norm(x_ptr, fnorm_ptr, out_ptr, M, D, eps, pid, nprog, BLOCK_M, BLOCK_K, INTERPRET)
+        _phase_final_norm(x_ptr, fnorm_ptr, out_ptr, M, D, eps, pid, nprog, BLOCK_M, NORM_K, NORM_K, INTERPRET)
     if PERSISTENT:  # the last program out leaves the counters at zero for the next launch
         tl.debug_barrier()
         gone = tl.atomic_add(bar_ptr + layers * 5, 1, sem="acq_rel", scope="gpu")
@@ -392,6 +389,19 @@ class Shape:
     kv_heads: int
     head_dim: int
     eps: float
+
+
+def tuning(dim: int) -> dict[str, int]:
+    """Block sizes and pipelining: ``block_k`` (K per GEMM step), ``norm_k`` (a norm's step:
+    the whole row up to 1024), ``stages``, ``warps``; ``FLASHSPEC_DECODER_TUNE`` (``"block_k=256,
+    warps=8"``) overrides them for measurement."""
+    tune = {"block_k": 256, "norm_k": min(1024, max(16, triton.next_power_of_2(dim))), "stages": 3, "warps": 4}
+    for part in filter(None, os.environ.get("FLASHSPEC_DECODER_TUNE", "").split(",")):
+        key, _, value = part.partition("=")
+        if key.strip() not in tune or not value.strip().isdigit():
+            raise ValueError(f"FLASHSPEC_DECODER_TUNE: {part!r} is not one of {', '.join(tune)} = a number")
+        tune[key.strip()] = int(value)
+    return tune
 
 
 def _interpreting(device: torch.device) -> bool:
@@ -424,7 +434,8 @@ class Decoder:
         if self.interpret and mode == "persistent":
             mode = "phased"  # the interpreter runs programs one after another: a barrier would never open
         self.mode = mode
-        if programs is None:
+        self.tune = tuning(w.wqkv.shape[2])
+        if programs is None:  # one per SM: all resident at once, whatever the kernel's registers and shared memory
             programs = 3 if self.interpret else int(torch.cuda.get_device_properties(device).multi_processor_count)
         self.programs = programs
         layers, nq = w.wqkv.shape[0], shape.heads * shape.head_dim
@@ -434,6 +445,8 @@ class Decoder:
         parts = MAX_ROWS * shape.heads * self.max_splits  # attention partial sums [rows, heads, splits]
         self.ml = torch.zeros((parts * 2,), dtype=torch.float32, device=device)
         self.acc = torch.zeros((parts * self.hd_pad,), dtype=torch.float32, device=device)
+        self.o = torch.zeros((MAX_ROWS, nq), dtype=dtype, device=device)  # attention output
+        self.counts = torch.zeros((MAX_ROWS * shape.kv_heads,), dtype=torch.int32, device=device)  # splits arrived
         self.act = torch.zeros((MAX_ROWS, w.w_down.shape[2]), dtype=dtype, device=device)
         self.bar = torch.zeros((layers * PHASES + 1,), dtype=torch.int32, device=device)
 
@@ -465,15 +478,16 @@ class Decoder:
         args = (
             x, out, pos.contiguous(), slots.contiguous(), self.cos, self.sin,
             w.wqkv, w.bqkv if w.bqkv is not None else w.attn_norm, w.attn_norm, w.wo, w.mlp_norm, w.w_gate_up,
-            w.w_down, w.norm, k_cache, v_cache, self.q, self.ml, self.acc, self.act, self.bar,
+            w.w_down, w.norm, k_cache, v_cache, self.q, self.ml, self.acc, self.o, self.counts, self.act, self.bar,
             m, width, self.max_len, n_layers, layer_cache, nsplit, dim, w.w_down.shape[2], sh.eps,
             _LOG2E / math.sqrt(sh.head_dim),
         )
         meta = dict(
             H=sh.heads, KV=sh.kv_heads, HD=sh.head_dim, HD_PAD=self.hd_pad, G=sh.heads // sh.kv_heads,
             BIAS=w.bqkv is not None, UPCAST=x.dtype != torch.float32,
-            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=128, CHUNK=CHUNK, ATT_BLOCK=ATT_BLOCK,
-            INTERPRET=self.interpret, num_warps=4,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=self.tune["block_k"], NORM_K=self.tune["norm_k"],
+            STAGES=self.tune["stages"], CHUNK=CHUNK, ATT_BLOCK=ATT_BLOCK, INTERPRET=self.interpret,
+            num_warps=self.tune["warps"],
         )
         grid = (self.programs,)
         if self.mode == "persistent":

@@ -41,7 +41,7 @@ def tiny(kind: str) -> tuple[Transformer, Transformer]:
 
 
 def step(model: Transformer, tokens: torch.Tensor, start: int, **kw: object) -> torch.Tensor:
-    pos = (start + torch.arange(tokens.shape[1]))[None].expand_as(tokens)
+    pos = (start + torch.arange(tokens.shape[1], device=tokens.device))[None].expand_as(tokens)
     return model.forward(tokens, pos, pos, **kw)
 
 
