@@ -3,11 +3,12 @@ torch work on them waits for the build."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from flashspec_core import keycheck
+from flashspec_core import keycheck, machine
 from flashspec_core.config import ComponentKeys
 from flashspec_core.keycheck import SelfOptions as SelfOptions  # the self-speculative drafts share one key
 from flashspec_models.weights import KNOWN_MODELS, is_model_ref
@@ -68,6 +69,16 @@ class FastOptions:
         if self.kernels != "torch" and self.quantization != "none":
             raise ValueError(f"kernels = {self.kernels!r} multiplies unquantized weights, not quantization = "
                              f"{self.quantization!r}")
+        triton_only = [f"{key} = {value!r}" for key, value, plain in (("kernels", self.kernels, "torch"),
+                                                                      ("attention", self.attention, "sdpa"))
+                       if value not in ("auto", plain)]
+        if triton_only and os.environ.get("TRITON_INTERPRET") != "1":
+            # before torch is imported: only where the model certainly lands on a CPU
+            cpu = "device is 'cpu'" if self.device == "cpu" else machine.no_cuda() if self.device == "auto" else None
+            if cpu is not None:
+                raise ValueError(f"{' and '.join(triton_only)} run Triton kernels, which need a CUDA GPU, and "
+                                 f"{cpu}: set kernels = 'torch' and attention = 'auto', or TRITON_INTERPRET=1 to run "
+                                 f"them through Triton's interpreter")
 
     def torch_device(self) -> torch.device:
         import torch  # at build time only

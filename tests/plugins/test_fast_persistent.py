@@ -140,3 +140,24 @@ def test_on_the_gpu_one_launch_matches_the_torch_path(dtype: torch.dtype, monkey
         graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, first)
+
+
+def test_triton_options_on_a_certain_cpu_are_refused_before_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kernels``/``attention`` that need Triton on a model that certainly lands on a CPU:
+    refused when the keys are read (no torch), unless the interpreter is on; ``auto`` on a
+    machine that may have CUDA is left to the build."""
+    from flashspec_core import machine
+
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match=r"kernels = 'persistent' run Triton kernels.*device is 'cpu'"):
+        FastOptions(model="shape:qwen2.5-0.5b", kernels="persistent", device="cpu")
+    with pytest.raises(ValueError, match=r"kernels = 'gemv' and attention = 'triton'"):
+        FastOptions(model="shape:qwen2.5-0.5b", kernels="gemv", attention="triton", device="cpu")
+    monkeypatch.setattr(machine, "no_cuda", lambda: "there is no NVIDIA or ROCm driver")
+    with pytest.raises(ValueError, match="no NVIDIA or ROCm driver"):
+        FastOptions(model="shape:qwen2.5-0.5b", attention="triton")
+    FastOptions(model="shape:qwen2.5-0.5b", device="cpu")  # the torch path needs nothing
+    monkeypatch.setattr(machine, "no_cuda", lambda: None)
+    FastOptions(model="shape:qwen2.5-0.5b", kernels="persistent")  # may be a GPU: the build decides
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    FastOptions(model="shape:qwen2.5-0.5b", kernels="persistent", device="cpu")
