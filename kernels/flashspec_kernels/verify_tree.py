@@ -25,12 +25,15 @@ row's mass (one extra pass over ``q``'s row per node that has an elder sibling).
 Greedy: the chain's ``_argmax_partial_kernel`` over the ``R`` rows, then
 ``_tree_greedy_kernel`` descends to the eldest child equal to the argmax.
 
-The tree's shape is known on the host: :func:`tree_index` derives from ``parents`` the
+The tree's shape is known on the host: :func:`tree_tables` derives from ``parents`` the
 ``[3, N]`` node table (parent, depth, youngest-sibling flag) and the ``[N, W]`` elder-sibling
-table, once per shape and device (cached), so a step launches with static shapes and reads
-nothing back (CUDA-graph capturable). Philox mode draws the uniforms and the race's
-exponentials from the ``(seed, counter)`` state as the chain does, and advances the
-counter with one device add after the walk.
+table, and the kernels read the shape only from them, as device data. So a step launches with
+static shapes and reads nothing back (CUDA-graph capturable), and one captured graph serves
+every tree of ``N`` nodes when its tables are graph inputs and its outputs are sized by a bound
+on the depth (:func:`verify_tree_tables`; the ``triton`` verifier passes ``N``): a dynamic
+tree, whose shape changes from step to step at a fixed node count, replays one graph. Philox
+mode draws the uniforms and the race's exponentials from the ``(seed, counter)`` state as the
+chain does, and advances the counter with one device add after the walk.
 
 Flags. Each row gets :class:`~flashspec_core.contracts.Broken` bits in
 :attr:`TreeVerdict.flags <flashspec_core.tree.TreeVerdict.flags>` (``[B]`` int32, on the
@@ -79,18 +82,33 @@ _BUGS = {None: 0, "sibling_residual_not_updated": BUG_SIBLING_RESIDUAL.value,
          "zero_probability_accepted": BUG_ZERO_PROBABILITY.value}  # fmt: skip
 
 
-@functools.lru_cache(maxsize=64)
-def tree_index(parents: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The walk's constant tables for a tree shape on ``device``: the node table ``[3, N]``
-    int32 (parent, depth, 1 if the youngest of its siblings) and the elder-sibling table
-    ``[N, W]`` int32 (eldest first, -1 padded, ``W >= 1``). Built on the host once per shape."""
+def tree_tables(parents: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The walk's tables for a tree shape, on the host: the node table ``[3, N]`` int32 (parent,
+    depth, 1 if the youngest of its siblings; ``[3, 1]`` of zeros, never read, for ``N = 0``) and
+    the elder-sibling table ``[N, W]`` int32 (eldest first, -1 padded, ``W >= 1``)."""
     depths, elder = node_depths(parents), elder_siblings(parents)
     youngest = [int(all(parents[m] != p for m in range(n + 1, len(parents)))) for n, p in enumerate(parents)]
     width = max([1, *(len(e) for e in elder)])
     table = [list(e) + [-1] * (width - len(e)) for e in elder] or [[-1]]
     nodes = torch.tensor([list(parents), list(depths), youngest], dtype=torch.int32).reshape(3, len(parents))
     nodes = nodes if len(parents) else torch.zeros((3, 1), dtype=torch.int32)  # never read; no null pointer
-    return nodes.to(device), torch.tensor(table, dtype=torch.int32).to(device)
+    return nodes, torch.tensor(table, dtype=torch.int32)
+
+
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` on ``device`` without a host sync: on CUDA through pinned memory, copied
+    asynchronously (the caching host allocator keeps the pinned block until the copy is done)."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+@functools.lru_cache(maxsize=64)
+def tree_index(parents: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`tree_tables` on ``device``, once per shape and device (cached: a static tree's
+    steps copy nothing)."""
+    nodes, elder = tree_tables(parents)
+    return to_device(nodes, device), to_device(elder, device)
 
 
 def parents_tuple(parents: torch.Tensor | Sequence[int]) -> tuple[int, ...]:
@@ -100,13 +118,14 @@ def parents_tuple(parents: torch.Tensor | Sequence[int]) -> tuple[int, ...]:
     return tuple(check_parents(parents))
 
 
-def _check(logits: torch.Tensor, tokens: torch.Tensor, plist: tuple[int, ...], probs: torch.Tensor | None) -> None:
-    """Shapes and dtypes, each error naming the argument and what it got."""
+def check_inputs(logits: torch.Tensor, tokens: torch.Tensor, given: int, probs: torch.Tensor | None) -> None:
+    """Shapes and dtypes, each error naming the argument and what it got; ``given``: the node
+    count of the tree's ``parents``."""
     if tokens.dim() != 2 or tokens.dtype != torch.int64:
         raise ValueError(f"draft_tokens must be [B, N] int64, got {tuple(tokens.shape)} {tokens.dtype}")
     batch, nodes = tokens.shape
-    if len(plist) != nodes:
-        raise ValueError(f"parents has {len(plist)} nodes, draft_tokens {tuple(tokens.shape)} has {nodes}")
+    if given != nodes:
+        raise ValueError(f"parents has {given} nodes, draft_tokens {tuple(tokens.shape)} has {nodes}")
     if nodes > MAX_NODES:
         raise ValueError(f"a tree has at most {MAX_NODES} nodes, draft_tokens {tuple(tokens.shape)} has {nodes}")
     if logits.dim() != 3 or tuple(logits.shape[:2]) != (batch, nodes + 1) or not logits.dtype.is_floating_point:
@@ -153,18 +172,64 @@ def verify_tree_triton(
     ``without_replacement``: each sibling was drawn from its row less its elder siblings'
     tokens (:class:`flashspec_core.tree.TreeDraft`); it needs ``draft_probs``."""
     plist = parents_tuple(parents)
-    _check(target_logits, draft_tokens, plist, draft_probs)
+    check_inputs(target_logits, draft_tokens, len(plist), draft_probs)
+    node_table, elder = tree_index(plist, target_logits.device)
+    return verify_tree_tables(
+        target_logits, draft_tokens, node_table, elder, max(node_depths(plist), default=0), draft_probs, sampling,
+        noise=noise, state=state, without_replacement=without_replacement, flags=flags, programs=programs, bug=bug,
+    )  # fmt: skip
+
+
+def _check_tables(nodes: int, node_table: torch.Tensor, elder: torch.Tensor | None, depth: int, dev: torch.device
+                  ) -> None:
+    rows = max(nodes, 1)
+    if tuple(node_table.shape) != (3, rows) or node_table.dtype != torch.int32 or node_table.device != dev:
+        raise ValueError(f"node_table must be [3, N] int32 on {dev} with N = {nodes} (1 for no node), got "
+                         f"{tuple(node_table.shape)} {node_table.dtype} on {node_table.device}")  # fmt: skip
+    if elder is not None and (elder.dim() != 2 or elder.shape[0] != rows or elder.dtype != torch.int32
+                              or elder.device != dev):
+        raise ValueError(f"elder must be [N, W] int32 on {dev} with N = {nodes} (1 for no node), got "
+                         f"{tuple(elder.shape)} {elder.dtype} on {elder.device}")  # fmt: skip
+    if not (0 if nodes == 0 else 1) <= depth <= nodes:
+        raise ValueError(f"depth {depth} must bound the depth of a tree of {nodes} nodes: 1..{nodes}, 0 for none")
+
+
+def verify_tree_tables(
+    target_logits: torch.Tensor,  # [B, N+1, V] float32 / bfloat16 / float16: the root, then each node
+    draft_tokens: torch.Tensor,  # [B, N] int64 node tokens
+    node_table: torch.Tensor,  # [3, N] int32 on the device (tree_tables): the tree's shape, as data
+    elder: torch.Tensor | None,  # [N, W] int32 on the device (tree_tables); only without replacement reads it
+    depth: int,  # the outputs' depth D: at least the tree's depth, at most N
+    draft_probs: torch.Tensor | None,  # [B, N, V] float or None (every node deterministic)
+    sampling: SamplingParams,
+    *,
+    noise: Noise | None = None,
+    state: torch.Tensor | None = None,  # [2] int64 (seed, counter), counter advanced on the device
+    without_replacement: bool = False,
+    flags: torch.Tensor | None = None,  # [B] int32 out (else allocated): Broken bits, module doc "Flags"
+    programs: int | None = None,
+    bug: Bug | None = None,
+) -> TreeVerdict:
+    """:func:`verify_tree_triton` with the tree's shape as device tables: nothing launched
+    depends on the shape beyond ``N``, ``W`` and ``depth``, so a graph captured here replays for
+    any tree of ``N`` nodes, its tables copied into the captured ones. The verdict's ``path``
+    is ``[B, depth]`` and ``tokens`` ``[B, depth + 1]``: the tree's depth's verdict, -1 padded
+    (slice them to it). A ``depth`` below the tree's would drop deeper accepts: the caller
+    guarantees it (``N`` always does)."""
+    batch, nodes = draft_tokens.shape
+    vocab, dev = target_logits.shape[2], target_logits.device
+    check_inputs(target_logits, draft_tokens, nodes, draft_probs)
+    _check_tables(nodes, node_table, elder, depth, dev)
     if without_replacement and draft_probs is None:
         raise ValueError("without_replacement needs draft_probs: deterministic (None) siblings are not draws")
+    if without_replacement and elder is None:
+        raise ValueError("without_replacement needs the elder-sibling table (tree_tables)")
+    elder = node_table if elder is None else elder  # never read then: any [N, W] int32 pointer
     if flags is not None and (tuple(flags.shape) != (draft_tokens.shape[0],) or flags.dtype != torch.int32):
         raise ValueError(f"flags must be [B] int32 with B = {draft_tokens.shape[0]}, got "
                          f"{tuple(flags.shape)} {flags.dtype}")  # fmt: skip
     if bug not in _BUGS:
         raise ValueError(f"bug must be one of {sorted(b for b in _BUGS if b)} or None, got {bug!r}")
-    batch, nodes = draft_tokens.shape
-    vocab, dev = target_logits.shape[2], target_logits.device
-    depth = max(node_depths(plist), default=0)
-    node_table, elder = tree_index(plist, dev)
     tokens = draft_tokens.contiguous() if nodes else torch.zeros((batch, 1), dtype=torch.int64, device=dev)
     path = torch.empty((batch, max(depth, 1)), dtype=torch.int64, device=dev)
     out = torch.empty((batch, depth + 1), dtype=torch.int64, device=dev)

@@ -268,9 +268,11 @@ class FastTarget:
     ) -> torch.Tensor:
         """Logits after each row's last token and after each tree node: [B, N+1, V].
 
-        One forward (captured per batch, tree shape and span): the last token at its slot, node
+        One forward (captured per batch, node count and span): the last token at its slot, node
         ``n`` at slot ``lengths[b] + n`` and position ``lengths[b] - 1 + depth``, each node seeing
-        the row's sequence, its ancestors and itself (:class:`~flashspec_core.tree.TreeBlock`)."""
+        the row's sequence, its ancestors and itself (:class:`~flashspec_core.tree.TreeBlock`).
+        The tree's shape (depths, ancestor bits) reaches the forward as data in the step's one
+        staged copy, so a dynamic tree, whose shape changes at a fixed node count, replays one graph."""
         batch, nodes = draft_tokens.shape
         plist = check_parents(parents)
         if len(plist) != nodes or nodes == 0:
@@ -285,7 +287,8 @@ class FastTarget:
         run = lambda h, d: self._tree_forward(h, d, span)  # noqa: E731
         dev = self._stage(host)
         self._root = dev[batch : 2 * batch]  # commit_path's: no second copy of the lengths
-        return self.graphs(("tree", batch, tuple(plist), span), run, dev, draft_tokens)  # type: ignore[no-any-return]
+        # no part of the shape in the key: it is data in dev, so every tree of N nodes shares a graph
+        return self.graphs(("tree", batch, nodes, span), run, dev, draft_tokens)  # type: ignore[no-any-return]
 
     def _tree_forward(self, host: torch.Tensor, draft_tokens: torch.Tensor, span: int) -> torch.Tensor:
         batch, nodes = draft_tokens.shape

@@ -12,7 +12,8 @@ a block by its mass and then a race in it; :mod:`flashspec_kernels.verify`, "Phi
 
 Trees (:class:`flashspec_core.contracts.VerifiesTrees`): ``verify_tree`` and
 ``verify_tree_with_noise`` run :mod:`flashspec_kernels.verify_tree` with the same noise
-conventions (exact mode: the reference verifier's tokens), graph-replayed per tree shape.
+conventions (exact mode: the reference verifier's tokens), graph-replayed per node count: the
+tree's shape is copied into the graph as data, so a dynamic tree replays one graph.
 Inputs outside the contract are flagged per row in the verdict's ``flags`` on the device, on
 every device (no host sync; the pipeline reads them with its one copy): the kernels flag draft
 ids outside ``[0, V)`` and logits NaN, ``+inf`` or all ``-inf`` at a position as they read them,
@@ -41,7 +42,7 @@ import torch
 from flashspec_core import ComponentSpec, SamplingParams, Verdict, Verifier, hookimpl
 from flashspec_core.checks import draft_flags, flagged, verifier_inputs
 from flashspec_core.sampling import Noise, RowsOverVerify
-from flashspec_core.tree import TreeVerdict
+from flashspec_core.tree import TreeVerdict, node_depths
 from flashspec_triton.keys import COMPONENTS
 from flashspec_triton.keys import TritonVerifierConfig as TritonVerifierConfig  # defined without torch
 from flashspec_triton.stepgraphs import StepGraphs
@@ -165,25 +166,33 @@ class TritonVerifier(RowsOverVerify):
         state: torch.Tensor | None,
         without: bool,
     ) -> TreeVerdict:
-        """The tree kernels, launched directly or replayed from the graph of this shape."""
+        """The tree kernels, launched directly or replayed from the graph of this node count: the
+        tree's shape is a graph input (its tables), never part of the key, so a dynamic tree whose
+        shape changes every step at a fixed node count replays one graph."""
         from flashspec_kernels import verify_tree
 
-        plist = verify_tree.parents_tuple(parents)  # host data: part of the graph's key, not an input
+        plist = verify_tree.parents_tuple(parents)
+        verify_tree.check_inputs(logits, tokens, len(plist), probs)
+        nodes, depth = len(plist), max(node_depths(plist), default=0)
+        node_table, elder = verify_tree.tree_index(plist, logits.device)
         programs = self.config.programs or None
         inputs, present = _pack(logits, tokens, probs, noise, state)
+        tables = [node_table, elder] if without else [node_table]  # only without replacement reads elder
 
-        def step(*inputs: torch.Tensor) -> TreeVerdict:
-            logits, tokens, probs, noise, state = _unpack(inputs, present)
-            verdict = verify_tree.verify_tree_triton(
-                logits, tokens, plist, probs, sampling, noise=noise, state=state, without_replacement=without,
-                programs=programs,
+        def step(*args: torch.Tensor) -> TreeVerdict:
+            logits, tokens, probs, noise, state = _unpack(args[: len(inputs)], present)
+            shape = args[len(inputs) :]
+            # outputs sized by the node count, which bounds every shape's depth: one graph for all
+            verdict = verify_tree.verify_tree_tables(
+                logits, tokens, shape[0], shape[1] if without else None, nodes, probs, sampling, noise=noise,
+                state=state, without_replacement=without, programs=programs,
             )  # fmt: skip
             assert verdict.flags is not None
             return attrs.evolve(verdict, flags=verdict.flags | draft_flags(tokens, probs, logits.shape[-1]))
 
-        key = ("tree", plist, without, sampling, *present, programs)
-        verdict: TreeVerdict = self._graphs(key, step, *inputs)
-        return verdict
+        key = ("tree", nodes, without, sampling, *present, programs)  # shapes and strides join it in StepGraphs
+        verdict: TreeVerdict = self._graphs(key, step, *inputs, *tables)
+        return attrs.evolve(verdict, path=verdict.path[:, :depth], tokens=verdict.tokens[:, : depth + 1])
 
 
 # Which optional step inputs a call has (draft probs, noise, philox state): part of a graph's key,

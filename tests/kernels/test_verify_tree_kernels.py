@@ -318,7 +318,7 @@ def test_plugin_verifies_trees(small_blocks) -> None:
 
 def test_plugin_replays_tree_steps_from_graphs(small_blocks, monkeypatch: pytest.MonkeyPatch) -> None:
     """The plugin's tree step through StepGraphs (a fake graph re-runs the step on the captured
-    tensors, as a CUDA graph re-reads its addresses): one capture per tree shape, replays give
+    tensors, as a CUDA graph re-reads its addresses): one capture per node count, replays give
     the direct launch's verdict and flags, and an earlier verdict is not overwritten by a replay."""
     from flashspec_triton import stepgraphs
 
@@ -356,5 +356,6 @@ def test_plugin_replays_tree_steps_from_graphs(small_blocks, monkeypatch: pytest
         assert_same(g, w)
         assert g.flags is not None and torch.equal(g.flags, w.flags)
     assert got[1].flags.tolist() == [0, int(Broken.DRAFT_TOKENS)] and got[2].flags.tolist()[0] != 0
-    exact.verify_tree_with_noise(logits, tokens, torch.tensor([-1, 0, 0, 1]), probs, S(1.0), noise)
-    assert len(captures) == 2  # another tree shape: another graph
+    other = exact.verify_tree_with_noise(logits, tokens, torch.tensor([-1, 0, 0, 1]), probs, S(1.0), noise)
+    assert_same(other, tree_ops.verify_tree_triton(logits, tokens, (-1, 0, 0, 1), probs, S(1.0), noise=noise))
+    assert len(captures) == 1  # another shape of 4 nodes: the same graph, the shape copied in as data
