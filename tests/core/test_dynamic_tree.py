@@ -217,3 +217,34 @@ def test_fast_prewarm_asks_for_every_key_a_dynamic_tree_step_can_need(models: di
             d.rollback_path(torch.full((1, 1 + behind % 3), -1))  # a tree as deep as the budget lets it
     assert d.graphs.keys <= warmed, sorted(map(str, d.graphs.keys - warmed))
     assert any(key[0] == "grow" for key in warmed)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_dynamic_tree_captures_a_graph_per_node_count_not_per_shape(models: dict[str, Path]) -> None:
+    """fast target and draft with CUDA graphs and the triton verifier, float32, greedy: the
+    output is target-only's, and however many tree shapes the steps grow, the target scores
+    and the verifier verifies them through one graph per (batch, node count)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    common = {"dtype": "float32", "chat_template": False, "device": "cuda", "max_len": 128, "compile": True}
+    target = {"use": "fast", "model": str(models["target"]), **common}
+    arm = {"use": "fast", "model": str(models["close"]), "gamma": 10, "tree_depth": 4, "tree_expand": 3, "name": "dyn",
+           **common}
+    pipe = build_pipeline({"target": target, "arm": [arm], "verifier": {"use": "triton"}})
+    plain = build_pipeline({"target": target, "arm": [{"use": "none", "gamma": 0}], "verifier": {"use": "triton"}})
+    shapes: set[tuple[int, ...]] = set()
+    score_tree = pipe.target.score_tree
+
+    def seen(*args: Any) -> torch.Tensor:
+        shapes.add(tuple(args[3].flatten().tolist()))  # the parents
+        return score_tree(*args)  # type: ignore[no-any-return]
+
+    pipe.target.score_tree = seen
+    prompts = [ROWS[0], [7, 8, 9, 1, 2, 3, 4, 5, 6, 2, 11], ROWS[1]]
+    for batch in ([prompts[0]], prompts):
+        got = pipe.generate(batch, max_new_tokens=24, temperature=0.0)
+        assert got.token_ids == plain.generate(batch, max_new_tokens=24, temperature=0.0).token_ids
+    tree_keys = [k for k in pipe.target.graphs.keys if isinstance(k, tuple) and k and k[0] == "tree"]
+    assert len(shapes) > 2, shapes  # the trees did change shape
+    assert len(tree_keys) <= 2, tree_keys  # batch 1 and 3, ten nodes, one span (max_len 128)
+    assert len(pipe.verifier._graphs) <= 4, len(pipe.verifier._graphs)  # tree verify at batch 1 and 3, a chain or two
