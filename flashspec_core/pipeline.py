@@ -382,7 +382,7 @@ class Pipeline:
                                                                       sampling, generator)
         except VerifierInputError as exc:
             culprit = names.target if exc.flag & Broken.TARGET_LOGITS else names.drafter
-            raise ContractViolation(culprit, f"{exc.flag.describe()} ({names.verifier} refused its {exc})") from exc
+            raise ContractViolation(culprit, f"{names.verifier} refused its {exc}") from exc  # exc: the argument, why
         return tree.as_verdict(), tree.path
 
     def _verify_rows(self, logits: torch.Tensor, ids: torch.Tensor, probs: torch.Tensor | None, rows: RowSampling,
