@@ -28,7 +28,9 @@ Weights are saved dequantized in float32 by default: the models are small, float
 exact for the dequantized values and is what CPU matmuls run fastest without AMX; the
 checkpoints take about 0.5, 2.4 and 6.7 GiB (the Qwen GGUFs carry their own output
 matrix, so ``lm_head`` is stored untied). Converting the 1.5B model peaks near 9 GiB of
-RAM. Pass ``dtype="bfloat16"`` to halve disk and memory; each dtype is cached apart.
+RAM, in a child process: the caller keeps none of it, and its progress lines keep their pace
+whatever the converting libraries do with the GIL. Pass ``dtype="bfloat16"`` to halve
+disk and memory; each dtype is cached apart.
 
 The lock is POSIX ``fcntl.flock``; this module does not run on Windows.
 
@@ -38,6 +40,7 @@ Prefetch from a shell: ``python -m flashspec_bench.fetch fetch NAME`` or ``... l
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import hashlib
 import importlib.util
@@ -45,6 +48,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -81,6 +85,7 @@ PREFIX = "flashspec:"
 _CHUNK = 1 << 20
 _BLOCK = 64 << 20  # hashed apart, so a copy is verified by several threads at once
 _ANNOUNCE = 256 << 20  # verifying a bigger copy prints a line
+_PR_SET_PDEATHSIG = 1  # prctl(2) option, from <linux/prctl.h>
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer_config.json")
 _Stat = tuple[int, int, int]  # (st_ino, st_mtime_ns, st_size) of a file
 _verified: set[tuple[str, tuple[_Stat, ...]]] = set()  # copies (dir, stat of each file) this process hashed
@@ -475,7 +480,7 @@ def _progress_bars(enabled: bool) -> Iterator[None]:
         (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
 
 
-def _convert(gguf: Path, out: Path, dtype: str, progress: bool) -> None:
+def _dequantize(gguf: Path, out: Path, dtype: str, progress: bool) -> None:
     """Dequantize ``gguf`` with transformers and save a plain safetensors checkpoint in ``out``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -490,6 +495,66 @@ def _convert(gguf: Path, out: Path, dtype: str, progress: bool) -> None:
             del model.config.quantization_config
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
+
+
+_CONVERTER = "flashspec_models.weights:_dequantize"  # what the child runs, as "module:function"
+# The child finds this package where the parent did, behind anything its own sys.path has.
+_CHILD = "import sys; sys.path.append(sys.argv[1]); from flashspec_models.weights import _child_main; _child_main(sys.argv[2:])"
+
+
+def _convert(gguf: Path, out: Path, dtype: str, progress: bool) -> None:
+    """Run :data:`_CONVERTER` in a child process and wait for it.
+
+    The child holds the tensors, so this process does not grow with them, and no library
+    call there can hold this process's GIL: the heartbeat keeps its pace. The child is
+    killed if this process is interrupted, and dies with it (Linux) if this one is killed.
+    """
+    error = Path(f"{out}.error")
+    package_root = str(Path(__file__).resolve().parents[1])
+    args = [package_root, str(os.getpid()), _CONVERTER, str(gguf), str(out), dtype, "1" if progress else "0"]
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, *args], stdout=_stderr_fd())
+    try:
+        status = child.wait()
+    finally:
+        if child.poll() is None:  # interrupted while waiting: the half-done work goes with the work dir
+            child.kill()
+            child.wait()
+    if status:
+        why = error.read_text() if error.exists() else _exit_reason(status)
+        raise WeightsError(f"converting {gguf.name} to {dtype} failed: {why}; nothing was cached")
+
+
+def _exit_reason(status: int) -> str:
+    if status < 0:
+        with contextlib.suppress(ValueError):
+            name = signal.Signals(-status).name
+            return f"the converter was killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
+    return f"the converter exited with status {status}"
+
+
+def _child_main(argv: Sequence[str]) -> None:
+    """The converter child: ``PARENT_PID MODULE:FUNCTION GGUF OUT DTYPE PROGRESS``.
+
+    A failure's type and message are written to ``OUT.error`` for the parent to raise.
+    """
+    parent, target, gguf, out, dtype, progress = argv
+    _die_with(int(parent))
+    module, _, function = target.partition(":")
+    try:
+        getattr(importlib.import_module(module), function)(Path(gguf), Path(out), dtype, progress == "1")
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the parent reports it
+        raise SystemExit(130) from None
+    except Exception as exc:
+        Path(f"{out}.error").write_text(f"{type(exc).__name__}: {exc}"[:2000])
+        raise SystemExit(1) from None
+
+
+def _die_with(parent: int) -> None:
+    """Have the kernel kill this process when ``parent`` dies (Linux); exit now if it already has."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        raise SystemExit(1)
 
 
 # --- build ------------------------------------------------------------------------------

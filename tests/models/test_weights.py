@@ -37,6 +37,7 @@ from flashspec_models.weights import (
 )
 
 _REAL_REQUIRE_GGUF_SUPPORT = weights._require_gguf_support
+_REAL_CONVERT = weights._convert
 N_PARTS = 11  # part10 and part11 sort before part2 by name: order must come from the table
 
 
@@ -313,6 +314,25 @@ def test_marker_without_hashes_is_rebuilt(fake: Fake, capsys: pytest.CaptureFixt
     ensure_model(fake.model.name, progress=False)
     assert "without content hashes (an older FlashSpec built it); rebuilding it" in capsys.readouterr().err
     assert fake.conversions() == 2 and weights.checkpoint_problem(path, fake.model) is None
+
+
+def test_the_real_build_converts_in_a_child_process(fake: Fake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "child_convert.py").write_text(
+        "import os, shutil\n"
+        "def convert(gguf, out, dtype, progress):\n"
+        "    out.mkdir()\n"
+        "    shutil.copyfile(gguf, out / 'model.safetensors')\n"
+        "    (out / 'config.json').write_text('{}')\n"
+        "    (out / 'tokenizer_config.json').write_text(str(os.getpid()))\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setattr(weights, "_convert", _REAL_CONVERT)
+    monkeypatch.setattr(weights, "_CONVERTER", "child_convert:convert")
+    path = ensure_model(fake.model.name, progress=False)
+    assert (path / "model.safetensors").read_bytes() == fake.data
+    assert int((path / "tokenizer_config.json").read_text()) != os.getpid()
+    assert weights.checkpoint_problem(path, fake.model) is None
+    assert set(_leftovers(fake.cache)) == set(path.iterdir())  # nothing of the child's left in tmp/
 
 
 def test_no_half_written_copy_is_ever_visible(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
