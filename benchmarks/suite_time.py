@@ -44,7 +44,9 @@ def run(name: str, cmd: list[str]) -> dict[str, object]:
     tail = [line for line in proc.stdout.strip().splitlines() if line.strip()][-1:] or [""]
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child so far
     row = {"command": " ".join(cmd), "rc": proc.returncode, "seconds": round(seconds, 1), "counts": counts(tail[0]),
-           "summary_line": tail[0], "peak_rss_gib_so_far": round(peak_kib / 2**20, 2),
+           "summary_line": tail[0],
+           "not_passed": [line[:200] for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))],
+           "peak_rss_gib_so_far": round(peak_kib / 2**20, 2),
            "load_before": [round(x, 2) for x in before], "load_after": [round(x, 2) for x in os.getloadavg()]}
     say(f"{name}: rc {proc.returncode}, {seconds / 60:.1f} min, {tail[0]}")
     return row
