@@ -76,9 +76,9 @@ class FastOptions:
             # before torch is imported: only where the model certainly lands on a CPU
             cpu = "device is 'cpu'" if self.device == "cpu" else machine.no_cuda() if self.device == "auto" else None
             if cpu is not None:
-                raise ValueError(f"{' and '.join(triton_only)} run Triton kernels, which need a CUDA GPU, and "
-                                 f"{cpu}: set kernels = 'torch' and attention = 'auto', or TRITON_INTERPRET=1 to run "
-                                 f"them through Triton's interpreter")
+                raise ValueError(f"{' and '.join(triton_only)} run Triton kernels, and {cpu}: on a CPU that "
+                                 f"needs TRITON_INTERPRET=1 (Triton's interpreter); or set kernels = 'torch' and "
+                                 f"attention = 'auto'")
 
     def torch_device(self) -> torch.device:
         import torch  # at build time only
