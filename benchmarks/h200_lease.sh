@@ -22,10 +22,11 @@
 # between start and the first chunk has cost minutes of device time).
 #
 # The sections of the training-free arms (flashspec_bench.arm_sections, budgets in its BUDGETS;
-# 885 s, model loads included), most wanted first, in two multi calls so that each stays
+# 945 s, model loads included), most wanted first, in three multi calls so that each stays
 # under the 10 min a call may run:
-#   multi sweep_b1:150 tree_b1:210 sweep_b8:75 sweep_b32:75
-#   multi tree_t07:140 sweep_b4:80 sweep_b16:75 tree_b4:80
+#   multi sweep_b1:150 tree_b1:270 sweep_b32:75
+#   multi sweep_b16:75 sweep_b8:75 sweep_b4:80
+#   multi tree_t07:140 tree_b4:80
 #
 # Every stage writes its log and results under $OUT (res-STAGE.tgz: the sections' bench.json
 # folders); `e2e_h200.py summarize` turns them into docs/benchmarks/e2e-h200.json (the raw rows

@@ -2,8 +2,8 @@
 
 * ``tree_b1`` (greedy), ``tree_t07`` (temperature 0.7), ``tree_b4`` (greedy, batch 4): on the
   code and prose prompts of ``workloads/domains.jsonl``, every system in one run: target-only,
-  the 0.5B draft as a chain (gamma 3 and 5) and as trees (``tree_width``; one draft forward
-  per tree level), match-only prompt lookup as a chain and with ``branches = 3``, the suffix
+  the 0.5B draft as a chain (gamma 3, 4 and 5) and as trees (``tree_width``, and dynamic
+  ``tree_depth`` trees; one draft forward per tree level), match-only prompt lookup as a chain and with ``branches = 3``, the suffix
   arm (and its tree, where it has ``branches``), and the bandit over them all. ``tree_b1``
   also checks the float32 greedy output of every fixed arm, trees included, against
   target-only (``--exactness-fixed``).
@@ -42,7 +42,10 @@ SWEEP_TOKENS = 64
 # Draft trees by (tree_width, gamma = node budget): one draft forward per level, so each is
 # compared with the chain of as many draft forwards (gamma = its levels).
 TREES = (((2, 2, 1), 10), ((3, 2, 1), 12), ((2, 1, 1, 1, 1), 10))
-CHAIN_GAMMAS = (3, 5)
+# Dynamic trees by (tree_depth, tree_expand, gamma = node budget): tree_depth draft forwards per
+# step, the best of the CPU shape sweep (docs/benchmarks/tree-shapes-cpu.json).
+DYNAMIC_TREES = ((3, 4, 15), (4, 4, 15))
+CHAIN_GAMMAS = (3, 4, 5)
 LOOKUP_GAMMA, LOOKUP_TREE_GAMMA, LOOKUP_BRANCHES = 6, 12, 3
 SUFFIX_GAMMA, SUFFIX_BRANCHES = 8, 3
 SELF_LAYERS, SELF_GAMMA = (8, 16), 3  # of the 1.5B target's 28 decoder layers
@@ -56,10 +59,10 @@ EXTRA_SWEEP_SELECTORS = ("thompson",)
 # Estimated from the H200 rates in e2e-h200.json (about 380 tokens/s at batch 1 over a whole
 # b1 section with its warm-ups, 1500 at batch 4, 3300 at 8, 10000 at 32) plus ~45 s of model
 # load and draft prewarm per section, and ~35 s for tree_b1's float32 check.
-BUDGETS = {"sweep_b1": 150, "tree_b1": 210, "sweep_b8": 75, "sweep_b32": 75, "tree_t07": 140, "sweep_b4": 80,
+BUDGETS = {"sweep_b1": 150, "tree_b1": 270, "sweep_b8": 75, "sweep_b32": 75, "tree_t07": 140, "sweep_b4": 80,
            "sweep_b16": 75, "tree_b4": 80}
 # The lease's multi calls, most wanted first; each call stays under the device tool's 10 min.
-MULTI_CALLS = (("sweep_b1", "tree_b1", "sweep_b8", "sweep_b32"), ("tree_t07", "sweep_b4", "sweep_b16", "tree_b4"))
+MULTI_CALLS = (("sweep_b1", "tree_b1", "sweep_b32"), ("sweep_b16", "sweep_b8", "sweep_b4"), ("tree_t07", "tree_b4"))
 
 
 def sweep_prompts(batch: int) -> int:
@@ -93,6 +96,10 @@ def tree_levels(widths: tuple[int, ...], gamma: int) -> int:
 
 def tree_name(widths: tuple[int, ...], gamma: int) -> str:
     return f"draft0.5b-tree{'x'.join(map(str, widths))}-n{gamma}"
+
+
+def dynamic_name(depth: int, expand: int, gamma: int) -> str:
+    return f"draft0.5b-dyn-d{depth}-k{expand}-n{gamma}"
 
 
 def _fast(model: str, max_len: int, fuse: bool, attention: str) -> str:
@@ -150,6 +157,8 @@ def tree_toml(paths: dict[str, str], verifier: str, max_len: int, fuse: bool, *,
     chains = [_chain(draft, g) for g in CHAIN_GAMMAS]
     trees = [f'[[arm]]\n{draft}tree_width = [{", ".join(map(str, w))}]\ngamma = {g}\nname = "{tree_name(w, g)}"\n'
              for w, g in TREES] if ok["draft"] is None else []
+    trees += [f'[[arm]]\n{draft}tree_depth = {d}\ntree_expand = {k}\ngamma = {g}\nname = "{dynamic_name(d, k, g)}"\n'
+              for d, k, g in DYNAMIC_TREES] if ok["draft"] is None else []
     lookups = [_lookup(LOOKUP_GAMMA, f"lookup-match-g{LOOKUP_GAMMA}"),
                *([_lookup(LOOKUP_TREE_GAMMA, f"lookup-match-g{LOOKUP_TREE_GAMMA}-b{LOOKUP_BRANCHES}", LOOKUP_BRANCHES)]
                  if ok["lookup"] is None else [])]

@@ -42,10 +42,11 @@ def arm_kinds(config: str) -> dict[str, dict[str, Any]]:
         name = arm.get("name", f"{use}-g{gamma}")
         if use == "none":
             continue
-        widths = tuple(arm.get("tree_width", ()))
+        widths, depth = tuple(arm.get("tree_width", ())), int(arm.get("tree_depth", 0))
         model = use in ("fast", "hf", "self", "hf-self")
-        tree = any(w > 1 for w in widths) if model else int(arm.get("branches", 1)) > 1
-        forwards = (tree_levels(widths, gamma) if tree else gamma) if model else 0
+        tree = (depth > 0 or any(w > 1 for w in widths)) if model else int(arm.get("branches", 1)) > 1
+        # a dynamic tree drafts one forward per level, as a tree_width tree does
+        forwards = (depth or tree_levels(widths, gamma) if tree else gamma) if model else 0
         out[name] = {"family": "model" if model else use, "tree": tree, "gamma": gamma, "draft_forwards": forwards}
     return out
 

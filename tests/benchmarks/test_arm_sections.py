@@ -26,13 +26,16 @@ def test_tree_config_pairs_trees_with_chains_of_as_many_draft_forwards() -> None
     assert cfg["verifier"]["use"] == "reference" and "batch_buckets" not in cfg["selector"]
     trees = {n: a for n, a in arms.items() if a.get("tree_width")}
     assert {a["model"] for a in trees.values()} == {PATHS["draft"]} and len(trees) == 3
+    dynamic = {n: a for n, a in arms.items() if a.get("tree_depth")}
+    assert [(a["tree_depth"], a["tree_expand"], a["gamma"]) for a in dynamic.values()] == list(secs.DYNAMIC_TREES)
     assert arms["lookup-match-g12-b3"]["branches"] == 3 and "branches" not in arms["lookup-match-g6"]
     assert arms["suffix-g8"]["use"] == "suffix" and arms["suffix-g8-b3"]["branches"] == 3
     assert arms["none"]["use"] == "none"
     kinds = arm_summary.arm_kinds(secs.tree_toml(PATHS, "reference", 768, True))
     forwards = {k["draft_forwards"] for k in kinds.values() if k["family"] == "model" and k["tree"]}
     chains = {k["draft_forwards"] for k in kinds.values() if k["family"] == "model" and not k["tree"]}
-    assert forwards == chains == {3, 5}  # every tree has a chain of as many draft forwards
+    assert forwards == chains == {3, 4, 5}  # every tree has a chain of as many draft forwards
+    assert kinds[secs.dynamic_name(4, 4, 15)] == {"family": "model", "tree": True, "gamma": 15, "draft_forwards": 4}
     assert secs.tree_levels((3, 2, 1), 12) == 3 and secs.tree_levels((4, 2, 2, 1), 12) == 2
     assert kinds["lookup-match-g12-b3"] == {"family": "prompt_lookup", "tree": True, "gamma": 12, "draft_forwards": 0}
 
@@ -83,11 +86,11 @@ def test_tree_problem_only_when_no_tree_arm_is_left(monkeypatch: pytest.MonkeyPa
 
 
 def test_budgets_cover_every_new_section_and_the_lease_plan_fits() -> None:
-    """Every section has a budget and one place in the multi calls; all fit 15 minutes, each call
+    """Every section has a budget and one place in the multi calls; all fit 16 minutes, each call
     10 minutes less 10 s per section of Python start-up; the lease script's comment is the plan."""
     assert set(secs.BUDGETS) == set(secs.TREE_SECTIONS) | set(secs.SWEEP_SECTIONS)
     assert sorted(n for call in secs.MULTI_CALLS for n in call) == sorted(secs.BUDGETS)
-    assert sum(secs.BUDGETS.values()) <= 15 * 60
+    assert sum(secs.BUDGETS.values()) <= 16 * 60
     assert all(sum(secs.BUDGETS[n] + 10 for n in call) <= 600 for call in secs.MULTI_CALLS)
     script = (Path(__file__).parents[2] / "benchmarks" / "h200_lease.sh").read_text()
     assert all(f"#   multi {line}\n" in script for line in secs.multi_plan())
@@ -315,7 +318,7 @@ def test_tree_section_end_to_end_on_tiny_checkpoints(tmp_path: Path) -> None:
     support = _hf_support()
     text = secs.tree_toml(PATHS, "reference", 128, False, support=support)
     bench = _bench(tmp_path, text, "tree_b1", [("t1 t2 t3 t4 t1 t2 t3", "code"), ("t5 t6 t7 t5 t6", "prose")], 10)
-    trees = [secs.tree_name(w, g) for w, g in secs.TREES]
+    trees = [secs.tree_name(w, g) for w, g in secs.TREES] + [secs.dynamic_name(*t) for t in secs.DYNAMIC_TREES]
     suffix_tree = ["suffix-g8-b3"] if support["suffix"] is None else []
     assert {f"fixed:{n}" for n in trees} | {"target_only", "fixed:suffix-g8", "fixed:lookup-match-g12-b3"} <= set(
         bench["summaries"])
@@ -323,7 +326,7 @@ def test_tree_section_end_to_end_on_tiny_checkpoints(tmp_path: Path) -> None:
     assert ex["greedy_identical"] is True and set(ex["tree_arms"]) == {*trees, "lookup-match-g12-b3", *suffix_tree}
     assert all(ex["systems"][f"fixed:{n}"] for n in trees)
     s = e2e.build_summary({"tree_b1": bench}, "abc1234", {})["tree"]
-    assert set(s["accepted_per_forward"]["by_draft_forwards"]) == {"3", "5"}
+    assert set(s["accepted_per_forward"]["by_draft_forwards"]) == {"3", "4", "5"}
     assert s["accepted_per_forward"]["by_draft_forwards"]["3"]["ratio"] > 0
     assert set(s["speedup_vs_own_target_only"]) == {"code", "prose"}
     assert s["greedy_identical_fp32"] is True
