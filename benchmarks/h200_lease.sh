@@ -28,6 +28,11 @@
 #   multi sweep_b16:75 sweep_b8:75 sweep_b4:80
 #   multi tree_t07:140 tree_b4:80
 #
+# serve: the peer's compiled mode (its default on CUDA) recompiled on each new shape and answered
+# no warm-up request in 133 s on the H200, so its fallback (--compile off) got what was left;
+# `serve --peer-arg=--compile=off` gives that mode the whole peer deadline, enough for 32 clients
+# (it decodes one request at a time: about 4.5 s per 128-token request).
+#
 # Every stage writes its log and results under $OUT (res-STAGE.tgz: the sections' bench.json
 # folders); `e2e_h200.py summarize` turns them into docs/benchmarks/e2e-h200.json (the raw rows
 # go to the git-ignored benchmarks/.results/).

@@ -305,6 +305,8 @@ def merge_committed(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     sections |= {k: None for k in SECTIONS if k not in sections}
     old_s, new_s = old["summary"], new["summary"]
     summary = {**old_s, **{k: new_s[k] for k in (*ARM_KEYS, "invalid_systems")}}
+    if "tree" in old_s and "tree" in new_s:
+        summary["tree"] = merge_tree(old_s["tree"], new_s["tree"], ran)
     # a section measured again is judged by the new run alone: an old mark of it no longer holds
     summary["invalid_systems"] = {**{k: v for k, v in old_s.get("invalid_systems", {}).items() if k not in ran},
                                   **new_s["invalid_systems"]}
@@ -315,6 +317,28 @@ def merge_committed(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     dates = {**old.get("section_dates", {}), **new["section_dates"]}
     return {**new, "date": max((d for d in dates.values() if d), default=None), "section_dates": dates,
             "summary": summary, "sections": sections}
+
+
+# summary.tree's keys of the sections measured apart from tree_b1 end in these tags
+TREE_TAGS = {"tree_t07": "_t07", "tree_b4": "_b4"}
+
+
+def merge_tree(old: dict[str, Any], new: dict[str, Any], ran: set[str]) -> dict[str, Any]:
+    """``summary.tree`` of a run laid over the committed one: the keys of a tree section this
+    run did not measure again (``_t07``, ``_b4``) and its goal keep their committed values."""
+    from flashspec_bench.arm_summary import tree_goals
+
+    out = dict(new)
+    not_measured = dict(new.get("not_measured", {}))
+    for section, tag in TREE_TAGS.items():
+        if section in ran or section in old.get("not_measured", {}):
+            continue
+        out |= {k: v for k, v in old.items() if k.endswith(tag)}
+        not_measured.pop(section, None)
+    out["not_measured"] = not_measured
+    if "goals" in new:
+        out["goals"] = tree_goals(out)
+    return out
 
 
 def load_raw(path: Path = RAW) -> dict[str, Any]:

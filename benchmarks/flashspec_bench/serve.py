@@ -630,19 +630,31 @@ def summary(runs: dict[str, dict[str, Any]], load_test: dict[str, Any] | None = 
     """The headline numbers, each from the measured rows (None where a side did not run):
     per concurrency TTFT / ITL of the streaming speculative server; ``throughput_vs_peer_c32``
     (ours non-streaming over the peer's, both at 32 clients), ``spec_vs_nospec_c32`` (streaming,
-    32 clients), ``stream_vs_offline_c1`` (one streaming client over offline generate on the
-    same prompts) and the load test's totals over every system."""
+    32 clients; ``spec_vs_nospec``: at every level both ran), ``stream_vs_offline_c1`` (one streaming client over offline generate on the
+    same prompts) and the load test's totals over every system. ``throughput_vs_peer_highest``
+    is that ratio at the most clients both servers were measured at (the peer decodes one
+    request at a time, so a level of many clients may outlast its deadline)."""
     spec = runs.get("spec", {})
     out: dict[str, Any] = {
         level: {k: v for k, v in row.items() if k.startswith(("ttft", "itl", "tpot", "output_tokens_per_s"))}
         for level, row in spec.items()
     }
     out["throughput_vs_peer_c32"] = _ratio(runs, "spec_plain", "peer", "c32")
+    out["throughput_vs_peer_highest"] = _highest_common(runs, "spec_plain", "peer")
     out["spec_vs_nospec_c32"] = _ratio(runs, "spec", "no_spec", "c32")
+    out["spec_vs_nospec"] = {lv: r for lv in spec if (r := _ratio(runs, "spec", "no_spec", lv)) is not None}
     out["stream_vs_offline_c1"] = _ratio(runs, "spec", "offline", "c1")
     if load_test is not None:
         out["load_test"] = total(load_test)
     return out
+
+
+def _highest_common(runs: dict[str, dict[str, Any]], num: str, den: str) -> dict[str, Any] | None:
+    levels = [lv for lv in runs.get(num, {}) if _ratio(runs, num, den, lv) is not None]
+    if not levels:
+        return None
+    level = max(levels, key=lambda lv: int(lv.removeprefix("c")))
+    return {"clients": int(level.removeprefix("c")), "ratio": _ratio(runs, num, den, level)}
 
 
 def total(load_test: dict[str, dict[str, int | None]]) -> dict[str, int | None]:

@@ -232,3 +232,17 @@ def test_a_merged_run_with_the_reset_clears_the_old_marks_of_the_sections_it_mea
     s = e2e.summarize(src, out, "new5678", {}, tmp_path / "raw.json.gz", merge=committed)
     assert s["invalid_systems"] == {"tree_b1": {"fixed:suffix-g8": {"reason": "stale"}}}
     assert s["suffix_vs_target_only_code_edit_b1"] == 4.0
+
+
+def test_a_merged_tree_summary_keeps_the_committed_keys_of_the_tree_sections_not_run_again() -> None:
+    """tree_b1 run again, tree_t07 not: summary.tree takes tree_b1's keys from the run and keeps
+    the committed _t07 keys (and their goal); a section run again keeps nothing of the old."""
+    old = {"not_measured": {"tree_b4": "not run"}, "speedup_vs_own_target_only": {"code": 1.1},
+           "speedup_vs_own_target_only_t07": {"code": 1.45}, "accepted_per_forward_vs_best_chain_t07": 1.09}
+    new = {"not_measured": {"tree_t07": "not run", "tree_b4": "not run"}, "speedup_vs_own_target_only": {"code": 1.3},
+           "goals": {}}
+    got = e2e.merge_tree(old, new, {"tree_b1"})
+    assert got["speedup_vs_own_target_only"] == {"code": 1.3} and got["speedup_vs_own_target_only_t07"] == {"code": 1.45}
+    assert got["not_measured"] == {"tree_b4": "not run"} and got["goals"]["code_t07_1_4x"] is True
+    again = e2e.merge_tree(old, {**new, "not_measured": {"tree_b4": "not run"}}, {"tree_b1", "tree_t07"})
+    assert "speedup_vs_own_target_only_t07" not in again and again["goals"]["code_t07_1_4x"] is None

@@ -37,10 +37,17 @@ def test_summary_ratios_come_from_the_measured_rows_and_are_none_where_a_side_is
             "offline": {"c1": {"output_tokens_per_s": 100.0}}}
     got = sb.summary(runs)
     assert got["spec_vs_nospec_c32"] == 1.5
+    assert got["spec_vs_nospec"] == {"c32": 1.5}  # c1 has no no_spec row
     assert got["throughput_vs_peer_c32"] == 4.0  # ours non-streaming over the peer's: both measured alike
     assert got["stream_vs_offline_c1"] == 0.9
     assert sb.summary({**runs, "peer": {"skipped": "why"}})["throughput_vs_peer_c32"] is None
     assert sb.summary({**runs, "peer": {"c32": {"output_tokens_per_s": 160.0}}})["throughput_vs_peer_c32"] == 2.0
+    assert got["throughput_vs_peer_highest"] == {"clients": 32, "ratio": 4.0}
+    cut = {**runs, "spec_plain": {"c8": {"output_tokens_per_s": 600.0}, "c32": {"output_tokens_per_s": 320.0}},
+           "peer": {"c8": {"output_tokens_per_s": 30.0}, "c32": {"timed_out": "no answer"}}}
+    assert sb.summary(cut)["throughput_vs_peer_c32"] is None  # the peer's c32 timed out
+    assert sb.summary(cut)["throughput_vs_peer_highest"] == {"clients": 8, "ratio": 20.0}
+    assert sb.summary({"spec": {"c32": row}})["throughput_vs_peer_highest"] is None
 
 
 def _req(prompt: int, text: str, rid: str | None, finishes: int = 1, error: str | None = None) -> sb.Request:
