@@ -22,11 +22,11 @@
 # between start and the first chunk has cost minutes of device time).
 #
 # The sections of the training-free arms (flashspec_bench.arm_sections, budgets in its BUDGETS;
-# 945 s, model loads included), most wanted first, in three multi calls so that each stays
+# 1,045 s, model loads included), most wanted first, in three multi calls so that each stays
 # under the 10 min a call may run:
 #   multi sweep_b1:150 tree_b1:270 sweep_b32:75
 #   multi sweep_b16:75 sweep_b8:75 sweep_b4:80
-#   multi tree_t07:140 tree_b4:80
+#   multi tree_t07:240 tree_b4:80
 #
 # serve: the peer's compiled mode (its default on CUDA) recompiled on each new shape and answered
 # no warm-up request in 133 s on the H200, so its fallback (--compile off) got what was left;

@@ -58,8 +58,9 @@ EXTRA_SWEEP_SELECTORS = ("thompson",)
 # (flashspec_bench.harness.flashspec_runs), and says so in bench.json.
 # Estimated from the H200 rates in e2e-h200.json (about 380 tokens/s at batch 1 over a whole
 # b1 section with its warm-ups, 1500 at batch 4, 3300 at 8, 10000 at 32) plus ~45 s of model
-# load and draft prewarm per section, and ~35 s for tree_b1's float32 check.
-BUDGETS = {"sweep_b1": 150, "tree_b1": 270, "sweep_b8": 75, "sweep_b32": 75, "tree_t07": 140, "sweep_b4": 80,
+# load and draft prewarm per section, and ~35 s for tree_b1's float32 check. tree_b1's 13 systems
+# took 197 s on the H200; tree_t07 at 130 s timed only target-only and the bandit.
+BUDGETS = {"sweep_b1": 150, "tree_b1": 270, "sweep_b8": 75, "sweep_b32": 75, "tree_t07": 240, "sweep_b4": 80,
            "sweep_b16": 75, "tree_b4": 80}
 # The lease's multi calls, most wanted first; each call stays under the device tool's 10 min.
 MULTI_CALLS = (("sweep_b1", "tree_b1", "sweep_b32"), ("sweep_b16", "sweep_b8", "sweep_b4"), ("tree_t07", "tree_b4"))

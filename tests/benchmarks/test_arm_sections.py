@@ -86,11 +86,11 @@ def test_tree_problem_only_when_no_tree_arm_is_left(monkeypatch: pytest.MonkeyPa
 
 
 def test_budgets_cover_every_new_section_and_the_lease_plan_fits() -> None:
-    """Every section has a budget and one place in the multi calls; all fit 16 minutes, each call
+    """Every section has a budget and one place in the multi calls; all fit 17.5 minutes, each call
     10 minutes less 10 s per section of Python start-up; the lease script's comment is the plan."""
     assert set(secs.BUDGETS) == set(secs.TREE_SECTIONS) | set(secs.SWEEP_SECTIONS)
     assert sorted(n for call in secs.MULTI_CALLS for n in call) == sorted(secs.BUDGETS)
-    assert sum(secs.BUDGETS.values()) <= 16 * 60
+    assert sum(secs.BUDGETS.values()) <= 17.5 * 60
     assert all(sum(secs.BUDGETS[n] + 10 for n in call) <= 600 for call in secs.MULTI_CALLS)
     script = (Path(__file__).parents[2] / "benchmarks" / "h200_lease.sh").read_text()
     assert all(f"#   multi {line}\n" in script for line in secs.multi_plan())
