@@ -424,6 +424,21 @@ class ObservesSteps(Protocol):
 
 
 @runtime_checkable
+class SeesWidths(Protocol):
+    """Optional extra of an :class:`ArmSelector`: told how wide each arm drafts.
+
+    The policy calls ``see_widths(widths)`` at the start of every request, before its first
+    ``select()``, with each of the selector's arms' most tokens proposed per row (its
+    ``gamma``, or its fallback's where that is wider; 0 for an arm that never drafts). A
+    selector can then tell plain decoding from the drafts, and price a draft it has not
+    played yet, before any step. Widths are config, not draws, so the law is unchanged.
+    """
+
+    def see_widths(self, widths: Sequence[int]) -> None:
+        """Arm ``k`` of the selector proposes at most ``widths[k]`` tokens per row (ints >= 0)."""
+
+
+@runtime_checkable
 class DeclaresExactness(Protocol):
     """Optional extra of a :class:`Verifier`: whether it samples from the target's law.
 
@@ -695,6 +710,7 @@ class SeesRefills(Protocol):
 CAPABILITIES: tuple[type, ...] = (
     RequestAware,
     ObservesSteps,
+    SeesWidths,
     DeclaresExactness,
     VerifiesWithNoise,
     HasTokenizer,
