@@ -76,8 +76,7 @@ class Level:
     """How much a warm-up covers (module docstring)."""
 
     name: str
-    prewarm: bool  # run the drafts' own prewarm (every span of their cache)
-    longest: int | None  # longest dummy sequence, tokens (None: up to the context)
+    longest: int | None  # longest sequence warmed, tokens: dummy batches and the drafts' prewarm (None: all)
 
     def limit(self, context: int | None) -> int | None:
         """The longest dummy sequence in a ``context``-token model (None: unknown, see :func:`warm_lengths`)."""
@@ -86,8 +85,7 @@ class Level:
         return min(context, self.longest)
 
 
-LEVELS = {level.name: level for level in (Level("full", prewarm=True, longest=None),
-                                          Level("basic", prewarm=False, longest=BASIC_LONGEST))}
+LEVELS = {level.name: level for level in (Level("full", longest=None), Level("basic", longest=BASIC_LONGEST))}
 
 
 @attrs.frozen
@@ -124,8 +122,21 @@ def warm_lengths(context: int | None, growth: int) -> list[int]:
 
 def graph_counters(pipeline: Pipeline) -> list[GraphCounter]:
     """The graph caches of the target, the verifier and every arm's provider, each once."""
-    parts = (pipeline.target, pipeline.verifier, *(a.provider for a in pipeline.policy.arms))
-    return list({id(p.graphs): p.graphs for p in parts if isinstance(p, CapturesGraphs)}.values())
+    return list(graph_caches(pipeline).values())
+
+
+def graph_caches(pipeline: Pipeline) -> dict[str, GraphCounter]:
+    """The graph caches of :func:`graph_counters` by name: ``"target"``, ``"verifier"``, or the
+    names of the arms whose providers share it, joined by commas (``"draft-g1,draft-g2"``)."""
+    parts = [("target", pipeline.target), ("verifier", pipeline.verifier),
+             *((a.name, a.provider) for a in pipeline.policy.arms)]
+    names: dict[int, list[str]] = {}
+    caches: dict[int, GraphCounter] = {}
+    for name, part in parts:
+        if isinstance(part, CapturesGraphs):
+            names.setdefault(id(part.graphs), []).append(name)
+            caches[id(part.graphs)] = part.graphs
+    return {",".join(names[i]): cache for i, cache in caches.items()}
 
 
 def graph_captures(counters: Sequence[GraphCounter]) -> int:
@@ -153,20 +164,36 @@ def warm_up(pipeline: Pipeline, sizes: Sequence[int], context: int | None, per_r
     schedule = plays(own, samplings)
     gamma = max(a.gamma for a, _ in schedule)
     lengths = warm_lengths(plan.limit(context), _room(len(schedule), gamma))
+    prefills = [n for n in prefill_lengths(plan.limit(context)) if n not in lengths]
     prewarmed = steps = 0
     order = tuple(sorted(set(sizes), reverse=True))  # the largest allocates every cache once
     with _quiet(pipeline), _forced(pipeline.policy) as force:
         for done, size in enumerate(order, 1):
-            if plan.prewarm:
-                prewarmed += prewarm_drafts(own, size, samplings)
+            prewarmed += prewarm_drafts(own, size, samplings, plan.longest)
             for length in lengths:
                 steps += _warm_batch(pipeline, force, schedule, size, length, per_row)
+            for length in prefills:
+                _warm_prefill(pipeline, own, size, length, per_row)
             seconds = time.perf_counter() - t0
             log.info("engine_warm_up_progress", level=level, size=size, sizes_done=done, sizes=len(order),
                      seconds=round(seconds, 3), captures=graph_captures(counters) - before,
                      remaining_s=round(remaining(seconds, done, len(order)), 1))
     return Warmup(time.perf_counter() - t0, graph_captures(counters) - before, prewarmed, steps, order,
                   tuple(lengths), level)
+
+
+def prefill_lengths(limit: int | None) -> list[int]:
+    """Prompt lengths whose prefills meet every prefill width ``2^k`` of sequences of up to
+    ``limit`` tokens: ``2^k + 1`` and, for the widest, ``limit`` itself (without a known limit,
+    up to 65). A rebuild re-prefills every live row, so its widths reach the longest sequence,
+    past the dummy batches' lengths, which keep room to grow."""
+    limit = limit if limit is not None else 65
+    out, k = [], 0
+    while True:
+        out.append(min((1 << k) + 1, limit))
+        if (1 << k) >= limit - 1:  # this width holds the longest prefill (limit - 1 tokens)
+            return out
+        k += 1
 
 
 def remaining(seconds: float, done: int, total: int) -> float:
@@ -189,8 +216,10 @@ def plays(arms: Sequence[Arm], samplings: Sequence[SamplingParams]) -> list[tupl
     return out
 
 
-def prewarm_drafts(arms: Sequence[Arm], size: int, samplings: Sequence[SamplingParams]) -> int:
-    """Each :class:`Prewarmable` provider's prewarm at ``size`` rows, per gamma and sampling."""
+def prewarm_drafts(arms: Sequence[Arm], size: int, samplings: Sequence[SamplingParams],
+                   longest: int | None = None) -> int:
+    """Each :class:`Prewarmable` provider's prewarm at ``size`` rows, per gamma and sampling,
+    over sequences of up to ``longest`` tokens (None: every span of its cache)."""
     done: set[tuple[int, int]] = set()
     keys = 0
     for arm in arms:
@@ -198,7 +227,7 @@ def prewarm_drafts(arms: Sequence[Arm], size: int, samplings: Sequence[SamplingP
             continue
         done.add((id(arm.provider), arm.gamma))
         for sampling in samplings:
-            keys += arm.provider.prewarm(size, arm.gamma, sampling)
+            keys += arm.provider.prewarm(size, arm.gamma, sampling, longest=longest)
     return keys
 
 
@@ -236,6 +265,18 @@ def _warm_batch(pipeline: Pipeline, force: Callable[[Arm], None], schedule: Sequ
             tokens[b, lengths[b] : lengths[b] + len(new)] = torch.tensor(new, dtype=torch.long)
             lengths[b] += len(new)
     return len(plays)
+
+
+def _warm_prefill(pipeline: Pipeline, arms: Sequence[Arm], size: int, length: int, per_row: bool) -> None:
+    """Prefill ``size`` dummy rows of ``length`` tokens, and (per-row joins) one of them again
+    alone: the prefill shapes of a rebuild or a join of sequences that long, no step after."""
+    target = pipeline.target
+    tokens = dummy(length, target.vocab).expand(size, -1).contiguous()
+    for provider in _providers(arms):
+        provider.reset()
+    target.prefill(tokens, [length] * size)
+    if per_row and size > 1 and isinstance(target, PrefillsRows):  # one slot is never joined: it is rebuilt
+        target.prefill_rows(tokens, [length] * size, [size - 1])
 
 
 def _rejoin(pipeline: Pipeline, arms: Sequence[Arm], tokens: torch.Tensor, lengths: list[int],
