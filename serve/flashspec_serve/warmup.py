@@ -164,7 +164,9 @@ def warm_up(pipeline: Pipeline, sizes: Sequence[int], context: int | None, per_r
     schedule = plays(own, samplings)
     gamma = max(a.gamma for a, _ in schedule)
     lengths = warm_lengths(plan.limit(context), _room(len(schedule), gamma))
-    prefills = [n for n in prefill_lengths(plan.limit(context)) if n not in lengths]
+    # a sequence keeps gamma + 1 slots for the step that scores it (Engine.room): the longest prefilled
+    longest = plan.limit(context - gamma - 1 if context is not None else None)
+    prefills = [n for n in prefill_lengths(longest) if n not in lengths]
     prewarmed = steps = 0
     order = tuple(sorted(set(sizes), reverse=True))  # the largest allocates every cache once
     with _quiet(pipeline), _forced(pipeline.policy) as force:
