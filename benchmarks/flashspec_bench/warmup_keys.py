@@ -52,7 +52,7 @@ def tiny_config(config: dict[str, Any], models: dict[str, Path]) -> dict[str, An
 def count(config: dict[str, Any], max_batch: int, level: str) -> dict[str, Any]:
     """The graph keys a warm-up at ``level`` asks for at every slot count up to ``max_batch``."""
     pipeline = counting(build_pipeline(config))
-    caches = warmup.graph_caches(pipeline)
+    caches: dict[str, Any] = warmup.graph_caches(pipeline)  # GraphCaches: keys counts every key asked for
     sizes = warmup.slot_sizes(max_batch, per_row=True)
     context = getattr(pipeline.target, "max_context", None)
     done = warmup.warm_up(pipeline, sizes, context, True, level=level)
@@ -98,7 +98,7 @@ def served(config: dict[str, Any], max_batch: int, level: str, load: Load) -> di
     the real pair's did in serve-h200.json."""
     pipeline = counting(build_pipeline(config))
     pipeline.target.eos_token_ids = set()  # type: ignore[misc]  # every request runs its full length
-    caches = warmup.graph_caches(pipeline)
+    caches: dict[str, Any] = warmup.graph_caches(pipeline)  # GraphCaches: keys counts every key asked for
     engine = Engine(pipeline, max_batch=max_batch)
     engine.start(warmup=True, level=level)
     try:
