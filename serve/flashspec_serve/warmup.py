@@ -11,24 +11,27 @@ so caches are allocated once):
   gamma it drafts with, for greedy requests and for requests of the config's ``[generation]``
   settings (:func:`warm_samplings`; a draft captures its loop per sampling setting, so a
   request of other settings still captures its own);
-* a dummy batch at a ladder of lengths (``2^k + 1``: every prefill width and every span
-  up to the context), decoded one step by every arm in turn (its own provider, no
+* a dummy batch at a ladder of lengths (``2^k + 1``: every span up to the context), decoded one step by every arm in turn (its own provider, no
   fallback, no first arm), then one step at each draft width ``0..max gamma`` with a
   one-hot draft (what a lookup proposes), at those settings, and where they are all greedy
   sampled too (the verifier's kernels for sampled rows); and, where rows join one by
   one, one row and then two re-seated and prefilled alone (``prefill_rows``: its compiled
-  ops specialize one row apart from several), each join followed by a step.
+  ops specialize one row apart from several), each join followed by a step;
+* prefills alone (and a row re-seated) at every prefill width up to the longest sequence
+  warmed (:func:`prefill_lengths`): a rebuild re-prefills every live row, so its widths reach
+  past the dummy batches' lengths, which keep room to grow.
 
 That is the ``full`` level. Its cost is slot counts x spans x widths: for ``max_batch`` 64
-and ``configs/gpu.toml`` 1,008 captures (per slot count 90 of the draft, most from its
-prewarm over every span of the cache, and 54 of the target; ``benchmarks/warmup_keys.py``).
-The ``basic`` level (the server's default) keeps every slot count, draft width and sampling
-setting but warms only sequences of up to :data:`BASIC_LONGEST` tokens and leaves out the
-drafts' prewarm (whose loop covers every span up to the cache's end): the dummy steps still
-capture each draft's loop and catch-up at those lengths, and a request that grows past them,
-or a draft catching up at a width they did not meet, captures its graph then (counted by
-``flashspec:graph_captures_while_serving``). That is 369 captures for the same config and
-batch. ``off`` warms nothing.
+and ``configs/gpu.toml`` 1,015 captures (145 per slot count, most from the drafts'
+prewarm over every span of the cache and the target's verify at every span and width;
+``benchmarks/warmup_keys.py``). The ``basic`` level (the server's default) keeps every slot
+count, draft width and sampling setting but warms only sequences of up to
+:data:`BASIC_LONGEST` tokens: dummy batches and prefills up to that length, and the drafts'
+prewarm bounded to it (``longest``). That is 602 captures for the same config and batch,
+and a replay of serve_bench's load after it asks for 0 keys it missed; a request
+that grows past the bound captures its graphs then (counted by
+``flashspec:graph_captures_while_serving``, logged with the cache and key). ``off`` warms
+nothing.
 
 The selectors and reward scorers never see these steps (a one-arm selector and copies of
 the scorers play them), and neither do the pipeline's logger and step observers. One log
@@ -66,7 +69,7 @@ log = structlog.get_logger("flashspec_serve")
 PATTERN = 6  # dummy sequences repeat tokens 1..PATTERN, so a lookup finds matches in them
 JOINS = 2  # per-row joins per dummy batch: one row, then two
 SAMPLED = SamplingParams(temperature=1.0)  # a sampled setting, for the verifier's sampling path
-# basic's longest dummy sequence: a 256-token prompt and the 256 new tokens of configs/gpu.toml's
+# basic's longest sequence: a 256-token prompt and the 256 new tokens of configs/gpu.toml's
 # [generation]; it reaches spans of 128..512 slots, 3 of a 2,048-slot cache's 5
 BASIC_LONGEST = 512
 
