@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 import attrs
@@ -489,10 +489,13 @@ class Prewarmable(Protocol):
     that batch size, gamma and sampling would otherwise set up inside a timed request;
     it is called between requests, never inside one, and returns how many graphs it
     asked for (0 where there is nothing to capture, e.g. without CUDA graphs).
-    ``off_gpu`` runs the capture path without CUDA (tests only).
+    ``off_gpu`` runs the capture path without CUDA (tests only). ``longest`` (tokens)
+    bounds it to the steps of sequences of up to that many tokens (None: every length
+    the provider's cache holds), so a bounded warm-up stays short.
     """
 
-    def prewarm(self, batch: int, gamma: int, sampling: SamplingParams, off_gpu: bool = False) -> int: ...
+    def prewarm(self, batch: int, gamma: int, sampling: SamplingParams, off_gpu: bool = False,
+                longest: int | None = None) -> int: ...
 
 
 @runtime_checkable
@@ -515,6 +518,7 @@ class GraphCounter(Protocol):
     """What :class:`CapturesGraphs` exposes of a graph cache."""
 
     captures: int  # graphs captured so far, kept across clears
+    captured: Sequence[Hashable]  # the key of each of those captures, in order (a key again after a clear)
 
 
 @runtime_checkable
