@@ -13,9 +13,15 @@ this process's CPU time per step over all its threads. Modes, all greedy:
 ``http`` / ``http8``          the HTTP server streaming to one / eight clients in a child process.
 ``whole8``                   eight non-streaming clients (``stream: false``) in a child process.
 
+The streaming modes also report ``ttft_ms``, the clients' median time to first token.
+``summary`` gives ``ttft_ms_c1`` / ``ttft_ms_c8`` (``http`` / ``http8``) and
+``extra_cpu_ms_c1`` / ``extra_cpu_ms_c8``: the server's CPU time per step beyond
+``generate``'s (``http - generate``, ``http8 - generate8``), what serving adds per step.
+
 Modes run in turn, ``--repeats`` times (ABAB), after one untimed round; each field is the
-median over the repeats. Prints JSON; with ``--out`` writes it too (benchmarks/.results is
-git-ignored). The numbers are the CPU's: they rank the host costs, not a GPU's step.
+median over the repeats. Prints JSON with its provenance; with ``--out`` writes it too
+(docs/benchmarks/serve-host-cost-cpu.json is the committed run). The numbers are the
+CPU's: they rank the host costs, not a GPU's step.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from typing import Any
 
 PROMPTS = [[1, 2, 3, 4, 5], [3, 4], [7, 8, 9, 1, 2], [5], [2, 2, 6], [9, 8, 7, 6], [11, 3, 5, 1], [4, 12]]
 MODES = ("generate", "engine", "http", "generate8", "engine8", "http8", "whole8")
+STREAMED = ("http", "http8")  # the modes whose clients see a first token before the end
+FIELDS = ("step_ms", "loop_ms", "cpu_ms", "steps", "ttft_ms")
 
 
 def timed_step(pipeline: Any) -> list[tuple[float, float]]:
@@ -107,12 +115,15 @@ def runners(make: Callable[[], Any], tokens: int) -> tuple[dict[str, Callable[[]
     url = serve(served)
     texts = [" ".join(f"t{i}" for i in p) for p in PROMPTS]
 
-    def timed(pipeline: Any, work: Callable[[], Any]) -> dict[str, float]:
+    def timed(pipeline: Any, work: Callable[[], Any], streamed: bool = False) -> dict[str, float]:
         mine = marks[id(pipeline)]
         mine.clear()
         c0 = time.process_time()
-        work()
-        return per_step(mine, time.process_time() - c0)
+        out = work()
+        row = per_step(mine, time.process_time() - c0)
+        if streamed:  # out: the clients' requests
+            row["ttft_ms"] = statistics.median(r.ttft_s for r in out) * 1e3
+        return row
 
     async def engine_run(k: int) -> None:
         loop = asyncio.get_running_loop()
@@ -124,16 +135,19 @@ def runners(make: Callable[[], Any], tokens: int) -> tuple[dict[str, Callable[[]
 
         await asyncio.gather(*(drain(h) for h in handles))
 
-    def http_run(k: int, stream: bool) -> None:
-        asyncio.run(load(url, "m", texts[:k], k, 1, tokens, {"temperature": 0.0}, stream))
+    def http_run(k: int, stream: bool) -> Any:
+        requests, _wall = asyncio.run(load(url, "m", texts[:k], k, 1, tokens, {"temperature": 0.0}, stream))
+        if failed := [r.error for r in requests if r.error]:
+            raise RuntimeError(f"{len(failed)} of {len(requests)} requests failed: {failed[0]}")
+        return requests
 
     return {
         "generate": lambda: timed(offline, lambda: offline.generate(PROMPTS[:1], max_new_tokens=tokens)),
         "generate8": lambda: timed(offline, lambda: offline.generate(PROMPTS, max_new_tokens=tokens)),
         "engine": lambda: timed(engined, lambda: asyncio.run(engine_run(1))),
         "engine8": lambda: timed(engined, lambda: asyncio.run(engine_run(8))),
-        "http": lambda: timed(served, lambda: http_run(1, True)),
-        "http8": lambda: timed(served, lambda: http_run(8, True)),
+        "http": lambda: timed(served, lambda: http_run(1, True), streamed=True),
+        "http8": lambda: timed(served, lambda: http_run(8, True), streamed=True),
         "whole8": lambda: timed(served, lambda: http_run(8, False)),
     }, engine
 
@@ -150,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown modes {sorted(unknown)}")
     import torch
 
+    from flashspec_bench.provenance import provenance, write_json
+
     torch.set_num_threads(1)  # the host's share, not the intra-op pool's
     with tempfile.TemporaryDirectory() as tmp:
         run, engine = runners(build(Path(tmp)), args.tokens)
@@ -159,15 +175,29 @@ def main(argv: list[str] | None = None) -> int:
             rounds = [{mode: run[mode]() for mode in modes} for _ in range(args.repeats)]
         finally:
             engine.stop()
-    result = {"tokens": args.tokens, "repeats": args.repeats,
-              "modes": {m: {k: round(statistics.median(r[m][k] for r in rounds), 4)
-                            for k in ("step_ms", "loop_ms", "cpu_ms", "steps")} for m in modes}}
+    rows = {m: {k: round(statistics.median(r[m][k] for r in rounds), 4) for k in FIELDS if k in rounds[0][m]}
+            for m in modes}
+    result = {**provenance("benchmarks/serve_host_cost.py"), "setup": "tiny random models, float32, 1 torch thread",
+              "tokens": args.tokens, "repeats": args.repeats, "summary": summary(rows), "modes": rows}
     text = json.dumps(result, indent=1)
     print(text)
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+        write_json(args.out, result)
     return 0
+
+
+def summary(rows: dict[str, dict[str, float]]) -> dict[str, float | None]:
+    """Time to first token and the server's CPU per step beyond generate's, at 1 and 8 clients."""
+
+    def get(mode: str, key: str) -> float | None:
+        return rows[mode][key] if mode in rows else None
+
+    def extra(served: str, offline: str) -> float | None:
+        a, b = get(served, "cpu_ms"), get(offline, "cpu_ms")
+        return None if a is None or b is None else round(a - b, 4)
+
+    return {"ttft_ms_c1": get("http", "ttft_ms"), "ttft_ms_c8": get("http8", "ttft_ms"),
+            "extra_cpu_ms_c1": extra("http", "generate"), "extra_cpu_ms_c8": extra("http8", "generate8")}
 
 
 if __name__ == "__main__":
