@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import statistics
 import sys
 import tempfile
@@ -90,11 +89,10 @@ def serve(pipeline: Any) -> str:
     """The app over ``pipeline`` on a free port of 127.0.0.1, in a daemon thread; its URL."""
     import uvicorn
 
-    from flashspec_serve.app import ServeSettings, create_app
+    from flashspec_serve.app import ServeSettings, create_app, listening_socket
 
     app = create_app(pipeline, ServeSettings(model_name="m", max_batch=8, warmup=False))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock = listening_socket("127.0.0.1", 0)  # TCP_NODELAY: no Nagle wait per streamed chunk
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
     while not server.started:

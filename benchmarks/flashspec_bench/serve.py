@@ -188,11 +188,10 @@ def serving(pipeline: Any, max_batch: int, model: str = "bench", start_s: float 
     """The app over ``pipeline`` on a free port of 127.0.0.1 while the block runs; yields its URL."""
     import uvicorn
 
-    from flashspec_serve.app import ServeSettings, create_app
+    from flashspec_serve.app import ServeSettings, create_app, listening_socket
 
     app = create_app(pipeline, ServeSettings(model_name=model, max_batch=max_batch, max_waiting=4096))
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
+    sock = listening_socket("127.0.0.1", 0)  # TCP_NODELAY: no Nagle wait per streamed chunk
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=600))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
