@@ -28,6 +28,7 @@ from flashspec_core.pipeline import Pipeline
 from flashspec_serve.engine import ContextError, Engine, EngineClosed, Event, Handle, Job, QueueFull, Speculation
 from flashspec_serve.metrics import Metrics
 from flashspec_serve.protocol import APIError, ChatBody, CompletionBody, Sampling, chat_messages, parse, sampling_of
+from flashspec_serve.text import ChatTemplate
 from flashspec_serve.warmup import LEVELS
 
 DEFAULT_WARMUP = "basic"  # a bounded start (flashspec_serve.warmup); "full" leaves no capture to a request
@@ -124,6 +125,7 @@ class _Api:
         self.pipeline, self.engine, self.settings = pipeline, engine, settings
         target = pipeline.target
         self.tokenizer = target.tokenizer if isinstance(target, HasTokenizer) else None
+        self.chat_template = ChatTemplate.of(self.tokenizer)  # compiled once, not per request
         self.defaults = pipeline.config.generation if pipeline.config is not None else GenerationDefaults()
         self.created = int(time.time())
 
@@ -173,10 +175,10 @@ class _Api:
     def _chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
         for m in messages:
             check_prompt(m["content"], "message content")
-        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+        if self.tokenizer is None or self.chat_template is None:
             raise APIError(400, "this model's tokenizer has no chat template: use /v1/completions", param="messages",
                            code="no_chat_template")
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = self.chat_template.render(messages)
         return self._checked_ids(list(self.tokenizer(text, add_special_tokens=False)["input_ids"]))
 
     def _checked_ids(self, ids: list[int]) -> list[int]:

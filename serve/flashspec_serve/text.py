@@ -1,10 +1,50 @@
-"""Token ids -> the text a client sees: incremental, with stop strings."""
+"""Text and tokens at the server's edges: a chat rendered with the tokenizer's template
+(compiled once), and token ids turned into the text a client sees (incremental, with stop
+strings)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 REPLACEMENT = "\ufffd"  # what a decode makes of an incomplete UTF-8 character
+
+
+class ChatTemplate:
+    """A tokenizer's chat template, compiled when the server starts, rendering a request's
+    messages with the generation prompt: what ``apply_chat_template(messages, tokenize=False,
+    add_generation_prompt=True)`` gives, without its per-call work (looking the template up,
+    copying the tokenizer's special-token map, normalising the messages).
+
+    The template is compiled by transformers' own ``_compile_jinja_template`` (its sandboxed
+    environment, ``raise_exception``, ``tojson`` and ``strftime_now``), so a template renders
+    as transformers renders it. A transformers without that function falls back to
+    ``apply_chat_template`` on every call.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.source: str = tokenizer.get_chat_template()
+        self.special = dict(tokenizer.special_tokens_map)  # bos_token, eos_token, ... as templates read them
+        try:
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+        except ImportError:
+            self.compiled = None
+        else:
+            self.compiled = _compile_jinja_template(self.source)
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> ChatTemplate | None:
+        """The template of ``tokenizer``; None where it has none (or there is no tokenizer)."""
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            return None
+        return cls(tokenizer)
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        if self.compiled is None:
+            return str(self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+        return str(self.compiled.render(messages=messages, tools=None, documents=None, add_generation_prompt=True,
+                                        **self.special))
 
 
 class Detokenizer:

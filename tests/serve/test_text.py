@@ -1,16 +1,18 @@
-"""Token ids to text: windowed incremental detokenization and stop strings."""
+"""Text at the server's edges: windowed incremental detokenization, stop strings, and the
+chat template compiled once."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from _tiny import tiny_tokenizer
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from flashspec_serve.text import Detokenizer, TextStream
+from flashspec_serve.text import ChatTemplate, Detokenizer, TextStream
 
 
 def byte_decode(ids: Sequence[int]) -> str:
@@ -172,3 +174,34 @@ def test_pieces_with_stop_strings_match_the_whole_text_cut_at_the_first_stop() -
         got = pieces(stream, byte_ids(text), sizes)
         assert "".join(got) == text[:cut], (text, stop, sizes)
         assert stream.stopped == (cut < len(text))
+
+
+CHATML = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] not in ('system', 'user', 'assistant') %}"
+    "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_the_compiled_chat_template_renders_as_apply_chat_template() -> None:
+    tok = tiny_tokenizer(16)
+    tok.bos_token = "t1"
+    tok.chat_template = CHATML
+    template = ChatTemplate.of(tok)
+    assert template is not None and template.compiled is not None
+    chats: list[list[dict[str, Any]]] = [
+        [{"role": "user", "content": "t2 t3"}],
+        [{"role": "system", "content": " be brief "}, {"role": "user", "content": "hi"},
+         {"role": "assistant", "content": "t4"}, {"role": "user", "content": "more"}],
+    ]
+    for chat in chats:
+        want = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        assert template.render(chat) == want and want.startswith("t1<|im_start|>")
+    with pytest.raises(Exception, match="unknown role tool"):
+        template.render([{"role": "tool", "content": "x"}])
+
+
+def test_a_tokenizer_without_a_chat_template_has_none() -> None:
+    assert ChatTemplate.of(tiny_tokenizer(16)) is None and ChatTemplate.of(None) is None
+
