@@ -1,6 +1,7 @@
 """Host time per decode step of the serving path beside ``Pipeline.generate``, on the CPU.
 
     python benchmarks/serve_host_cost.py [--tokens 200] [--repeats 5] [--modes generate,engine,http,...]
+        [--loop auto|asyncio|uvloop] [--http auto|h11|httptools] [--out FILE]
 
 Over the tiny random models (:mod:`flashspec_core.testing.tiny`, float32, one draft arm,
 EOS ignored so every run decodes ``--tokens``), each mode decodes the same prompts; the
@@ -85,22 +86,24 @@ def build(root: Path) -> Callable[[], Any]:
     return make
 
 
-def serve(pipeline: Any) -> str:
-    """The app over ``pipeline`` on a free port of 127.0.0.1, in a daemon thread; its URL."""
+def serve(pipeline: Any, loop: str = "auto", http: str = "auto") -> str:
+    """The app over ``pipeline`` on a free port of 127.0.0.1, in a daemon thread, with uvicorn's
+    ``loop`` and ``http`` implementations; its URL."""
     import uvicorn
 
     from flashspec_serve.app import ServeSettings, create_app, listening_socket
 
     app = create_app(pipeline, ServeSettings(model_name="m", max_batch=8, warmup=False))
     sock = listening_socket("127.0.0.1", 0)  # TCP_NODELAY: no Nagle wait per streamed chunk
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", loop=loop, http=http))
     threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
     while not server.started:
         time.sleep(0.01)
     return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
-def runners(make: Callable[[], Any], tokens: int) -> tuple[dict[str, Callable[[], dict[str, float]]], Any]:
+def runners(make: Callable[[], Any], tokens: int, loop: str = "auto",
+            http: str = "auto") -> tuple[dict[str, Callable[[], dict[str, float]]], Any]:
     """Per mode a function that runs it once and returns its per-step times; and the engine."""
     from flashspec_bench.serve import load
     from flashspec_core.contracts import SamplingParams
@@ -110,7 +113,7 @@ def runners(make: Callable[[], Any], tokens: int) -> tuple[dict[str, Callable[[]
     marks = {id(p): timed_step(p) for p in (offline, engined, served)}
     engine = Engine(engined, max_batch=8)
     engine.start()
-    url = serve(served)
+    url = serve(served, loop, http)
     texts = [" ".join(f"t{i}" for i in p) for p in PROMPTS]
 
     def timed(pipeline: Any, work: Callable[[], Any], streamed: bool = False) -> dict[str, float]:
@@ -155,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto", help="uvicorn's event loop")
+    p.add_argument("--http", choices=("auto", "h11", "httptools"), default="auto", help="uvicorn's HTTP protocol")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     modes = args.modes.split(",")
@@ -166,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)  # the host's share, not the intra-op pool's
     with tempfile.TemporaryDirectory() as tmp:
-        run, engine = runners(build(Path(tmp)), args.tokens)
+        run, engine = runners(build(Path(tmp)), args.tokens, args.loop, args.http)
         try:
             for mode in modes:  # untimed: first allocations, first imports
                 run[mode]()
@@ -176,12 +181,25 @@ def main(argv: list[str] | None = None) -> int:
     rows = {m: {k: round(statistics.median(r[m][k] for r in rounds), 4) for k in FIELDS if k in rounds[0][m]}
             for m in modes}
     result = {**provenance("benchmarks/serve_host_cost.py"), "setup": "tiny random models, float32, 1 torch thread",
-              "tokens": args.tokens, "repeats": args.repeats, "summary": summary(rows), "modes": rows}
+              "tokens": args.tokens, "repeats": args.repeats, "uvicorn": uvicorn_setup(args.loop, args.http),
+              "summary": summary(rows), "modes": rows}
     text = json.dumps(result, indent=1)
     print(text)
     if args.out is not None:
         write_json(args.out, result)
     return 0
+
+
+def uvicorn_setup(loop: str, http: str) -> dict[str, str | None]:
+    """What uvicorn ran: the options, and the loop and parser ``auto`` resolves to here."""
+    import importlib.util
+
+    def have(name: str) -> bool:
+        return importlib.util.find_spec(name) is not None
+
+    return {"loop": loop, "http": http,
+            "loop_used": loop if loop != "auto" else ("uvloop" if have("uvloop") else "asyncio"),
+            "http_used": http if http != "auto" else ("httptools" if have("httptools") else "h11")}
 
 
 def summary(rows: dict[str, dict[str, float]]) -> dict[str, float | None]:
