@@ -409,6 +409,10 @@ async def load_here(url: str, model: str, prompts: Sequence[str], clients: int, 
 
     limits = httpx.Limits(max_connections=clients + 4)
     async with httpx.AsyncClient(base_url=url, timeout=1800, limits=limits) as client:
+        # Untimed: the client's first request in this fresh process (httpx's and anyio's first
+        # use, about 35 ms on a CPU) and one connection per client, so a TTFT is the server's.
+        # A server that fails these fails the timed requests too, where it is counted.
+        await asyncio.gather(*(client.get("/health") for _ in range(clients)), return_exceptions=True)
         start = time.perf_counter()
         done = await asyncio.gather(*(client_loop(client, todo) for todo in plan(clients, per_client, len(prompts))))
         wall = time.perf_counter() - start
