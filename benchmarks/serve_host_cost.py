@@ -6,8 +6,11 @@
 Over the tiny random models (:mod:`flashspec_core.testing.tiny`, float32, one draft arm,
 EOS ignored so every run decodes ``--tokens``), each mode decodes the same prompts; the
 pipeline's ``step`` is wrapped to time ``step_ms`` (the step itself) and ``loop_ms`` (from
-one step's end to the next's start: what the loop around the step does), and ``cpu_ms`` is
-this process's CPU time per step over all its threads. Modes, all greedy:
+one step's end to the next's start: what the loop around the step does); ``cpu_ms`` is
+this process's CPU time per step over all its threads, and ``host_cpu_ms`` the part of it
+spent outside the steps (the step's own thread time taken out: the serving path's cost
+without the model's, whose CPU time swings by milliseconds on a shared machine). Modes,
+all greedy:
 
 ``generate`` / ``generate8``  ``Pipeline.generate`` on one prompt / eight.
 ``engine`` / ``engine8``      the serving engine, one / eight requests, read by a coroutine.
@@ -16,8 +19,10 @@ this process's CPU time per step over all its threads. Modes, all greedy:
 
 The streaming modes also report ``ttft_ms``, the clients' median time to first token.
 ``summary`` gives ``ttft_ms_c1`` / ``ttft_ms_c8`` (``http`` / ``http8``) and
-``extra_cpu_ms_c1`` / ``extra_cpu_ms_c8``: the server's CPU time per step beyond
-``generate``'s (``http - generate``, ``http8 - generate8``), what serving adds per step.
+``extra_cpu_ms_c1`` / ``extra_cpu_ms_c8``: the server's ``host_cpu_ms`` beyond
+``generate``'s (``http - generate``, ``http8 - generate8``), the CPU serving adds per step.
+The clients (in a child process) first send one untimed request each, so a TTFT is the
+server's, not the client process's first use of its HTTP library.
 
 Modes run in turn, ``--repeats`` times (ABAB), after one untimed round; each field is the
 median over the repeats. Prints JSON with its provenance; with ``--out`` writes it too
@@ -42,30 +47,35 @@ from typing import Any
 PROMPTS = [[1, 2, 3, 4, 5], [3, 4], [7, 8, 9, 1, 2], [5], [2, 2, 6], [9, 8, 7, 6], [11, 3, 5, 1], [4, 12]]
 MODES = ("generate", "engine", "http", "generate8", "engine8", "http8", "whole8")
 STREAMED = ("http", "http8")  # the modes whose clients see a first token before the end
-FIELDS = ("step_ms", "loop_ms", "cpu_ms", "steps", "ttft_ms")
+FIELDS = ("step_ms", "loop_ms", "cpu_ms", "host_cpu_ms", "steps", "ttft_ms")
 
 
-def timed_step(pipeline: Any) -> list[tuple[float, float]]:
-    """Wrap ``pipeline.step`` to record each call's start and end (perf_counter); the marks."""
-    marks: list[tuple[float, float]] = []
+def timed_step(pipeline: Any) -> list[tuple[float, float, float]]:
+    """Wrap ``pipeline.step`` to record each call's start and end (perf_counter) and the CPU
+    time its thread spent in it (thread_time; torch runs on that one thread); the marks."""
+    marks: list[tuple[float, float, float]] = []
     inner = pipeline.step
 
     def step(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         out = inner(*args, **kwargs)
-        marks.append((t0, time.perf_counter()))
+        marks.append((t0, time.perf_counter(), time.thread_time() - c0))
         return out
 
     pipeline.step = step
     return marks
 
 
-def per_step(marks: list[tuple[float, float]], cpu_s: float) -> dict[str, float]:
-    """Mean step and loop milliseconds, and CPU milliseconds per step."""
+def per_step(marks: list[tuple[float, float, float]], cpu_s: float) -> dict[str, float]:
+    """Mean step and loop milliseconds, and CPU milliseconds per step: all of the process's
+    (``cpu_ms``) and what it spent outside the steps (``host_cpu_ms``: the serving path's own
+    cost, without the model's, which varies more from run to run than the host's)."""
     loop = [marks[i + 1][0] - marks[i][1] for i in range(len(marks) - 1)]
-    return {"step_ms": statistics.mean(b - a for a, b in marks) * 1e3,
+    inside = sum(m[2] for m in marks)
+    return {"step_ms": statistics.mean(b - a for a, b, _ in marks) * 1e3,
             "loop_ms": statistics.mean(loop) * 1e3 if loop else 0.0,
-            "cpu_ms": cpu_s / len(marks) * 1e3, "steps": len(marks)}
+            "cpu_ms": cpu_s / len(marks) * 1e3, "host_cpu_ms": (cpu_s - inside) / len(marks) * 1e3,
+            "steps": len(marks)}
 
 
 def build(root: Path) -> Callable[[], Any]:
@@ -203,13 +213,14 @@ def uvicorn_setup(loop: str, http: str) -> dict[str, str | None]:
 
 
 def summary(rows: dict[str, dict[str, float]]) -> dict[str, float | None]:
-    """Time to first token and the server's CPU per step beyond generate's, at 1 and 8 clients."""
+    """Time to first token, and the server's CPU per step outside the step beyond generate's,
+    at 1 and 8 clients."""
 
     def get(mode: str, key: str) -> float | None:
         return rows[mode][key] if mode in rows else None
 
     def extra(served: str, offline: str) -> float | None:
-        a, b = get(served, "cpu_ms"), get(offline, "cpu_ms")
+        a, b = get(served, "host_cpu_ms"), get(offline, "host_cpu_ms")
         return None if a is None or b is None else round(a - b, 4)
 
     return {"ttft_ms_c1": get("http", "ttft_ms"), "ttft_ms_c8": get("http8", "ttft_ms"),
