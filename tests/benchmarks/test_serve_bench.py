@@ -313,6 +313,7 @@ def test_smoke_run_writes_every_system_and_the_summary_fields(tmp_path: Path) ->
             assert row["requests"] == per_client * clients and row["failed"] == 0 and row["output_tokens"] > 0
             assert row["ttft_ms_p50"] > 0 and row["output_tokens_per_s"] > 0
     assert result["runs"]["offline"]["c1"]["requests"] == 2
+    assert result["runs"]["offline"]["c1"]["graph_captures"] == 0  # the untimed pass warmed every prompt
     summary = result["summary"]
     assert summary["stream_vs_offline_c1"] == pytest.approx(
         result["runs"]["spec"]["c1"]["output_tokens_per_s"] / result["runs"]["offline"]["c1"]["output_tokens_per_s"],
