@@ -170,10 +170,18 @@ def serving(data: dict[str, Any]) -> str:
                 f"has no streaming)")
     else:
         peer = "the peer did not answer within the stage's time (no `throughput_vs_peer_c32`)"
+    nospec = s.get("spec_vs_nospec") or {}
+    levels = ", ".join(f"{v:.2f}x at {k[1:]}" for k, v in nospec.items() if v is not None)
+    offline_row = (data.get("runs", {}).get("offline") or {}).get("c1") or {}
+    if offline_row.get("graph_captures") == 0:
+        offline = f"one streaming client {s['stream_vs_offline_c1']:.2f}x offline generate"
+    else:  # a run whose timed offline pass captured graphs (or did not count them) is not a fair comparison
+        offline = ("offline generate not compared (its timed pass did not report zero graph captures, "
+                   "so it may include one-off costs the server's warm-up had paid)")
     return (f"Server ([`{SERVE}`]({SERVE}), {data['device']}, measured {data['date']}, "
             f"[`benchmarks/serve_bench.py`](benchmarks/serve_bench.py)): streaming with speculation "
             f"{c32:.1f} output tokens/s at 32 clients, {s['spec_vs_nospec_c32']:.2f}x the same server without "
-            f"speculation; one streaming client {s['stream_vs_offline_c1']:.2f}x offline generate; of {ld.get('sent')} "
+            f"speculation ({levels} clients); {offline}; of {ld.get('sent')} "
             f"requests {ld.get('lost')} lost, {ld.get('duplicated')} duplicated, {ld.get('mixed_up')} mixed up, "
             f"{ld.get('differs_from_offline')} differing from offline generate (bf16 near-ties); {peer}.")
 
