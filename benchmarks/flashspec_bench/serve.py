@@ -553,13 +553,15 @@ class Load:
 
 
 def levels(url: str, model: str, spec: Load, stream: bool, say: Callable[[str], None], name: str,
-           end: float | None = None) -> tuple[dict[str, Any], list[Request]]:
+           end: float | None = None, ours: bool = True) -> tuple[dict[str, Any], list[Request]]:
     """Per concurrency level, :func:`summarize` of a load on ``url``; and every request.
     ``end`` (``time.monotonic()``): a level not done by then is cancelled and recorded as
-    ``{"timed_out": ...}``, and the levels after it are not run."""
+    ``{"timed_out": ...}``, and the levels after it are not run. With ``ours``, each level
+    also gets ``server``: what our ``/metrics`` counted during it (:func:`server_delta`)."""
     out: dict[str, Any] = {}
     sent: list[Request] = []
     for c in spec.concurrency:
+        before = scrape(url) if ours else None
         try:
             requests, wall = bounded(load(url, model, spec.prompts, c, spec.per_client, spec.max_tokens,
                                           spec.sampling, stream), end)
@@ -568,9 +570,44 @@ def levels(url: str, model: str, spec: Load, stream: bool, say: Callable[[str], 
             say(f"{name} c={c}: {exc}")
             break
         out[f"c{c}"] = summarize(requests, wall)
+        if before is not None:
+            out[f"c{c}"]["server"] = server_delta(before, scrape(url))
         sent += requests
         say(f"{name} c={c}: {out[f'c{c}']}")
     return out, sent
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Our server's ``/metrics`` as ``{sample name with labels: value}`` (counters and the
+    step-time histogram's sum and count)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return out
+
+
+def server_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """What the server counted between two scrapes: steps per arm, decode steps, mean step
+    time (ms) and graphs captured while serving, so a level's tokens/s can be read against the
+    arms the selector played."""
+    def grew(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    arms = {key.split("arm=", 1)[1].rstrip("}"): int(grew(key)) for key in after
+            if key.startswith("flashspec:spec_decode_arm_selections_total{")}
+    steps, seconds = grew("flashspec:step_time_seconds_count"), grew("flashspec:step_time_seconds_sum")
+    captures = sum(grew(key) for key in after if key.startswith("flashspec:graph_captures_while_serving_total"))
+    return {"arm_steps": {a: n for a, n in arms.items() if n}, "steps": int(steps),
+            "step_ms_mean": round(1000 * seconds / steps, 3) if steps else None,
+            "graph_captures_while_serving": int(captures)}
 
 
 def bounded(work: Any, end: float | None) -> Any:
@@ -634,7 +671,7 @@ def bench_peer(setup: PeerSetup, spec: Load, log: Path, say: Callable[[str], Non
             raise TimedOut(f"its warm-up requests got {exc}; its log ends: {_tail(log)}") from None
         if all(r.error is not None for r in warm):
             raise RuntimeError(f"the peer failed every warm-up request: {warm[0].error}")
-        return levels(url, "peer", spec, False, say, "peer", end)
+        return levels(url, "peer", spec, False, say, "peer", end, ours=False)
 
 
 def _ratio(rows: dict[str, dict[str, Any]], num: str, den: str, level: str) -> float | None:

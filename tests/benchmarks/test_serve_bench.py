@@ -312,6 +312,12 @@ def test_smoke_run_writes_every_system_and_the_summary_fields(tmp_path: Path) ->
             row = result["runs"][mode][level]
             assert row["requests"] == per_client * clients and row["failed"] == 0 and row["output_tokens"] > 0
             assert row["ttft_ms_p50"] > 0 and row["output_tokens_per_s"] > 0
+            if mode != "peer":  # our /metrics, scraped around each level
+                server = row["server"]
+                assert server["steps"] > 0 and sum(server["arm_steps"].values()) == server["steps"]
+                assert server["step_ms_mean"] > 0 and server["graph_captures_while_serving"] == 0
+            else:
+                assert "server" not in row
     assert result["runs"]["offline"]["c1"]["requests"] == 2
     assert result["runs"]["offline"]["c1"]["graph_captures"] == 0  # the untimed pass warmed every prompt
     summary = result["summary"]
