@@ -553,7 +553,7 @@ class Load:
 
 
 def levels(url: str, model: str, spec: Load, stream: bool, say: Callable[[str], None], name: str,
-           end: float | None = None, ours: bool = True) -> tuple[dict[str, Any], list[Request]]:
+           end: float | None = None, ours: bool = False) -> tuple[dict[str, Any], list[Request]]:
     """Per concurrency level, :func:`summarize` of a load on ``url``; and every request.
     ``end`` (``time.monotonic()``): a level not done by then is cancelled and recorded as
     ``{"timed_out": ...}``, and the levels after it are not run. With ``ours``, each level
@@ -627,11 +627,11 @@ def bounded(work: Any, end: float | None) -> Any:
 
 
 def bench_ours(config: dict[str, Any], base_dir: Path | None, spec: Load, plain: Load | None,
-               with_offline: bool, say: Callable[[str], None], name: str
+               with_offline: bool, say: Callable[[str], None], name: str, soak_requests: int = 0
                ) -> tuple[dict[str, dict[str, Any]], dict[str, list[Request]], list[str] | None]:
     """Our server over ``config``: streaming loads (``name``), then, with ``plain``,
-    non-streaming ones (``name``_plain, as the peer is loaded); with ``with_offline``,
-    offline generation first.
+    non-streaming ones (``name``_plain, as the peer is loaded), then with ``soak_requests``
+    the memory soak (``name``_soak, :func:`soak`); with ``with_offline``, offline generation first.
     The rows per system, the requests per system, and the offline text per prompt."""
     pipeline = build(config, base_dir)
     rows: dict[str, dict[str, Any]] = {}
@@ -648,10 +648,54 @@ def bench_ours(config: dict[str, Any], base_dir: Path | None, spec: Load, plain:
         say(f"offline c1: {rows['offline']['c1']}")
     with serving(pipeline, max(spec.concurrency + (plain.concurrency if plain else ())), say=say) as url:
         warm_up(url, "bench", spec.prompts, spec.max_tokens, spec.sampling, True)
-        rows[name], requests[name] = levels(url, "bench", spec, True, say, name)
+        rows[name], requests[name] = levels(url, "bench", spec, True, say, name, ours=True)
         if plain is not None:
-            rows[f"{name}_plain"], requests[f"{name}_plain"] = levels(url, "bench", plain, False, say, f"{name}_plain")
+            rows[f"{name}_plain"], requests[f"{name}_plain"] = levels(url, "bench", plain, False, say,
+                                                                          f"{name}_plain", ours=True)
+        if soak_requests > 0:
+            rows[f"{name}_soak"] = soak(url, spec, soak_requests, say)
     return rows, requests, references
+
+
+SOAK_ROUND = 100  # requests between two memory readings
+SOAK_TOKENS = 32  # new tokens per soak request: many requests, each joining and leaving the batch
+
+
+def soak(url: str, spec: Load, total: int, say: Callable[[str], None]) -> dict[str, Any]:
+    """``total`` streaming requests of :data:`SOAK_TOKENS` new tokens in rounds of
+    :data:`SOAK_ROUND` (clients: the most of ``spec``'s levels, at most 64), reading after each
+    round this process's resident memory and the CUDA memory torch holds (the server runs in
+    this process): a leak per request shows as growth from the first reading to the last."""
+    import torch
+
+    clients = min(max(spec.concurrency), 64)
+    rss, cuda, failed, sent = [], [], 0, 0
+    while sent < total:
+        n = min(SOAK_ROUND, total - sent)
+        live = min(clients, n)
+        requests, _ = asyncio.run(load(url, "bench", spec.prompts, live, n // live, SOAK_TOKENS, spec.sampling, True))
+        sent += len(requests)
+        failed += sum(r.error is not None for r in requests)
+        rss.append(round(resident_mib(), 1))
+        if torch.cuda.is_available():
+            cuda.append(round(torch.cuda.memory_allocated() / 2**20, 1))
+    row = {"requests": sent, "failed": failed, "clients": clients, "new_tokens": SOAK_TOKENS,
+           "rss_mib": rss, "rss_growth_mib": round(rss[-1] - rss[0], 1) if rss else None,
+           "cuda_allocated_mib": cuda or None, "cuda_growth_mib": round(cuda[-1] - cuda[0], 1) if cuda else None}
+    say(f"soak: {sent} requests, {failed} failed, resident memory {rss[0]} -> {rss[-1]} MiB"
+        + (f", CUDA {cuda[0]} -> {cuda[-1]} MiB" if cuda else ""))
+    return row
+
+
+def resident_mib() -> float:
+    """This process's resident set (VmRSS) in MiB; 0.0 where /proc is not there."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
 
 
 def bench_peer(setup: PeerSetup, spec: Load, log: Path, say: Callable[[str], None], deadline_s: float = PEER_S
@@ -671,7 +715,7 @@ def bench_peer(setup: PeerSetup, spec: Load, log: Path, say: Callable[[str], Non
             raise TimedOut(f"its warm-up requests got {exc}; its log ends: {_tail(log)}") from None
         if all(r.error is not None for r in warm):
             raise RuntimeError(f"the peer failed every warm-up request: {warm[0].error}")
-        return levels(url, "peer", spec, False, say, "peer", end, ours=False)
+        return levels(url, "peer", spec, False, say, "peer", end)
 
 
 def _ratio(rows: dict[str, dict[str, Any]], num: str, den: str, level: str) -> float | None:
@@ -700,6 +744,9 @@ def summary(runs: dict[str, dict[str, Any]], load_test: dict[str, Any] | None = 
     out["stream_vs_offline_c1"] = _ratio(runs, "spec", "offline", "c1")
     if load_test is not None:
         out["load_test"] = total(load_test)
+    soaked = runs.get("spec_soak")
+    if soaked:
+        out["memory"] = {k: soaked[k] for k in ("requests", "failed", "rss_growth_mib", "cuda_growth_mib")}
     return out
 
 
@@ -733,6 +780,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--no-spec", action="store_true", help="also run the server with speculation off")
     p.add_argument("--no-offline", action="store_true", help="skip offline generate (and so the mixed-up check)")
+    p.add_argument("--soak", type=int, default=1000, metavar="N",
+                   help=f"after the speculative server's levels, N short requests with its memory read every "
+                        f"{SOAK_ROUND} (0: none)")
     p.add_argument("--peer", type=Path, metavar="DIR",
                    help=f"also run the peer ({PEER}) installed with `pip install --target DIR`")
     p.add_argument("--peer-concurrency", default="1,8,32",
@@ -792,7 +842,7 @@ def run(args: argparse.Namespace, config: dict[str, Any], base_dir: Path | None,
     plain = attrs.evolve(spec, concurrency=tuple(int(c) for c in args.peer_concurrency.split(",")),
                          per_client=args.peer_requests_per_client)
     runs, requests, references = bench_ours(config, base_dir, spec, plain if args.peer else None,
-                                            not args.no_offline, say, "spec")
+                                            not args.no_offline, say, "spec", args.soak)
     _write(args, out, spec, runs, requests, references, notes, say)
     if args.no_spec:
         rows, reqs, _ = bench_ours(no_spec(config), base_dir, spec, None, False, say, "no_spec")

@@ -303,7 +303,7 @@ def test_smoke_run_writes_every_system_and_the_summary_fields(tmp_path: Path) ->
     pytest.importorskip("uvicorn")
     out = tmp_path / "serve.json"
     assert sb.main(["--smoke", "--concurrency", "1,3", "--requests-per-client", "2", "--max-tokens", "6",
-                    "--no-spec", "--peer", str(_fake_peer(tmp_path / "site")), "--peer-concurrency", "1,3",
+                    "--no-spec", "--peer", str(_fake_peer(tmp_path / "site")), "--peer-concurrency", "1,3", "--soak", "8",
                     "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert {"commit", "device", "torch", "config", "runs", "summary", "load_test", "notes"} <= set(result)
@@ -319,6 +319,9 @@ def test_smoke_run_writes_every_system_and_the_summary_fields(tmp_path: Path) ->
             else:
                 assert "server" not in row
     assert result["runs"]["offline"]["c1"]["requests"] == 2
+    soaked = result["runs"]["spec_soak"]  # 3 clients x 2 requests, then 2 x 1: two readings
+    assert soaked["requests"] == 8 and soaked["failed"] == 0 and len(soaked["rss_mib"]) == 2
+    assert result["summary"]["memory"]["requests"] == 8 and result["summary"]["memory"]["rss_growth_mib"] is not None
     assert result["runs"]["offline"]["c1"]["graph_captures"] == 0  # the untimed pass warmed every prompt
     summary = result["summary"]
     assert summary["stream_vs_offline_c1"] == pytest.approx(
