@@ -43,12 +43,35 @@ from flashspec_core.config import (
 from flashspec_core.registry import build_catalogue
 
 DEFAULT_CONFIG = "default.toml"
+GPU_CONFIG = "gpu.toml"
 LOADING = "loading torch and transformers (first run takes longer)"
 
 
 def bundled_config(name: str) -> Path:
     """Path of a config shipped with FlashSpec (``default.toml``, ``smollm2.toml``)."""
     return Path(str(resources.files("flashspec_core") / "configs" / name))
+
+
+def default_config_name(driver: Path = Path("/proc/driver/nvidia/gpus")) -> str:
+    """The bundled config a run without ``--config`` gets: :data:`GPU_CONFIG` (the fast
+    back-end, CUDA graphs) where an NVIDIA GPU is visible and torch is a CUDA build, else
+    :data:`DEFAULT_CONFIG` (the hf back-end, which the CPU measurements chose). Decided
+    without importing torch, so that argument and config errors still come first: the
+    driver lists a GPU, ``CUDA_VISIBLE_DEVICES`` does not hide them all, and the installed
+    torch's version has no ``+cpu`` (or ROCm) build tag."""
+    import importlib.metadata
+    import os
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return DEFAULT_CONFIG
+    try:
+        if not any(driver.iterdir()):
+            return DEFAULT_CONFIG
+        version = importlib.metadata.version("torch")
+    except (OSError, importlib.metadata.PackageNotFoundError):
+        return DEFAULT_CONFIG
+    return DEFAULT_CONFIG if "+cpu" in version or "+rocm" in version else GPU_CONFIG
 
 
 def _say(msg: str) -> None:
@@ -173,7 +196,10 @@ def _generate(args: argparse.Namespace) -> int:
     given = {key: _number(value) for key in GENERATION_KEYS if (value := getattr(args, key)) is not None}
     overrides = check_generation(given, _option)
     check_prompt_text(args.prompt)
-    config = Path(args.config) if args.config else bundled_config(DEFAULT_CONFIG)
+    name = None if args.config else default_config_name()
+    config = Path(args.config) if args.config else bundled_config(name or DEFAULT_CONFIG)
+    if name == GPU_CONFIG:
+        _say(f"config: the bundled {GPU_CONFIG} (an NVIDIA GPU and a CUDA build of torch are here; --config for another)")
     check_components(check_config_file(config), build_catalogue(), str(config), base_dir=config.parent)
     if args.append and not args.log_json:
         raise UsageError("--append needs --log-json FILE")
@@ -291,7 +317,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text for one prompt, streaming it as it is accepted")
     g.add_argument("prompt")
-    g.add_argument("--config", help=f"pipeline TOML (default: the bundled {DEFAULT_CONFIG}: Qwen2.5-Coder 1.5B + 0.5B)")
+    g.add_argument("--config", help=f"pipeline TOML (default: the bundled {DEFAULT_CONFIG}: Qwen2.5-Coder 1.5B + 0.5B; "
+                                     f"{GPU_CONFIG}, the fast back-end, where an NVIDIA GPU and a CUDA torch are there)")
     # Parsed as text and checked by check_generation, so every bad value reads the same way.
     g.add_argument("--max-new-tokens", metavar="N", help="an integer >= 1")
     g.add_argument("--temperature", metavar="T", help="a finite number >= 0; 0 = greedy")

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from flashspec_core.cli import DEFAULT_CONFIG, bundled_config
+from flashspec_core.cli import DEFAULT_CONFIG, GPU_CONFIG, bundled_config, default_config_name
 from flashspec_core.config import check_config_file
 
 WARMUP_LEVELS = ("full", "basic", "off")  # flashspec_serve.warmup.LEVELS and "off" (named here: it imports torch)
@@ -19,7 +19,8 @@ WARMUP_LEVELS = ("full", "basic", "off")  # flashspec_serve.warmup.LEVELS and "o
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flashspec serve", description="An OpenAI-compatible server over a pipeline.")
-    p.add_argument("--config", help=f"pipeline TOML (default: the bundled {DEFAULT_CONFIG})")
+    p.add_argument("--config", help=f"pipeline TOML (default: the bundled {DEFAULT_CONFIG}; {GPU_CONFIG}, the fast "
+                                     "back-end, where an NVIDIA GPU and a CUDA torch are there)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", help="the model id clients send (default: the target's model name)")
@@ -46,7 +47,11 @@ def model_name(config: object) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    config = Path(args.config) if args.config else bundled_config(DEFAULT_CONFIG)
+    name = None if args.config else default_config_name()
+    config = Path(args.config) if args.config else bundled_config(name or DEFAULT_CONFIG)
+    if name == GPU_CONFIG:
+        print(f"[flashspec] config: the bundled {GPU_CONFIG} (an NVIDIA GPU and a CUDA build of torch are here; "
+              "--config for another)", file=sys.stderr, flush=True)
     check_config_file(config)
     import uvicorn
 

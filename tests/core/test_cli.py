@@ -254,3 +254,50 @@ def test_real_model_through_the_cli() -> None:
     assert out.returncode == 0, out.stderr
     assert len(out.stdout.strip()) > 5
     assert "arm lookup" in out.stderr
+
+
+def _fake_torch(monkeypatch: pytest.MonkeyPatch, version: str | None) -> None:
+    import importlib.metadata
+
+    real = importlib.metadata.version
+
+    def fake(name: str) -> str:
+        if name != "torch":
+            return real(name)
+        if version is None:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return version
+
+    monkeypatch.setattr(importlib.metadata, "version", fake)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "visible", "torch_version", "expected"),
+    [
+        (1, None, "2.11.0+cu130", "gpu.toml"),
+        (1, "0", "2.11.0", "gpu.toml"),  # PyPI's Linux wheel: a CUDA build with no local tag
+        (0, None, "2.11.0+cu130", "default.toml"),  # the driver lists no GPU
+        (None, None, "2.11.0+cu130", "default.toml"),  # no NVIDIA driver at all
+        (1, "", "2.11.0+cu130", "default.toml"),  # CUDA_VISIBLE_DEVICES hides every GPU
+        (1, "-1", "2.11.0+cu130", "default.toml"),
+        (1, None, "2.13.0+cpu", "default.toml"),  # a CPU build of torch cannot use the GPU
+        (1, None, "2.11.0+rocm6.2", "default.toml"),
+        (1, None, None, "default.toml"),  # torch not installed (yet)
+    ],
+)
+def test_default_config_is_the_gpu_config_only_where_a_visible_gpu_and_a_cuda_torch_are(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: int | None, visible: str | None,
+        torch_version: str | None, expected: str) -> None:
+    from flashspec_core.cli import default_config_name
+
+    driver = tmp_path / "gpus"
+    if gpus is not None:
+        driver.mkdir()
+        for i in range(gpus):
+            (driver / f"0000:0{i}:00.0").mkdir()
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    _fake_torch(monkeypatch, torch_version)
+    assert default_config_name(driver) == expected
