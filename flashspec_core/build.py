@@ -76,7 +76,7 @@ def build_pipeline(
         on_step = lambda record: hook.flashspec_step_end(record=record)  # noqa: E731
     settings = PolicySettings(speculate_max_batch=config.speculate_max_batch, draw_ahead=config.draw_ahead,
                               first=index[config.first] if config.first is not None else None,
-                              batch_buckets=config.batch_buckets)
+                              batch_buckets=config.batch_buckets, first_explore=config.first_explore)
     policy = StepPolicy(arms, make_selector(), make_reward(config.reward), settings, make_selector)
     origins = {"target": _origin(registry, "target", config.target.use),
                "verifier": _origin(registry, "verifier", verifier_use)}

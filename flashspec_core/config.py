@@ -276,6 +276,7 @@ class PipelineConfig:
     first: str | None = None  # [selector] key: an arm tried before the selector; it chooses only when that proposes nothing
     draw_ahead: bool = True  # [selector] key: draw the next step's choice while the device runs this one
     batch_buckets: tuple[int, ...] = (1,)  # [selector] key: smallest live-row count of each bucket (one selector each)
+    first_explore: int = 8  # [selector] key: one of every N first-arm proposals goes against its gate (0: no gate)
 
 
 def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -376,10 +377,11 @@ def parse_config(
             raise ConfigError(source, f"arm.{i}", "select",
                               f"arm {a.name!r} has select = false and is neither an arm's fallback nor [selector] first, "
                               "so it would never run")
-    reward, limit, draw_ahead, buckets = _selector_keys(sel_table, source)
+    reward, limit, draw_ahead, buckets, first_explore = _selector_keys(sel_table, source)
     selector = _choice(registry, "selector", sel_table, source, "selector", "fixed", base_dir)
     generation = _generation(data, source)
-    return PipelineConfig(source, target, arms, verifier, selector, reward, generation, limit, first, draw_ahead, buckets)
+    return PipelineConfig(source, target, arms, verifier, selector, reward, generation, limit, first, draw_ahead, buckets,
+                          first_explore)
 
 
 def _arm_tables(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
@@ -396,9 +398,9 @@ def _arm_tables(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
     return arms
 
 
-def _selector_keys(sel_table: dict[str, Any], source: str) -> tuple[str, int | None, bool, tuple[int, ...]]:
+def _selector_keys(sel_table: dict[str, Any], source: str) -> tuple[str, int | None, bool, tuple[int, ...], int]:
     """Pop and check the [selector] keys the pipeline reads: reward, speculate_max_batch, draw_ahead,
-    batch_buckets."""
+    batch_buckets, first_explore."""
     reward = sel_table.pop("reward", "acceptance")
     if reward not in REWARDS:
         raise ConfigError(source, "selector", "reward", f"must be one of {REWARDS}, got {reward!r}")
@@ -413,7 +415,12 @@ def _selector_keys(sel_table: dict[str, Any], source: str) -> tuple[str, int | N
     problem = batch_buckets_problem(buckets)
     if problem is not None:
         raise ConfigError(source, "selector", "batch_buckets", f"{problem}, got {buckets!r}")
-    return reward, limit, draw_ahead, tuple(buckets)
+    first_explore = sel_table.pop("first_explore", 8)
+    if isinstance(first_explore, bool) or not isinstance(first_explore, int) or first_explore < 0:
+        raise ConfigError(source, "selector", "first_explore",
+                          f"must be an integer >= 0 (one of every N first-arm proposals explores; 0: the first arm "
+                          f"always plays), got {first_explore!r}")
+    return reward, limit, draw_ahead, tuple(buckets), first_explore
 
 
 def batch_buckets_problem(buckets: object) -> str | None:

@@ -41,6 +41,10 @@ Vocabulary:
   choice made a difference. Its steps are scored on a scale of their own (*first
   scorer*): a matched lookup step emits up to gamma + 1 tokens for one target forward,
   and on the selector's running scale it would squeeze the selector's rewards toward 0.
+  A non-empty proposal plays where its bucket's :class:`FirstGate` says so: the gate
+  learns, from the emitted tokens per second of past steps, whether in that bucket the
+  first arm's proposals beat the selector's choice (over many rows one matched row
+  widens every row's verify forward); ``first_explore`` (default 8; 0: always play).
 * *fallback* -- where an arm proposes nothing, its fallback arm proposes instead; the
   switch depends on the sequences alone, never on the step's random draws, so it is
   part of a deterministic arm and keeps the output law.
@@ -121,6 +125,9 @@ class PolicySettings:
     first: int | None = attrs.field(  # an index into the arms
         default=None, validator=attrs.validators.optional([attrs.validators.instance_of(int), attrs.validators.ge(0)]))
     draw_ahead: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    # The first arm's gate (FirstGate): one of every ``first_explore`` non-empty proposals goes the
+    # way the gate does not prefer; 0 turns the gate off (a non-empty proposal always plays).
+    first_explore: int = attrs.field(default=8, validator=[attrs.validators.instance_of(int), attrs.validators.ge(0)])
     # The smallest live-row count of each bucket: (1,) is one bucket for every batch.
     batch_buckets: tuple[int, ...] = attrs.field(default=(1,), converter=_buckets, validator=_check_buckets)
 
@@ -140,6 +147,7 @@ class Plan:
     # proposal, or its empty one when the selector picks the first arm again (a plain step).
     draft: Draft | None = attrs.field(default=None, eq=False)
     bucket: int = 0  # index into settings.batch_buckets: the bucket of len(rows)
+    first_skipped: bool = False  # the first arm proposed, and its bucket's gate had the selector choose instead
 
     @property
     def limited(self) -> bool:
@@ -152,6 +160,42 @@ class Plan:
         return self.choice is None and not self.limited
 
 
+@attrs.define
+class FirstGate:
+    """Whether the first arm's non-empty proposal plays, in one bucket of live rows.
+
+    A matched lookup pays at batch 1, where a verify forward of nine positions costs about
+    one of one position, but over many rows one matched row widens the whole batch's verify
+    forward while the other rows gain nothing. The gate compares, in its bucket, the emitted
+    tokens per second of the steps where the first arm proposed and played against those
+    where it proposed and the selector chose instead, and prefers the faster; one of every
+    ``explore`` proposals goes the other way, so both means stay current, and until each
+    side has ``least`` steps the first arm plays (as with no gate) but for those explorations.
+    The decision reads past steps only (counts, emitted tokens, step times), so the output
+    law stays the target's."""
+
+    explore: int = 8
+    least: int = 8
+    played: list[float] = attrs.field(factory=lambda: [0, 0.0])  # steps, summed tokens/s
+    skipped: list[float] = attrs.field(factory=lambda: [0, 0.0])
+    seen: int = 0  # non-empty proposals so far
+
+    def plays(self) -> bool:
+        """Whether the next non-empty proposal plays (counts it)."""
+        if self.explore <= 0:
+            return True
+        self.seen += 1
+        other_way = self.seen % self.explore == 0
+        known = self.played[0] >= self.least and self.skipped[0] >= self.least
+        prefer = not known or self.played[1] / self.played[0] >= self.skipped[1] / self.skipped[0]
+        return prefer != other_way
+
+    def observe(self, played: bool, tokens_per_s: float) -> None:
+        side = self.played if played else self.skipped
+        side[0] += 1
+        side[1] += tokens_per_s
+
+
 class StepPolicy:
     """Arm choice, fallback, provider rollbacks and learning for the decode loop.
 
@@ -162,7 +206,7 @@ class StepPolicy:
     systems on one pipeline): a selector or reward assigned goes to the first bucket and
     a copy of it to each other one, and settings with other buckets spread the first
     bucket's selector and scorers the same way; to keep every bucket's state across a
-    swap, save and restore the lists ``selectors``, ``rewards`` and ``first_rewards``.
+    swap, save and restore the lists ``selectors``, ``rewards``, ``first_rewards`` and ``first_gates``.
     The drawn-ahead choice and the plain arm stay with the policy.
     """
 
@@ -175,6 +219,7 @@ class StepPolicy:
             _check(self.arms, each, settings)
         self.rewards = self._spread(reward)  # one per bucket: a bigger batch emits more tokens per step
         self.first_rewards = self._spread(copy.deepcopy(reward))  # the first arm's own scales (module docstring)
+        self.first_gates = self.fresh_first_gates()  # whether the first arm's proposals play, per bucket
         self._plain = Arm(name=BATCH_LIMIT, provider=NoDraft(), gamma=0, selectable=False)
         self._ahead: tuple[int, int] | None = None  # (bucket, choice) drawn ahead for the next step
         self._due: int | None = None  # the bucket whose draw ahead is due for the step in flight
@@ -209,6 +254,12 @@ class StepPolicy:
             self.selectors = self._spread(self.selectors[0])
             self.rewards = self._spread(self.rewards[0])
             self.first_rewards = self._spread(self.first_rewards[0])
+        if settings.batch_buckets != old.batch_buckets or settings.first_explore != old.first_explore:
+            self.first_gates = self.fresh_first_gates()
+
+    def fresh_first_gates(self) -> list[FirstGate]:
+        """Untrained first-arm gates, one per bucket."""
+        return [FirstGate(explore=self._settings.first_explore) for _ in self._settings.batch_buckets]
 
     def _spread(self, first: T, make: Callable[[], T] | None = None) -> list[T]:
         """``first`` for the first bucket, and for each other one ``make()`` or a copy of ``first``."""
@@ -324,6 +375,8 @@ class StepPolicy:
         self.draw_next()
         acc = tuple(accepted)
         emitted = sum(n + 1 for n in acc) if emitted is None else emitted
+        if (plan.by_first or plan.first_skipped) and not captured:
+            self.first_gates[plan.bucket].observe(plan.by_first, emitted / max(step_s, 1e-9))
         scorer = (self.first_rewards if plan.by_first else self.rewards)[plan.bucket]
         reward = scorer(width, acc, emitted, max(step_s, 1e-9))
         if plan.choice is not None and not captured:
@@ -342,6 +395,10 @@ class StepPolicy:
         if first is None or self.limited(len(rows)):
             return self.choose(rows)
         draft = self._first_proposal(first, tokens, lengths, sampling, generator)
+        if not _empty(draft) and not self.first_gates[self.settings.bucket(len(rows))].plays():
+            # the gate prefers the selector here: nothing of the proposal enters the sequences
+            self.arms[first].provider.rollback([0] * len(lengths))
+            return attrs.evolve(self.choose(rows), first_skipped=True)
         plan = self.choose(rows, first_proposes=not _empty(draft))
         # The first arm chosen again keeps its empty proposal (a plain step): no second search.
         return attrs.evolve(plan, draft=draft) if plan.arm == first else plan

@@ -206,7 +206,7 @@ class Systems:
         policy = self.pipeline.policy
         self.arms, self.settings = list(policy.arms), policy.settings
         # untrained selectors and scorers, copied afresh for every default request
-        self.fresh = copy.deepcopy((policy.selectors, policy.rewards, policy.first_rewards))
+        self.fresh = copy.deepcopy((policy.selectors, policy.rewards, policy.first_rewards, policy.first_gates))
         # A copy keeps its random state: every request would draw the same choices. A process of
         # its own draws fresh ones unless the config seeds the selector, so each copy is reseeded.
         self.reseed = config.get("selector", {}).get("seed") is None
@@ -219,7 +219,7 @@ class Systems:
         policy = self.pipeline.policy
         if system == DEFAULT:
             policy.arms, policy.settings = list(self.arms), self.settings
-            policy.selectors, policy.rewards, policy.first_rewards = copy.deepcopy(self.fresh)
+            policy.selectors, policy.rewards, policy.first_rewards, policy.first_gates = copy.deepcopy(self.fresh)
             if self.reseed:
                 for selector in policy.selectors:
                     reseed(selector)

@@ -157,6 +157,7 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
         warm = Tour(len(policy.choices)) if name.startswith("bandit:") else copy.deepcopy(sel)
         policy.selector, policy.reward = warm, copy.deepcopy(reward)
         policy.first_rewards = [copy.deepcopy(r) for r in kept.first_rewards]
+        policy.first_gates = policy.fresh_first_gates()  # the warm-up's steps teach the timed run's gates nothing
         say(f"{name}: warm-up")
         run_pipeline(pipeline, prompts, warm_groups(groups, args.warmup), args, domains)
         # the config's bandit starts from the policy's own buckets (a selector made per bucket), others from copies
@@ -230,15 +231,18 @@ class Buckets:
     selectors: list[Any]
     rewards: list[Any]
     first_rewards: list[Any]
+    first_gates: list[Any]
 
     def restore(self, policy: Any) -> None:
         """Put these lists back into ``policy`` (the objects themselves: they go on learning)."""
         policy.selectors, policy.rewards, policy.first_rewards = self.selectors, self.rewards, self.first_rewards
+        policy.first_gates = self.first_gates
 
 
 def buckets(policy: Any) -> Buckets:
-    """``policy``'s per-bucket selectors and scorers as they are now (the lists copied, not the objects)."""
-    return Buckets(list(policy.selectors), list(policy.rewards), list(policy.first_rewards))
+    """``policy``'s per-bucket selectors, scorers and first-arm gates as they are now (the lists
+    copied, not the objects)."""
+    return Buckets(list(policy.selectors), list(policy.rewards), list(policy.first_rewards), list(policy.first_gates))
 
 
 def prewarm_drafts(pipeline: Any, groups: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
@@ -466,3 +467,47 @@ def test_per_bucket_selectors_learn_where_drafting_pays(seed: int) -> None:
     shared = _draft_share((1,), seed)
     assert not (shared[1] > 0.9 and shared[8] < 0.1), shared
     assert abs(shared[1] - shared[8]) < 0.2, shared
+
+
+def test_first_gate_plays_until_both_sides_are_known_then_prefers_the_faster_exploring_one_in_explore() -> None:
+    from flashspec_core.policy import FirstGate
+
+    gate = FirstGate(explore=4, least=2)
+    assert [gate.plays() for _ in range(8)] == [True, True, True, False] * 2  # unknown: play, but every 4th
+    for _ in range(2):
+        gate.observe(True, 100.0)  # first arm's steps: 100 tokens/s
+        gate.observe(False, 300.0)  # the selector's, where the first arm had proposed: faster
+    assert [gate.plays() for _ in range(8)] == [False, False, False, True] * 2  # skip, but every 4th plays
+    for _ in range(10):
+        gate.observe(True, 1000.0)  # the first arm's steps got faster: its mean passes the other side's
+    assert [gate.plays() for _ in range(4)] == [True, True, True, False]
+    assert all(FirstGate(explore=0).plays() for _ in range(20))  # 0: the gate is off
+
+
+def test_a_gated_first_proposal_is_rolled_back_and_the_selector_chooses_and_both_sides_teach_the_gate() -> None:
+    """Where the gate skips the first arm, its non-empty proposal is rolled back at once (none of
+    its tokens entered the sequences), the selector chooses and learns as usual, and the step's
+    tokens/s goes to the gate's other side."""
+    log: list[tuple[Any, ...]] = []
+    arms = [Arm("lookup", FakeProvider("lookup", log, [2]), 4, selectable=False), Arm("d", FakeProvider("d", log), 3)]
+    policy = _policy(log, arms, first=0, draw_ahead=False, first_explore=2)
+    plan, drafter, _ = _step(policy, [0, 1, 2], [1, 2, 0])  # the gate's first proposal: plays
+    assert plan.by_first and not plan.first_skipped and drafter is arms[0]
+    log.clear()
+    plan, drafter, _ = _step(policy, [0, 1, 2], [1, 0, 2], step_s=0.02)  # its second: the exploration skips it
+    assert plan.first_skipped and not plan.by_first and plan.arm == 1 and plan.choice == 0 and drafter is arms[1]
+    assert log == [("propose", "lookup", 4), ("rollback", "lookup", [0, 0, 0]), ("select", 0), ("propose", "d", 3),
+                   ("rollback", "d", [1, 0, 2]), ("main", 3, (1, 0, 2), 6, 0.02), ("update", 0, 0.5)]
+    assert policy.first_gates[0].played == [1, 6 / 0.01] and policy.first_gates[0].skipped == [1, 6 / 0.02]
+
+
+def test_each_bucket_has_a_first_gate_of_its_own() -> None:
+    log: list[tuple[Any, ...]] = []
+    arms = [Arm("lookup", FakeProvider("lookup", log, [2]), 4, selectable=False), Arm("d", FakeProvider("d", log), 3)]
+    policy = _policy(log, arms, first=0, draw_ahead=False, batch_buckets=(1, 2))
+    _step(policy, [0, 1, 2], [1, 2, 0])
+    assert [g.seen for g in policy.first_gates] == [0, 1] and policy.first_gates[1].played[0] == 1
+    _step(policy, [1], [0, 1, 0])  # one live row: bucket 0
+    assert [g.seen for g in policy.first_gates] == [1, 1]
+    policy.settings = attrs.evolve(policy.settings, first_explore=0)  # another gate setting: fresh gates
+    assert [g.seen for g in policy.first_gates] == [0, 0] and policy.first_gates[0].explore == 0

@@ -54,6 +54,23 @@ def test_law_holds_with_a_selector_per_batch_bucket(law_setup: dict[str, Any], s
     assert len(buckets) >= 4  # the gate crossed buckets
 
 
+def test_law_holds_with_a_gated_first_arm(law_setup: dict[str, Any]) -> None:
+    """A match-only lookup tried first, its proposals played or rolled back unplayed by each
+    bucket's first gate (exploring every second proposal, so both happen often), the selector
+    choosing among the drafts and plain decoding where the gate skips or nothing matched: the
+    gate reads past steps only, so the law is the target's."""
+    sampling = SAMPLINGS[0]
+    config = pipeline_dict(law_setup["target"], law_setup["drafts"], "thompson", dtype="float32", batch_buckets=BUCKETS)
+    config["arm"] = [{"use": "prompt_lookup", "gamma": 4, "min_ngram": 1, "fill": False, "select": False,
+                      "name": "lookup-first"}, *config["arm"], {"use": "none", "name": "plain"}]
+    config["selector"] |= {"first": "lookup-first", "first_explore": 2}
+    pipe = build_pipeline(config, law_setup["registry"])
+    assert gate(pipe, law_of(law_setup, sampling), sampling) > ALPHA
+    gates = pipe.policy.first_gates
+    # each side of the gate ran (the gate's batches are few, wide steps: a dozen or so proposals)
+    assert sum(g.played[0] for g in gates) >= 5 and sum(g.skipped[0] for g in gates) >= 5
+
+
 @pytest.mark.parametrize("sampling", SAMPLINGS[1:], ids=["top_k", "top_p"])
 def test_law_holds_with_filtering(law_setup: dict[str, Any], sampling: dict[str, Any]) -> None:
     pipe = build_pipeline(pipeline_dict(law_setup["target"], law_setup["drafts"], "alternate_on_rejection", dtype="float32"), law_setup["registry"])
