@@ -62,9 +62,11 @@ def provenance(script: str, commit: str | None = None) -> dict[str, Any]:
 
 
 def write_json(path: Path, data: Any, indent: int | None = 1) -> Path:
-    """``data`` as JSON at ``path`` (folders made as needed), ending in a newline."""
+    """``data`` as JSON at ``path`` (folders made as needed), ending in a newline; with
+    ``indent=None`` on one line without spaces (the recorded steps: the 2 MB limit per file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=indent) + "\n")
+    separators = (",", ":") if indent is None else None
+    path.write_text(json.dumps(data, indent=indent, separators=separators) + "\n")
     return path
 
 

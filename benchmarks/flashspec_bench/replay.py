@@ -9,10 +9,18 @@ it had fewer rows); rows finish at their request's recorded length, so a batch d
 down through the batch sizes as in the engine. Steps slower than 5x their arm's median
 are graph captures, not the arm's cost, and are left out of the pool.
 
+In the run's domain order (``replay_domains``, from each sweep's fixed-arm runs, ``sweeps`` in
+the steps file): each batch size's requests in the batches and order of its bench run
+(HumanEval, code edits, chat, code, prose), one policy carried across them; a replayed step
+of arm ``k`` gives each live row the accepted count of ``k``'s recorded step that covered
+the row's position in the same request, and the time of one of ``k``'s steps at the nearest
+live-row count. Per domain: tokens/s over target-only.
+
 Systems, all through :class:`~flashspec_core.policy.StepPolicy` with the throughput
 reward and draw-ahead as in the engine, each arm's gamma its widest recorded step (what
-the policy tells a selector that sees widths): the shipped per-bucket ``thompson`` (buckets
-1, 2, 4, 8, 16, 32), ``factored`` (one selector for every batch), every arm fixed, and
+the policy tells a selector that sees widths): the per-bucket ``thompson`` (buckets
+1, 2, 4, 8, 16, 32), ``factored`` (one selector for every batch), ``factored_per_request``
+(the same with ``request_rows``, each request's own acceptance counts, as shipped), every arm fixed, and
 per batch size the best fixed arm in hindsight. Each seed runs the recorded requests in
 batches of the batch size, one policy for the whole run (about 100 steps at batch 8).
 Regret: seconds beyond the best fixed arm's for the same tokens, per request.
@@ -21,6 +29,7 @@ Regret: seconds beyond the best fixed arm's for the same tokens, per request.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import math
 import statistics
@@ -40,6 +49,7 @@ STEPS = Path(__file__).resolve().parents[1] / "workloads" / "h200-steps.json"
 OUT = DOCS / "bandit-replay.json"
 BUCKETS = (1, 2, 4, 8, 16, 32)
 CAPTURE = 5.0  # a step this many times its arm's median is a graph capture
+REQUEST_ROWS = 8.0  # factored's request_rows in flashspec_core/configs/default.toml
 
 Pool = dict[int, list[tuple[int, float, tuple[int, ...]]]]  # batch size -> (width, step_s, accepted per row)
 
@@ -47,6 +57,7 @@ Pool = dict[int, list[tuple[int, float, tuple[int, ...]]]]  # batch size -> (wid
 def extract(bench_paths: Sequence[Path]) -> dict[str, Any]:
     """Every step of every run in the bench JSONs, per arm, and the requests' lengths."""
     arms: dict[str, list[list[Any]]] = {}
+    sweeps: dict[str, Any] = {}
     lengths: list[int] = []
     for path in bench_paths:
         data = json.loads(Path(path).read_text())
@@ -56,8 +67,44 @@ def extract(bench_paths: Sequence[Path]) -> dict[str, Any]:
                     [s["batch_size"], s["gamma"], round(s["step_ms"], 4), s["accepted"]])
         requests = [r["new_tokens"] for r in data["runs"]["target_only"]["requests"]]
         lengths = requests if len(requests) > len(lengths) else lengths  # the fullest list of requests
+        sweeps[str(data["args"]["batch_size"])] = sweep(data["runs"])
     sources = [f"{Path(p).parent.name}/{Path(p).name}" for p in bench_paths]
-    return {"sources": sources, "request_tokens": lengths, "arms": arms}
+    return {"sources": sources, "request_tokens": lengths, "arms": arms, "sweeps": sweeps}
+
+
+def sweep(runs: dict[str, Any]) -> dict[str, Any]:
+    """One bench run in its order: its batches of requests ``[prompt, domain, new tokens]``, and
+    for each fixed arm each request's row's steps ``[position, accepted, width]`` and the steps'
+    ``[rows, width, ms]`` (rows are a step's live rows in prompt order, as the bench decodes them)."""
+    target = runs["target_only"]["requests"]
+    out: dict[str, Any] = {"batches": [[[q["prompt"], q["domain"], q["new_tokens"]] for q in batch]
+                                       for batch in _batches(target)], "arms": {}}
+    for system, run in runs.items():
+        if not (system.startswith("fixed:") or system == "target_only") or not run["requests"]:
+            continue
+        traces: dict[str, list[list[int]]] = {}
+        times: list[list[float]] = []
+        steps = iter(run["steps"])
+        for batch in _batches(run["requests"]):
+            left = {q["prompt"]: q["new_tokens"] for q in batch}
+            pos = dict.fromkeys(left, 0)
+            while any(n > 0 for n in left.values()):
+                s = next(steps)
+                live = [p for p in sorted(left) if left[p] > 0]
+                for p, a in zip(live, s["accepted"], strict=False):
+                    traces.setdefault(str(p), []).append([pos[p], a, s["gamma"]])
+                    got = min(a + 1, left[p])
+                    left[p], pos[p] = left[p] - got, pos[p] + got
+                times.append([len(s["accepted"]), s["gamma"], round(s["step_ms"], 4)])
+        name = "none" if system == "target_only" else system.removeprefix("fixed:")
+        out["arms"][name] = {"traces": traces, "times": times}
+    return out
+
+
+def _batches(requests: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """A run's requests grouped by the batch they were decoded in, in the run's order."""
+    ids = sorted({q["batch_id"] for q in requests})
+    return [sorted((q for q in requests if q["batch_id"] == b), key=lambda q: q["prompt"]) for b in ids]
 
 
 def pools(recorded: dict[str, Any]) -> tuple[list[str], list[Pool], int]:
@@ -132,6 +179,8 @@ def systems(names: list[str], gammas: Sequence[int], seed: int) -> dict[str, Cal
         "thompson_per_bucket": _policy(
             names, gammas, lambda k: Thompson(ThompsonConfig(seed=seed * 1000 + next(counter)), k), BUCKETS),
         "factored": _policy(names, gammas, lambda k: Factored(FactoredConfig(seed=seed), k), (1,)),
+        "factored_per_request": _policy(
+            names, gammas, lambda k: Factored(FactoredConfig(seed=seed, request_rows=REQUEST_ROWS), k), (1,)),
     }
     for i, name in enumerate(names):
         out[f"fixed:{name}"] = _policy(names, gammas, _fixed(i), (1,))
@@ -193,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=Path, default=STEPS, help=f"recorded steps (default {STEPS})")
     p.add_argument("--batches", default="1,2,4,8,16,32")
     p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--domain-seeds", type=int, default=5, help="seeds of the replay in each run's domain order")
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     if args.extract:
@@ -200,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     recorded = json.loads(args.steps.read_text())
     result = replay(recorded, [int(b) for b in args.batches.split(",")], args.seeds)
     out = {**provenance("benchmarks/bandit_replay.py"), "config": vars(args),
-           "sources": recorded["sources"], **result}
+           "sources": recorded["sources"], **result, "domains": replay_domains(recorded, args.domain_seeds)}
     root = Path(__file__).resolve().parents[2]
     out["config"] = {k: (_relative(v, root) if isinstance(v, Path) else v)
                      for k, v in out["config"].items() if k != "extract"}
@@ -209,4 +259,118 @@ def main(argv: list[str] | None = None) -> int:
         line = ", ".join(f"{n} {row['systems'][n]['vs_target_only']:.2f}x" for n in ("thompson_per_bucket", "factored"))
         print(f"batch {batch:>2}: best fixed {row['best_fixed_arm']} "
               f"{row['systems']['fixed:' + row['best_fixed_arm']]['vs_target_only']:.2f}x; {line} (vs target only)")
+    for batch, row in out["domains"].items():
+        for name in ("factored", "factored_per_request"):
+            domains = ", ".join(f"{d} {v:.2f}x" for d, v in row["systems"][name]["by_domain"].items())
+            print(f"batch {batch:>2} in run order, {name}: {domains}")
     return 0
+
+
+# ------------------------------------------------------------------ replay in the run's domain order
+
+
+class Trace:
+    """One bench run's fixed-arm recordings: a replayed step of arm ``k`` gives each live row the
+    accepted count of ``k``'s recorded step that covered the row's position in the same request
+    (greedy decoding writes the same tokens under every arm, so positions line up), and the step
+    the time of one of ``k``'s recorded steps at the nearest live-row count, drafting or not as
+    the replayed step is."""
+
+    def __init__(self, recorded: dict[str, Any], names: Sequence[str]) -> None:
+        self.names = list(names)
+        self.batches = recorded["batches"]
+        self.steps: list[dict[int, tuple[list[int], list[int], list[int]]]] = []  # per arm: prompt -> starts, acc, widths
+        self.times: list[dict[tuple[int, bool], list[float]]] = []  # per arm: (rows, drafts) -> seconds
+        for name in self.names:
+            arm = recorded["arms"][name]
+            steps = {}
+            for prompt, trace in arm["traces"].items():
+                steps[int(prompt)] = ([t[0] for t in trace], [t[1] for t in trace], [t[2] for t in trace])
+            self.steps.append(steps)
+            median = statistics.median(t[2] for t in arm["times"])
+            times: dict[tuple[int, bool], list[float]] = {}
+            for rows, width, ms in arm["times"]:
+                if ms <= CAPTURE * median:
+                    times.setdefault((rows, width > 0), []).append(ms / 1e3)
+            self.times.append(times)
+
+    def row(self, arm: int, prompt: int, position: int) -> tuple[int, int]:
+        """Accepted count and width of ``arm``'s recorded step over ``position`` of ``prompt``."""
+        starts, acc, width = self.steps[arm][prompt]
+        i = max(bisect.bisect_right(starts, position) - 1, 0)
+        return acc[i], width[i]
+
+    def step_s(self, arm: int, rows: int, drafts: bool, rng: np.random.Generator) -> float:
+        times = self.times[arm]
+        key = min(times, key=lambda k: (k[1] != drafts, abs(k[0] - rows), -k[0]))
+        pool = times[key]
+        return pool[int(rng.integers(len(pool)))]
+
+
+def run_in_order(make_policy: Callable[[], StepPolicy], trace: Trace,
+                 rng: np.random.Generator) -> tuple[dict[str, list[float]], list[int]]:
+    """Seconds and tokens per domain, and plays per arm, of the run's batches in its order with
+    one policy throughout (its state carried across domains, as in the bench)."""
+    policy, plays = make_policy(), [0] * len(trace.names)
+    per: dict[str, list[float]] = {}
+    for batch in trace.batches:
+        prompts = [q[0] for q in batch]
+        domains = [q[1] for q in batch]
+        left = [q[2] for q in batch]
+        pos = [0] * len(batch)
+        policy.begin(len(batch))
+        while any(n > 0 for n in left):
+            rows = [b for b, n in enumerate(left) if n > 0]
+            plan = policy.choose(rows)
+            got = [trace.row(plan.arm, prompts[b], pos[b]) for b in rows]
+            width = max(w for _, w in got)
+            acc = [min(a, width) for a, _ in got]
+            step_s = trace.step_s(plan.arm, len(rows), width > 0, rng)
+            emitted = 0
+            for b, n in zip(rows, acc, strict=True):
+                out = min(n + 1, left[b])
+                left[b], pos[b] = left[b] - out, pos[b] + out
+                emitted += out
+                entry = per.setdefault(domains[b], [0.0, 0.0])
+                entry[0] += step_s / len(rows)  # a step's time shared by its live rows
+                entry[1] += out
+            policy.learn(plan, width, acc, step_s, emitted)
+            plays[plan.arm] += 1
+    return per, plays
+
+
+def replay_domains(recorded: dict[str, Any], seeds: int) -> dict[str, Any]:
+    """Per recorded batch size and domain, each system's tokens/s over target-only, replayed in
+    the run's order (domains one after another, selector state carried across them)."""
+    out: dict[str, Any] = {}
+    for batch, sweep_data in recorded.get("sweeps", {}).items():
+        names = sorted(sweep_data["arms"], key=lambda n: (n != "none", n))
+        trace = Trace(sweep_data, names)
+        gammas = [max(t[1] for t in sweep_data["arms"][n]["times"]) for n in names]
+        per: dict[str, dict[str, list[list[float]]]] = {}
+        plays: dict[str, list[list[int]]] = {}
+        for seed in range(seeds):
+            for name, make in systems(names, gammas, seed).items():
+                rng = np.random.default_rng([seed, int(batch)])
+                domains, played = run_in_order(make, trace, rng)
+                for domain, (seconds, tokens) in domains.items():
+                    per.setdefault(name, {}).setdefault(domain, []).append([seconds, tokens])
+                plays.setdefault(name, []).append(played)
+        tps = {n: {d: float(np.sum([t for _, t in v]) / np.sum([s for s, _ in v])) for d, v in doms.items()}
+               for n, doms in per.items()}
+        row: dict[str, Any] = {"arms": names, "systems": {}}
+        for name, doms in tps.items():
+            total = sum(sum(t for _, t in v) for v in per[name].values()) / sum(
+                sum(s for s, _ in v) for v in per[name].values())
+            none_total = sum(sum(t for _, t in v) for v in per["fixed:none"].values()) / sum(
+                sum(s for s, _ in v) for v in per["fixed:none"].values())
+            row["systems"][name] = {
+                "vs_target_only": round(total / none_total, 3),
+                "by_domain": {d: round(v / tps["fixed:none"][d], 3) for d, v in doms.items()},
+                "plays": dict(zip(names, np.mean(plays[name], axis=0).round(1).tolist(), strict=True)),
+            }
+        best = {d: max((n for n in tps if n.startswith("fixed:")), key=lambda n: tps[n][d]) for d in tps["fixed:none"]}
+        row["best_fixed_by_domain"] = {d: [n.removeprefix("fixed:"), round(tps[n][d] / tps["fixed:none"][d], 3)]
+                                       for d, n in best.items()}
+        out[batch] = row
+    return out

@@ -415,7 +415,13 @@ class FactoredConfig:
     prior cost of one drafted token of a row, as a share of a one-row step of the
     cheapest arm, used while no step has drafted (:func:`shared_slopes_fit`): with the
     plain arm played first, it is what keeps an unseen draft from looking free at 32
-    rows; ``seed`` as for ``thompson``."""
+    rows; ``request_rows``: rows' worth of an arm's pooled acceptance as the prior of the live
+    request's own counts (0: pooled only; a request is what
+    :meth:`~flashspec_core.contracts.RequestAware.begin_request` starts, in a static batch the
+    batch's rows together): acceptance differs more between requests than between steps of one
+    request, and a pooled mean dominated by earlier domains keeps a lookup arm played on prompts
+    where it matches nothing (docs/benchmarks/bandit-replay.json, ``domains``); ``seed`` as
+    for ``thompson``."""
 
     initial: int = attrs.field(default=1, validator=_int_at_least(0))
     warmup: int = attrs.field(default=1, validator=_int_at_least(0))
@@ -424,6 +430,7 @@ class FactoredConfig:
     outlier: float = attrs.field(default=5.0)
     static_batch: bool = attrs.field(default=True)
     token_cost: float = attrs.field(default=0.01, validator=_non_negative_number)
+    request_rows: float = attrs.field(default=0.0, validator=_non_negative_number)
     seed: int | None = attrs.field(default=None, validator=_optional_int_at_least(0))
 
     @static_batch.validator
@@ -754,6 +761,8 @@ class Factored:
         self.ridge, self.outlier = float(config.ridge), float(config.outlier)
         self.static_batch = self._static = bool(config.static_batch)
         self.token_cost = float(config.token_cost)
+        self.request_rows = float(config.request_rows)
+        self.request = np.zeros((3, self.num_arms))  # [3, K] as acc, over the current request's steps
         self.gammas: np.ndarray | None = None  # [K] each arm's widest proposal (see_widths); None: not told
         self.rng = np.random.default_rng(config.seed)
         self.rows = 1  # live rows of the step to choose for
@@ -784,6 +793,11 @@ class Factored:
 
     def see_rows(self, rows: int) -> None:
         self.rows = max(1, int(rows))
+
+    def begin_request(self, rows: int) -> None:
+        """A new request (:class:`~flashspec_core.contracts.RequestAware`): its own acceptance
+        counts start empty."""
+        self.request[:] = 0.0
 
     def see_widths(self, widths: Sequence[int]) -> None:
         """Each arm's most tokens proposed per row, 0 for an arm that never drafts
@@ -838,7 +852,17 @@ class Factored:
         mean = (s + self.prior_rows * prior) / (n + self.prior_rows)
         # Student-t, not normal: the spread is itself estimated, and a few unlucky equal counts
         # read as a tight normal would keep a good arm unplayed for the rest of the run.
-        draw = mean + np.sqrt(var / (n + self.prior_rows)) * self.rng.standard_t(n + self.prior_rows)
+        rows = n + self.prior_rows
+        if self.request_rows > 0:
+            # The pooled posterior is the prior of this request's own counts, worth at most
+            # request_rows rows: an arm that matches nothing in this request is priced by that.
+            rn, rs, rss = self.request
+            weight = np.minimum(self.request_rows, rows)
+            spread = np.maximum(rss - rs * rs / np.maximum(rn, 1.0), 0.0)
+            mean = (rs + weight * mean) / (rn + weight)
+            var = (spread + weight * var) / (rn + weight)
+            rows = rn + weight
+        draw = mean + np.sqrt(var / rows) * self.rng.standard_t(rows)
         return np.clip(draw, 0.0, width)
 
     def select(self) -> int:
@@ -930,6 +954,7 @@ class Factored:
         self.outstanding[arm] = max(self.outstanding[arm] - 1, 0)
         self.width[arm] += width
         self.acc[:, arm] += (counts.size, counts.sum(), (counts * counts).sum())
+        self.request[:, arm] += (counts.size, counts.sum(), (counts * counts).sum())
         if counts.size:
             top = int(counts.max())
             if top >= self.counts.shape[1]:

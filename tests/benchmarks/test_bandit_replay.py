@@ -51,7 +51,7 @@ def test_replay_ranks_the_draft_at_one_row_and_plain_steps_at_eight(tmp_path: Pa
     for batch in ("1", "8"):
         systems = result["batches"][batch]["systems"]
         assert systems["fixed:none"]["vs_target_only"] == 1.0
-        assert set(systems) == {"thompson_per_bucket", "factored", "fixed:none", "fixed:draft"}
+        assert set(systems) == {"thompson_per_bucket", "factored", "factored_per_request", "fixed:none", "fixed:draft"}
     steps = tmp_path / "steps.json"
     steps.write_text(json.dumps(RECORDED))
     out = tmp_path / "replay.json"
@@ -66,3 +66,49 @@ def test_the_simulator_shows_factored_each_step() -> None:
     arms = play(selector, env, outcomes)
     assert selector.steps.sum() == 400  # every step observed, not only rewarded
     assert np.mean(arms[200:] == 1) > 0.9  # E[N + 1] / cost: 2.30 / 1.2 beats 3.36 / 2.2 and 1 / 1
+
+
+# ------------------------------------------------ replay in the run's domain order
+
+# A bench run at batch 1: ten requests of domain "a" where the lookup accepts 4 of 6 every
+# step, then ten of domain "b" where it matches nothing (a plain step) and a draft of width 3
+# at 3 ms accepts 2; plain steps take 2 ms.
+DOMAINS = [("a", {"lookup": (4, 6, 2.0), "draft": (0, 3, 3.0)}), ("b", {"lookup": (0, 0, 2.0), "draft": (2, 3, 3.0)})]
+TOKENS = 60
+
+
+def _bench_runs() -> dict[str, object]:
+    prompts = [(10 * d + i, name) for d, (name, _) in enumerate(DOMAINS) for i in range(10)]
+    runs: dict[str, object] = {}
+    for system, arm in (("target_only", None), ("fixed:lookup", "lookup"), ("fixed:draft", "draft")):
+        requests, steps = [], []
+        for batch_id, (prompt, domain) in enumerate(prompts):
+            requests.append({"prompt": prompt, "domain": domain, "new_tokens": TOKENS, "batch_id": batch_id})
+            accepted, width, ms = (0, 0, 2.0) if arm is None else dict(DOMAINS)[domain][arm]
+            left = TOKENS
+            while left > 0:
+                steps.append({"arm_name": arm or "none", "batch_size": 1, "gamma": width, "step_ms": ms,
+                              "accepted": [accepted]})
+                left -= min(accepted + 1, left)
+        runs[system] = {"requests": requests, "steps": steps}
+    return runs
+
+
+def test_sweep_lines_each_requests_steps_up_by_position() -> None:
+    data = replay.sweep(_bench_runs())  # type: ignore[arg-type]
+    assert [len(b) for b in data["batches"]] == [1] * 20 and data["batches"][10][0][1] == "b"
+    assert data["arms"]["lookup"]["traces"]["0"][:3] == [[0, 4, 6], [5, 4, 6], [10, 4, 6]]
+    assert data["arms"]["lookup"]["traces"]["10"][:2] == [[0, 0, 0], [1, 0, 0]]
+    trace = replay.Trace(data, ["none", "draft", "lookup"])
+    assert trace.row(2, 0, 7) == (4, 6)  # position 7 lies in the step that started at 5
+    assert trace.step_s(1, 1, True, np.random.default_rng(0)) == 0.003
+
+
+def test_per_request_counts_leave_a_lookup_that_stopped_matching() -> None:
+    result = replay.replay_domains({"sweeps": {"1": replay.sweep(_bench_runs())}}, seeds=2)["1"]  # type: ignore[arg-type]
+    systems = result["systems"]
+    assert systems["fixed:lookup"]["by_domain"] == {"a": 5.0, "b": 1.0}
+    assert result["best_fixed_by_domain"] == {"a": ["lookup", 5.0], "b": ["draft", 2.0]}
+    # Pooled, the lookup's domain-a counts keep it played on b; per request, the draft takes b.
+    assert systems["factored"]["by_domain"]["b"] < 1.2
+    assert systems["factored_per_request"]["by_domain"]["b"] > 1.4

@@ -8,7 +8,7 @@ from _tiny import pipeline_dict, tiny_family
 
 from flashspec_core.build import build_pipeline
 from flashspec_core.config import ConfigError, parse_config
-from flashspec_core.contracts import ObservesSteps, SeesWidths
+from flashspec_core.contracts import ObservesSteps, RequestAware, SeesWidths
 from flashspec_core.policy import Arm, NoDraft, PolicySettings, StepPolicy
 from flashspec_core.registry import build_registry
 from flashspec_core.rewards import make_reward
@@ -258,7 +258,7 @@ def test_without_observations_it_is_thompson_on_rewards() -> None:
     ({"outlier": 1.0}, "outlier must be 0"), ({"prior_rows": 0}, "prior_rows must be"),
     ({"ridge": -1.0}, "ridge must be"), ({"initial": -1}, "initial must be"), ({"warmup": -1}, "warmup must be"),
     ({"static_batch": 1}, "static_batch"), ({"token_cost": -0.01}, "token_cost must be a finite number >= 0"),
-    ({"token_cost": float("inf")}, "token_cost must be")])
+    ({"token_cost": float("inf")}, "token_cost must be"), ({"request_rows": -1.0}, "request_rows must be")])
 def test_bad_config(keys: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         FactoredConfig(**keys)  # type: ignore[arg-type]
@@ -411,3 +411,76 @@ def test_shared_slopes_fit_prices_an_unseen_arm_at_the_least_intercept_and_token
     np.testing.assert_allclose(fit[0], [2e-3, 1e-4, 0.05 * 2.1e-3], rtol=1e-5)
     np.testing.assert_allclose(fit[2], fit[0], rtol=1e-5)  # the least intercept, not the mean
     assert float(cost_features(1, 3) @ fit[1]) == pytest.approx(12e-3)
+
+
+# ------------------------------------------------ per request: each request's own acceptance counts
+
+
+def _pooled_then_a_request(request_rows: float, seed: int) -> Factored:
+    """Plain decoding (2 ms), a lookup of width 6 at plain cost that accepted 5 a step in the
+    earlier requests, and a 0.5B draft of width 3 at 3 ms that accepts 2; then a request in
+    which the lookup has matched nothing for 40 steps."""
+    selector = Factored(FactoredConfig(seed=seed, warmup=0, request_rows=request_rows), 3)
+    selector.see_widths([0, 6, 3])
+    selector.begin_request(1)
+    for _ in range(100):
+        feed(selector, 0, 1, 0, 0, 2e-3)
+        feed(selector, 1, 1, 6, 5, 2e-3)
+        feed(selector, 2, 1, 3, 2, 3e-3)
+    selector.begin_request(1)
+    for _ in range(40):
+        feed(selector, 1, 1, 6, 0, 2e-3)
+    return selector
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_lookup_that_matches_nothing_in_this_request_is_priced_by_this_request(seed: int) -> None:
+    # Pooled, the lookup's 100 good steps outweigh 40 empty ones (4.6 tokens a step at 2 ms
+    # against the draft's 3 at 3 ms); priced by this request (its 40 rows and 8 pooled ones:
+    # 1.7 tokens a step), it loses to the draft.
+    selector = _pooled_then_a_request(0.0, seed)
+    pooled = [selector.select() for _ in range(200)]
+    selector = _pooled_then_a_request(8.0, seed)
+    own = [selector.select() for _ in range(200)]
+    assert pooled.count(1) > 190
+    assert own.count(2) > 190
+
+
+def test_a_new_request_prices_every_arm_by_the_pooled_counts_again() -> None:
+    selector = _pooled_then_a_request(8.0, 0)
+    assert isinstance(selector, RequestAware)
+    assert selector.request[:, 1].tolist() == [40.0, 0.0, 0.0]
+    selector.begin_request(1)
+    assert not selector.request.any()
+    assert selector.acc[0].tolist() == [100.0, 140.0, 100.0]  # the pooled counts keep every request
+    assert [selector.select() for _ in range(200)].count(1) > 190
+
+
+@pytest.mark.parametrize("request_rows", [0.0, 8.0])
+def test_choices_come_from_finished_steps_and_the_seed_only(request_rows: float) -> None:
+    # Two selectors on one seed and one history choose alike; what a step accepts reaches the
+    # choices only after it is observed (a replayed history of steps, accepted 0 to 6).
+    rng = np.random.default_rng(1)
+    history = [(int(rng.integers(3)), int(rng.integers(7))) for _ in range(150)]
+    a, b = (Factored(FactoredConfig(seed=3, request_rows=request_rows), 3) for _ in range(2))
+    for t, (arm, accepted) in enumerate(history):
+        if t % 25 == 0:
+            a.begin_request(1)
+            b.begin_request(1)
+        assert a.select() == b.select()
+        feed(a, arm, 1, 6 * (arm > 0), min(accepted, 6 * (arm > 0)), 2e-3 + 1e-3 * arm)
+        feed(b, arm, 1, 6 * (arm > 0), min(accepted, 6 * (arm > 0)), 2e-3 + 1e-3 * arm)
+
+
+def test_without_request_rows_requests_change_no_choice() -> None:
+    # request_rows = 0 is the pooled selector: begin_request leaves every draw as it was.
+    quiet, told = (Factored(FactoredConfig(seed=2), 3) for _ in range(2))
+    rng = np.random.default_rng(0)
+    for t in range(120):
+        if t % 10 == 0:
+            told.begin_request(1)
+        arm = quiet.select()
+        assert told.select() == arm
+        accepted = int(rng.integers(5)) * (arm > 0)
+        for selector in (quiet, told):
+            feed(selector, arm, 1, 4 * (arm > 0), accepted, 2e-3 * (1 + arm))

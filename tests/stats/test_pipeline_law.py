@@ -33,6 +33,16 @@ def test_law_holds_for_every_selector(law_setup: dict[str, Any], selector: str) 
     assert gate(pipe, law_of(law_setup, sampling), sampling) > ALPHA
 
 
+@pytest.mark.parametrize("request_rows", [0.0, 8.0])
+def test_law_holds_for_factored(law_setup: dict[str, Any], request_rows: float) -> None:
+    """The shipped selector, pooled and per request (each request's own acceptance counts)."""
+    sampling = SAMPLINGS[0]
+    config = pipeline_dict(law_setup["target"], law_setup["drafts"], "factored", dtype="float32",
+                           request_rows=request_rows, seed=0)
+    pipe = build_pipeline(config, law_setup["registry"])
+    assert gate(pipe, law_of(law_setup, sampling), sampling) > ALPHA
+
+
 # Buckets across the live-row counts of the gate's batches of 2000 rows (about 1000 to 1900
 # after the first step, as rows finish at EOS or their third token): the count crosses buckets
 # within a batch, so first-step draws for the top bucket are dropped and other buckets choose.
