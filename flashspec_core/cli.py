@@ -26,6 +26,7 @@ import json
 import os
 import stat
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -108,6 +109,9 @@ class UsageError(ValueError):
 def _output_target(option: str, path: str, inputs: Sequence[Path]) -> Path:
     """Where ``option``'s file really goes (links followed), refused if it is a directory,
     lacks its directory, or is one of ``inputs``."""
+    given = Path(path)
+    if given.exists() and not given.is_file() and not given.is_dir():
+        return given  # a device or pipe (/dev/stdout's link may resolve to no path at all), written as it is
     target = Path(os.path.realpath(path))
     if target.is_dir():
         raise UsageError(f"{option} {path}: is a directory")
@@ -122,17 +126,24 @@ def _output_target(option: str, path: str, inputs: Sequence[Path]) -> Path:
 @contextlib.contextmanager
 def _output(option: str, target: Path, append: bool) -> Iterator[IO[str]]:
     """A file beside ``target`` that replaces it (or is added to its end) only if the block ends well."""
-    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except OSError as exc:
-        raise UsageError(f"{option} {target}: cannot write in {target.parent} ({exc.strerror})") from None
+    # A device or pipe (/dev/null, /dev/stdout, a FIFO) cannot be replaced by a rename (as root
+    # that would turn /dev/null into a plain file): its lines wait in a temporary file, then go to it.
+    special = target.exists() and not target.is_file()
+    if special:
+        fd, name = tempfile.mkstemp(prefix="flashspec-log-", suffix=".tmp")
+        tmp = Path(name)
+    else:
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except OSError as exc:
+            raise UsageError(f"{option} {target}: cannot write in {target.parent} ({exc.strerror})") from None
     try:
         with open(fd, "w", encoding="utf-8") as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
-        _commit_output(tmp, target, append)
+        _commit_output(tmp, target, append or special)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -143,7 +154,8 @@ def _commit_output(tmp: Path, target: Path, append: bool) -> None:
             while chunk := src.read(1 << 20):
                 dst.write(chunk)
             dst.flush()
-            os.fsync(dst.fileno())
+            if target.is_file():  # a pipe or a device has nothing to sync
+                os.fsync(dst.fileno())
         return
     if target.exists():
         os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -117,6 +120,22 @@ def test_append_adds_a_runs_lines(tiny_config: Path, tmp_path: Path) -> None:
     both = _steps(log.read_text())
     assert log.read_text().startswith(first) and len(both) == 2 * len(_steps(first))
     assert len({e["run_id"] for e in both}) == 2 and list(tmp_path.iterdir()) == [log]
+
+
+@pytest.mark.parametrize("append", [False, True], ids=["replace", "append"])
+def test_log_to_a_pipe_writes_into_it(tiny_config: Path, tmp_path: Path, append: bool) -> None:
+    """A FIFO (like /dev/stdout or /dev/null) gets the lines and stays what it was: a rename
+    over it would make it a plain file, which for /dev/null as root damages the machine."""
+    fifo = tmp_path / "steps.fifo"
+    os.mkfifo(fifo)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    assert _run(tiny_config, "--log-json", str(fifo), *(["--append"] if append else [])) == 0
+    reader.join(timeout=60)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode) and list(tmp_path.iterdir()) == [fifo]
+    lines = _steps(got[0])
+    assert lines[0]["event"] == "step" and lines[-1]["event"] == "summary"
 
 
 @pytest.mark.parametrize(
