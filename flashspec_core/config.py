@@ -196,6 +196,9 @@ def check_prompt_text(prompt: str, label: str = "the prompt") -> None:
         raise ValueError(f"{label} is {what}: give the text to continue")
 
 
+DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")  # torch device types a model runs on (ROCm's is "cuda")
+
+
 def check_device(value: str) -> None:
     """Refuse a torch device this machine lacks (``cuda`` on a CPU build, ``cuda:7`` with two
     GPUs) when the config is read, not when a loaded model moves there. ``auto`` passes.
@@ -206,9 +209,11 @@ def check_device(value: str) -> None:
     """
     if value == "auto":
         return
+    if not re.fullmatch(r"[a-z_]+(:\d+)?", value) or value.partition(":")[0] not in DEVICE_TYPES:
+        # torch knows "meta", "tpu"-like names too, but no model computes there
+        raise ValueError(f"device {value!r} is not a torch device FlashSpec runs on "
+                         f"({', '.join(repr(t) for t in DEVICE_TYPES)}, with an index such as \"cuda:1\", or \"auto\")")
     if _BEFORE_TORCH.get():  # the machine is checked again at build, once torch is imported
-        if not re.fullmatch(r"[a-z_]+(:\d+)?", value):
-            raise ValueError(f"device {value!r} is not a torch device (such as \"cpu\", \"cuda\" or \"cuda:1\")")
         absent = machine.no_cuda() if value.partition(":")[0] == "cuda" else None
         if absent is not None:
             raise ValueError(f"device {value!r} is not on this machine: {absent}, so torch sees no cuda device "

@@ -238,7 +238,9 @@ CONFIG_ROWS: list[tuple[str, Edit, str, str, bool]] = [
      "'dtype' must be in ('auto', 'float32', 'float64', 'bfloat16', 'float16') (got 'float8')", True),
     ("target-model-missing", _set("target", "model", "/nowhere/model"), "[target] key 'model'",
      "is neither an existing directory nor a known model name (known: smollm2-135m-instruct, ", True),
-    ("device-not-a-device", _set("target", "device", "tpu"), "[target] key 'device'", "is not a torch device", False),
+    ("device-not-a-device", _set("target", "device", "tpu"), "[target] key 'device'", "is not a torch device", True),
+    ("device-meta", _set("target", "device", "meta"), "[target] key 'device'",
+     "device 'meta' is not a torch device FlashSpec runs on ('cpu', 'cuda', 'mps', 'xpu'", True),
     # a component key of the wrong type: refused by its annotated type, before any validator sees it
     ("model-int", _set("target", "model", 3), "[target] key 'model'", "model must be a string, got 3", True),
     ("model-empty", _set("target", "model", ""), "[target] key 'model'", "model is required", True),
