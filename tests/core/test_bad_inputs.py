@@ -402,7 +402,11 @@ def test_bare_string_is_one_prompt(pipe: Pipeline) -> None:
 @pytest.mark.parametrize(("prompts", "message"), [
     ([], "prompts must be a non-empty list of prompts"),
     ([1, 2, 3], "prompts is a list of token ids, not of prompts: pass [ids] for one prompt of ids"),
-], ids=["no-prompts", "flat-token-ids"])
+    ([[1.5, 3]], "prompt token ids must be integers, got 1.5 at position 0"),  # int() would make it 1
+    ([[2, True]], "prompt token ids must be integers, got True at position 1"),
+    ([b"t1 t2"], "a prompt is bytes: decode it to a string"),  # one token id per byte otherwise
+    ([None], "a prompt must be a string or a list of token ids, got None"),
+], ids=["no-prompts", "flat-token-ids", "float-id", "bool-id", "bytes", "none"])
 def test_prompts_that_are_not_a_list_of_prompts(prompts: Any, message: str, pipe: Pipeline) -> None:
     with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
         pipe.generate(prompts)
