@@ -201,6 +201,9 @@ def _generate(args: argparse.Namespace) -> int:
             pipeline = load_pipeline(config, progress=say)
         gen = pipeline.config.generation
         opts = {key: overrides.get(key, getattr(gen, key)) for key in GENERATION_KEYS}
+        if not getattr(pipeline.verifier, "exact", True):  # a timing stand-in such as "synthetic"
+            _say(f"warning: verifier {pipeline.config.verifier.use!r} is not exact (timing studies only): "
+                 "the text below is not what the target would generate")
         _say("generating")
         # -v on a terminal: step lines and streamed text would share its lines, so the text comes whole at the end
         held = args.verbose and _same_terminal(sys.stdout, sys.stderr)

@@ -159,6 +159,16 @@ def test_unusable_log_path_is_refused_first(tiny_config: Path, tmp_path: Path, c
     assert config.read_text() == before
 
 
+def test_a_verifier_that_is_not_exact_is_announced(tiny_config: Path, tmp_path: Path, capsys) -> None:
+    """The synthetic verifier accepts by a fixed rate: its text is not the target's, so the run says so."""
+    config = _absolute(tiny_config, tmp_path / "synthetic.toml")
+    config.write_text(config.read_text() + '[verifier]\nuse = "synthetic"\n')
+    assert main(["generate", "t1 t2", "--config", str(config), "--max-new-tokens", "3"]) == 0
+    err = capsys.readouterr().err
+    assert ("[flashspec] warning: verifier 'synthetic' is not exact (timing studies only): the text below is not "
+            "what the target would generate\n[flashspec] generating\n") in err, err
+
+
 def test_append_needs_a_log(tiny_config: Path, capsys) -> None:
     assert main(["generate", "t1", "--config", str(tiny_config), "--append"]) == 2
     assert capsys.readouterr().err == "flashspec: error: --append needs --log-json FILE\n"
