@@ -28,6 +28,7 @@ import stat
 import sys
 import tempfile
 import time
+import typing
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata, resources
@@ -300,8 +301,18 @@ def _version() -> str:
 DISTRIBUTION = "flashspec-engine"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose ``generate`` errors say how to pass a prompt that starts with '-'
+    (argparse reads ``-hello`` as ``-h ello`` and says 'ignored explicit argument')."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        if self.prog.endswith(" generate") and any(w in message for w in ("prompt", "explicit argument", "unrecognized")):
+            message += "; a prompt that starts with '-' goes after '--': flashspec generate [options] -- '-text'"
+        super().error(message)
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="flashspec", description="Adaptive speculative decoding with exact output.")
+    p = _Parser(prog="flashspec", description="Adaptive speculative decoding with exact output.")
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text for one prompt, streaming it as it is accepted")

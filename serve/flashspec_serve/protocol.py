@@ -122,8 +122,8 @@ def _validation_error(exc: ValidationError) -> APIError:
     first = errors[0]
     field = str(first["loc"][-2]) if len(first["loc"]) >= 2 else ""
     if field in _FORMS and len(errors) > 1:
-        param = ".".join(str(p) for p in first["loc"][:-1])
-        return APIError(400, f"{param} must be {_FORMS[field]}, got {_short(first.get('input'))}", param=param,
+        where = ".".join(str(p) for p in first["loc"][:-1])
+        return APIError(400, f"{where} must be {_FORMS[field]}, got {_short(first.get('input'))}", param=where,
                         code="invalid_value")
     param = ".".join(str(p) for p in first["loc"]) or None
     if first["type"] == "extra_forbidden":

@@ -169,6 +169,16 @@ def test_a_verifier_that_is_not_exact_is_announced(tiny_config: Path, tmp_path: 
             "what the target would generate\n[flashspec] generating\n") in err, err
 
 
+def test_a_prompt_that_starts_with_a_dash(tiny_config: Path, capsys) -> None:
+    """argparse reads "-hello" as -h with 'ello': the error says to put the prompt after '--', which works."""
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "-hello", "--config", str(tiny_config)])
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert info.value.code == 2 and err.endswith("; a prompt that starts with '-' goes after '--': "
+                                                 "flashspec generate [options] -- '-text'"), err
+    assert main(["generate", "--config", str(tiny_config), "--max-new-tokens", "2", "--", "-hello"]) == 0
+
+
 def test_append_needs_a_log(tiny_config: Path, capsys) -> None:
     assert main(["generate", "t1", "--config", str(tiny_config), "--append"]) == 2
     assert capsys.readouterr().err == "flashspec: error: --append needs --log-json FILE\n"
