@@ -26,7 +26,9 @@ import json
 import os
 import stat
 import sys
+import tempfile
 import time
+import typing
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata, resources
@@ -131,6 +133,9 @@ class UsageError(ValueError):
 def _output_target(option: str, path: str, inputs: Sequence[Path]) -> Path:
     """Where ``option``'s file really goes (links followed), refused if it is a directory,
     lacks its directory, or is one of ``inputs``."""
+    given = Path(path)
+    if given.exists() and not given.is_file() and not given.is_dir():
+        return given  # a device or pipe (/dev/stdout's link may resolve to no path at all), written as it is
     target = Path(os.path.realpath(path))
     if target.is_dir():
         raise UsageError(f"{option} {path}: is a directory")
@@ -145,17 +150,24 @@ def _output_target(option: str, path: str, inputs: Sequence[Path]) -> Path:
 @contextlib.contextmanager
 def _output(option: str, target: Path, append: bool) -> Iterator[IO[str]]:
     """A file beside ``target`` that replaces it (or is added to its end) only if the block ends well."""
-    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except OSError as exc:
-        raise UsageError(f"{option} {target}: cannot write in {target.parent} ({exc.strerror})") from None
+    # A device or pipe (/dev/null, /dev/stdout, a FIFO) cannot be replaced by a rename (as root
+    # that would turn /dev/null into a plain file): its lines wait in a temporary file, then go to it.
+    special = target.exists() and not target.is_file()
+    if special:
+        fd, name = tempfile.mkstemp(prefix="flashspec-log-", suffix=".tmp")
+        tmp = Path(name)
+    else:
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except OSError as exc:
+            raise UsageError(f"{option} {target}: cannot write in {target.parent} ({exc.strerror})") from None
     try:
         with open(fd, "w", encoding="utf-8") as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
-        _commit_output(tmp, target, append)
+        _commit_output(tmp, target, append or special)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -166,7 +178,8 @@ def _commit_output(tmp: Path, target: Path, append: bool) -> None:
             while chunk := src.read(1 << 20):
                 dst.write(chunk)
             dst.flush()
-            os.fsync(dst.fileno())
+            if target.is_file():  # a pipe or a device has nothing to sync
+                os.fsync(dst.fileno())
         return
     if target.exists():
         os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
@@ -215,6 +228,9 @@ def _generate(args: argparse.Namespace) -> int:
             pipeline = load_pipeline(config, progress=say)
         gen = pipeline.config.generation
         opts = {key: overrides.get(key, getattr(gen, key)) for key in GENERATION_KEYS}
+        if not getattr(pipeline.verifier, "exact", True):  # a timing stand-in such as "synthetic"
+            _say(f"warning: verifier {pipeline.config.verifier.use!r} is not exact (timing studies only): "
+                 "the text below is not what the target would generate")
         _say("generating")
         # -v on a terminal: step lines and streamed text would share its lines, so the text comes whole at the end
         held = args.verbose and _same_terminal(sys.stdout, sys.stderr)
@@ -311,8 +327,18 @@ def _version() -> str:
 DISTRIBUTION = "flashspec-engine"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose ``generate`` errors say how to pass a prompt that starts with '-'
+    (argparse reads ``-hello`` as ``-h ello`` and says 'ignored explicit argument')."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        if self.prog.endswith(" generate") and any(w in message for w in ("prompt", "explicit argument", "unrecognized")):
+            message += "; a prompt that starts with '-' goes after '--': flashspec generate [options] -- '-text'"
+        super().error(message)
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="flashspec", description="Adaptive speculative decoding with exact output.")
+    p = _Parser(prog="flashspec", description="Adaptive speculative decoding with exact output.")
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text for one prompt, streaming it as it is accepted")

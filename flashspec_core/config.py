@@ -45,6 +45,8 @@ import os
 import re
 import sys
 import tomllib
+import types
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
@@ -194,6 +196,9 @@ def check_prompt_text(prompt: str, label: str = "the prompt") -> None:
         raise ValueError(f"{label} is {what}: give the text to continue")
 
 
+DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")  # torch device types a model runs on (ROCm's is "cuda")
+
+
 def check_device(value: str) -> None:
     """Refuse a torch device this machine lacks (``cuda`` on a CPU build, ``cuda:7`` with two
     GPUs) when the config is read, not when a loaded model moves there. ``auto`` passes.
@@ -204,9 +209,11 @@ def check_device(value: str) -> None:
     """
     if value == "auto":
         return
+    if not re.fullmatch(r"[a-z_]+(:\d+)?", value) or value.partition(":")[0] not in DEVICE_TYPES:
+        # torch knows "meta", "tpu"-like names too, but no model computes there
+        raise ValueError(f"device {value!r} is not a torch device FlashSpec runs on "
+                         f"({', '.join(repr(t) for t in DEVICE_TYPES)}, with an index such as \"cuda:1\", or \"auto\")")
     if _BEFORE_TORCH.get():  # the machine is checked again at build, once torch is imported
-        if not re.fullmatch(r"[a-z_]+(:\d+)?", value):
-            raise ValueError(f"device {value!r} is not a torch device (such as \"cpu\", \"cuda\" or \"cuda:1\")")
         absent = machine.no_cuda() if value.partition(":")[0] == "cuda" else None
         if absent is not None:
             raise ValueError(f"device {value!r} is not on this machine: {absent}, so torch sees no cuda device "
@@ -439,7 +446,9 @@ def batch_buckets_problem(buckets: object) -> str | None:
 
 def _generation(data: dict[str, Any], source: str) -> GenerationDefaults:
     table = _table(data, "generation", source)
-    return _build(GenerationDefaults, table, source, "generation", "generation settings")  # type: ignore[no-any-return]
+    # check_generation names type and bounds in one message, the one the CLI and the API give too
+    return _build(GenerationDefaults, table, source, "generation", "generation settings",  # type: ignore[no-any-return]
+                  typed=False)
 
 
 def _use_type(table: dict[str, Any], source: str, where: str) -> None:
@@ -540,13 +549,18 @@ def _choice(
 
 def _relative(model: str, base_dir: Path) -> str:
     """Model paths in a file are relative to that file (known names stay as they are)."""
+    if not model.strip():  # "" would name the config's own directory
+        return model
     candidate = base_dir / Path(model).expanduser()
     return str(candidate) if not Path(model).is_absolute() and candidate.is_dir() else model
 
 
-def _build(cls: type, keys: dict[str, Any], source: str, where: str, what: str, own: Sequence[str] = ()) -> Any:
+def _build(
+    cls: type, keys: dict[str, Any], source: str, where: str, what: str, own: Sequence[str] = (), typed: bool = True
+) -> Any:
     """``cls(**keys)``, its errors as ConfigErrors; ``own``: an arm's keys the pipeline reads
-    itself (``gamma``...), listed after the component's and offered for a misspelt key."""
+    itself (``gamma``...), listed after the component's and offered for a misspelt key;
+    ``typed``: each key's value is first checked against its field's annotation."""
     allowed = [f.alias for f in attrs.fields(cls)]
     for key in keys:
         if key not in allowed:
@@ -554,17 +568,85 @@ def _build(cls: type, keys: dict[str, Any], source: str, where: str, what: str, 
             hint = f"; did you mean {near[0]!r}?" if near else ""
             also = f"; the arm's own: {', '.join(own)}" if own else ""
             raise ConfigError(source, where, key, f"unknown key for {what}; allowed: {', '.join(allowed)}{also}{hint}")
+    wrong = _wrong_type(cls, keys) if typed else None
+    if wrong is not None:
+        raise ConfigError(source, where, wrong[0], wrong[1])
     try:
         return cls(**keys)
     except BoundsError as exc:
         raise ConfigError(source, where, exc.key, str(exc)) from None
     except TypeError as exc:
-        missing = re.findall(r"'(\w+)'", str(exc))
-        raise ConfigError(
-            source, where, missing[0] if missing else None, f"missing required key for {what}" if missing else str(exc)
-        ) from None
+        missing = re.findall(r"'(\w+)'", str(exc)) if "missing" in str(exc) else []
+        if missing:
+            raise ConfigError(source, where, missing[0], f"missing required key for {what}") from None
+        raise _named(exc, keys, source, where) from None
     except ValueError as exc:
-        # attrs' in_ validator puts the attribute's repr and the options after its message
-        message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
-        bad = next((k for k in keys if re.search(rf"\b{re.escape(k)}\b", message)), None)
-        raise ConfigError(source, where, bad, message) from None
+        raise _named(exc, keys, source, where) from None
+
+
+def _named(exc: Exception, keys: dict[str, Any], source: str, where: str) -> ConfigError:
+    """A validator's error as a ConfigError naming the key its message names."""
+    # attrs' in_ validator puts the attribute's repr and the options after its message
+    message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+    bad = next((k for k in keys if re.search(rf"\b{re.escape(k)}\b", message)), None)
+    return ConfigError(source, where, bad, message)
+
+
+def _wrong_type(cls: type, keys: dict[str, Any]) -> tuple[str, str] | None:
+    """The first key whose value is not of its field's annotated type, and the message; None if all are.
+
+    attrs checks no annotation, so without this ``max_ngram = 2.5`` would be taken as is and
+    ``device = 3`` would fail inside a validator with a message naming no key. A field whose
+    annotation this does not model (a class, ``Any``) is left to its validators.
+    """
+    try:
+        fields = {f.alias: f.type for f in attrs.fields(attrs.resolve_types(cls))}
+    except (NameError, TypeError):  # an annotation only a type checker resolves
+        return None
+    for key, value in keys.items():
+        kind = fields.get(key)
+        if kind is not None and _fits(value, kind) is False:
+            return key, f"{key} must be {_describe(kind)}, got {value!r}"
+    return None
+
+
+_SCALARS: dict[Any, tuple[str, Callable[[Any], bool]]] = {
+    bool: ("true or false", lambda v: isinstance(v, bool)),
+    int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    float: ("a number", lambda v: isinstance(v, int | float) and not isinstance(v, bool)),
+    str: ("a string", lambda v: isinstance(v, str)),
+    type(None): ("left out", lambda v: v is None),
+}
+
+
+def _fits(value: Any, kind: Any) -> bool | None:
+    """Whether ``value`` (as TOML gives it) is a ``kind``; None where ``kind`` is not modelled."""
+    if kind in _SCALARS:
+        return _SCALARS[kind][1](value)
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        fits = [_fits(value, a) for a in args]
+        return None if None in fits and not any(fits) else any(fits)
+    if origin is Literal:
+        return value in args
+    if origin in (tuple, list) and args:
+        if not isinstance(value, list | tuple):
+            return False
+        item = args[0] if origin is list or (len(args) == 2 and args[1] is Ellipsis) else None
+        if item is None:
+            return len(value) == len(args) and all(_fits(v, a) is not False for v, a in zip(value, args, strict=True))
+        return all(_fits(v, item) is not False for v in value)
+    return None
+
+
+def _describe(kind: Any) -> str:
+    if kind in _SCALARS:
+        return _SCALARS[kind][0]
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if origin is Literal:
+        return "one of " + ", ".join(map(repr, args))
+    if origin in (tuple, list) and args:
+        return f"a list of {_describe(args[0]).removeprefix('an ').removeprefix('a ')}s"
+    return str(kind)

@@ -23,8 +23,9 @@ as one flag per row that rides in the same copy; a nonzero flag raises
 
 from __future__ import annotations
 
+import numbers
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import attrs
@@ -78,6 +79,22 @@ def _prompt_list(prompts: object) -> list[Any]:
     if any(isinstance(p, int) for p in prompts):
         raise ValueError("prompts is a list of token ids, not of prompts: pass [ids] for one prompt of ids")
     return list(prompts)
+
+
+def _token_ids(prompt: object) -> list[int]:
+    """A prompt given as token ids, each an integer: int() would read 1.5 as 1 and True as 1,
+    and bytes (a sequence of ints) as one token per byte."""
+    if isinstance(prompt, bytes | bytearray):
+        raise ValueError("a prompt is bytes: decode it to a string (its bytes would be read as token ids)")
+    if isinstance(prompt, torch.Tensor):
+        prompt = prompt.tolist()
+    if not isinstance(prompt, Iterable):
+        raise ValueError(f"a prompt must be a string or a list of token ids, got {prompt!r}")
+    ids = list(prompt)
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise ValueError(f"prompt token ids must be integers, got {t!r} at position {i}")
+    return [int(t) for t in ids]
 
 
 def _wait(device: torch.device) -> None:
@@ -207,7 +224,7 @@ class Pipeline:
     def _encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
             check_prompt_text(prompt, "prompt")
-        ids = self.target.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        ids = self.target.encode(prompt) if isinstance(prompt, str) else _token_ids(prompt)
         if not ids:
             raise ValueError("empty prompt: at least one token is needed")
         if min(ids) < 0 or max(ids) >= self.target.vocab:

@@ -163,7 +163,7 @@ class _Api:
                                code="unsupported_parameter")
             prompt = prompt[0]
         if isinstance(prompt, str):
-            check_prompt(prompt, "prompt")
+            _checked_text(prompt, "prompt", "prompt")
             if self.tokenizer is None:
                 raise APIError(400, "this model has no tokenizer: send the prompt as a list of token ids",
                                param="prompt")
@@ -173,8 +173,8 @@ class _Api:
         return self._checked_ids(ids)
 
     def _chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        for m in messages:
-            check_prompt(m["content"], "message content")
+        for i, m in enumerate(messages):
+            _checked_text(m["content"], "message content", f"messages.{i}.content")
         if self.tokenizer is None or self.chat_template is None:
             raise APIError(400, "this model's tokenizer has no chat template: use /v1/completions", param="messages",
                            code="no_chat_template")
@@ -224,6 +224,14 @@ class _Api:
             usage = bool((body.stream_options or {}).get("include_usage"))
             return StreamingResponse(_stream(handle, reply, usage), media_type="text/event-stream")
         return JSONResponse(await _collect(request, handle, reply))
+
+
+def _checked_text(text: str, label: str, param: str) -> None:
+    """:func:`check_prompt` as a 400: JSON's "\\ud800" escape gives a string with a lone surrogate."""
+    try:
+        check_prompt(text, label)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param=param, code="invalid_value") from None
 
 
 @attrs.define

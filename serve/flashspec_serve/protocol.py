@@ -59,7 +59,8 @@ class _Body(BaseModel):
 
 
 class CompletionBody(_Body):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    # StrictInt: pydantic would read true as token id 1
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     echo: StrictBool = False
     best_of: int | None = None
     suffix: str | None = None
@@ -110,14 +111,31 @@ def parse(raw: bytes, kind: type[_Body]) -> Any:
     return body
 
 
+# The forms a field of several types takes, for the error of a value that is none of them
+# (pydantic reports one error per form, the first naming a form such as "prompt.str").
+_FORMS = {"prompt": "a string, a list of token ids (integers), or a list holding one of those",
+          "stop": "a string or a list of strings", "content": "a string or a list of text parts"}
+
+
 def _validation_error(exc: ValidationError) -> APIError:
-    first = exc.errors()[0]
+    errors = exc.errors()
+    first = errors[0]
+    field = str(first["loc"][-2]) if len(first["loc"]) >= 2 else ""
+    if field in _FORMS and len(errors) > 1:
+        where = ".".join(str(p) for p in first["loc"][:-1])
+        return APIError(400, f"{where} must be {_FORMS[field]}, got {_short(first.get('input'))}", param=where,
+                        code="invalid_value")
     param = ".".join(str(p) for p in first["loc"]) or None
     if first["type"] == "extra_forbidden":
         return APIError(400, f"unknown field {param!r}", param=param, code="unknown_field")
     if first["type"] == "missing":
         return APIError(400, f"missing required field {param!r}", param=param, code="missing_field")
     return APIError(400, f"{param}: {first['msg']} (got {first.get('input')!r})", param=param, code="invalid_value")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @attrs.frozen

@@ -238,7 +238,29 @@ CONFIG_ROWS: list[tuple[str, Edit, str, str, bool]] = [
      "'dtype' must be in ('auto', 'float32', 'float64', 'bfloat16', 'float16') (got 'float8')", True),
     ("target-model-missing", _set("target", "model", "/nowhere/model"), "[target] key 'model'",
      "is neither an existing directory nor a known model name (known: smollm2-135m-instruct, ", True),
-    ("device-not-a-device", _set("target", "device", "tpu"), "[target] key 'device'", "is not a torch device", False),
+    ("device-not-a-device", _set("target", "device", "tpu"), "[target] key 'device'", "is not a torch device", True),
+    ("device-meta", _set("target", "device", "meta"), "[target] key 'device'",
+     "device 'meta' is not a torch device FlashSpec runs on ('cpu', 'cuda', 'mps', 'xpu'", True),
+    # a component key of the wrong type: refused by its annotated type, before any validator sees it
+    ("model-int", _set("target", "model", 3), "[target] key 'model'", "model must be a string, got 3", True),
+    ("model-empty", _set("target", "model", ""), "[target] key 'model'", "model is required", True),
+    ("device-int", _set("target", "device", 3), "[target] key 'device'", "device must be a string, got 3", True),
+    ("arm-device-list", _set("arm", "device", ["cpu"]), "[arm.0] key 'device'",
+     "device must be a string, got ['cpu']", True),
+    ("device-map-int", _set("target", "device_map", 1), "[target] key 'device_map'",
+     "device_map must be a string or left out, got 1", True),
+    ("chat-template-string", _set("target", "chat_template", "yes"), "[target] key 'chat_template'",
+     "chat_template must be true or false, got 'yes'", True),
+    ("tree-width-int", _set("arm", "tree_width", 3), "[arm.0] key 'tree_width'",
+     "tree_width must be a list of integers, got 3", True),
+    ("tree-depth-float", _set("arm", "tree_depth", 2.5), "[arm.0] key 'tree_depth'",
+     "tree_depth must be an integer, got 2.5", True),
+    ("ngram-float", _set("arm", "max_ngram", 2.5, arm=1), "[arm.1] key 'max_ngram'",
+     "max_ngram must be an integer, got 2.5", True),
+    ("ngram-string", _set("arm", "min_ngram", "2", arm=1), "[arm.1] key 'min_ngram'",
+     "min_ngram must be an integer, got '2'", True),
+    ("fill-int", _set("arm", "fill", 3, arm=1), "[arm.1] key 'fill'", "fill must be true or false, got 3", True),
+    ("selector-number-string", _set("selector", "c", "2"), "[selector] key 'c'", "c must be a number, got '2'", True),
     ("verifier-unknown", _set("verifier", "use", "strict"), "[verifier] key 'use'", "strict", True),
     ("reward-unknown", _set("selector", "reward", "speed"), "[selector] key 'reward'", "must be one of", True),
     ("batch-zero", _set("selector", "speculate_max_batch", 0), "[selector] key 'speculate_max_batch'",
@@ -384,7 +406,11 @@ def test_bare_string_is_one_prompt(pipe: Pipeline) -> None:
 @pytest.mark.parametrize(("prompts", "message"), [
     ([], "prompts must be a non-empty list of prompts"),
     ([1, 2, 3], "prompts is a list of token ids, not of prompts: pass [ids] for one prompt of ids"),
-], ids=["no-prompts", "flat-token-ids"])
+    ([[1.5, 3]], "prompt token ids must be integers, got 1.5 at position 0"),  # int() would make it 1
+    ([[2, True]], "prompt token ids must be integers, got True at position 1"),
+    ([b"t1 t2"], "a prompt is bytes: decode it to a string"),  # one token id per byte otherwise
+    ([None], "a prompt must be a string or a list of token ids, got None"),
+], ids=["no-prompts", "flat-token-ids", "float-id", "bool-id", "bytes", "none"])
 def test_prompts_that_are_not_a_list_of_prompts(prompts: Any, message: str, pipe: Pipeline) -> None:
     with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
         pipe.generate(prompts)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -119,6 +122,22 @@ def test_append_adds_a_runs_lines(tiny_config: Path, tmp_path: Path) -> None:
     assert len({e["run_id"] for e in both}) == 2 and list(tmp_path.iterdir()) == [log]
 
 
+@pytest.mark.parametrize("append", [False, True], ids=["replace", "append"])
+def test_log_to_a_pipe_writes_into_it(tiny_config: Path, tmp_path: Path, append: bool) -> None:
+    """A FIFO (like /dev/stdout or /dev/null) gets the lines and stays what it was: a rename
+    over it would make it a plain file, which for /dev/null as root damages the machine."""
+    fifo = tmp_path / "steps.fifo"
+    os.mkfifo(fifo)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    assert _run(tiny_config, "--log-json", str(fifo), *(["--append"] if append else [])) == 0
+    reader.join(timeout=60)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode) and list(tmp_path.iterdir()) == [fifo]
+    lines = _steps(got[0])
+    assert lines[0]["event"] == "step" and lines[-1]["event"] == "summary"
+
+
 @pytest.mark.parametrize(
     ("target", "message"),
     [
@@ -138,6 +157,26 @@ def test_unusable_log_path_is_refused_first(tiny_config: Path, tmp_path: Path, c
     err = capsys.readouterr().err
     assert err == f"flashspec: error: {message.format(**fields)}\n"
     assert config.read_text() == before
+
+
+def test_a_verifier_that_is_not_exact_is_announced(tiny_config: Path, tmp_path: Path, capsys) -> None:
+    """The synthetic verifier accepts by a fixed rate: its text is not the target's, so the run says so."""
+    config = _absolute(tiny_config, tmp_path / "synthetic.toml")
+    config.write_text(config.read_text() + '[verifier]\nuse = "synthetic"\n')
+    assert main(["generate", "t1 t2", "--config", str(config), "--max-new-tokens", "3"]) == 0
+    err = capsys.readouterr().err
+    assert ("[flashspec] warning: verifier 'synthetic' is not exact (timing studies only): the text below is not "
+            "what the target would generate\n[flashspec] generating\n") in err, err
+
+
+def test_a_prompt_that_starts_with_a_dash(tiny_config: Path, capsys) -> None:
+    """argparse reads "-hello" as -h with 'ello': the error says to put the prompt after '--', which works."""
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "-hello", "--config", str(tiny_config)])
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert info.value.code == 2 and err.endswith("; a prompt that starts with '-' goes after '--': "
+                                                 "flashspec generate [options] -- '-text'"), err
+    assert main(["generate", "--config", str(tiny_config), "--max-new-tokens", "2", "--", "-hello"]) == 0
 
 
 def test_append_needs_a_log(tiny_config: Path, capsys) -> None:

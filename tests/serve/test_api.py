@@ -99,6 +99,10 @@ def test_models_and_health(server: Server) -> None:
     ({"model": MODEL, "prompt": "t1 " * 600}, 400, "prompt", "600 tokens"),
     ({"model": MODEL, "prompt": PROMPT, "max_tokens": 10_000}, 400, "max_tokens", "10000"),
     ({"model": MODEL, "prompt": [1, 99]}, 400, "prompt", "[0, 16)"),
+    ({"model": MODEL, "prompt": [True, 2]}, 400, "prompt", "a list of token ids (integers)"),  # not token id 1
+    ({"model": MODEL, "prompt": [[1, False]]}, 400, "prompt", "got [[1, False]]"),
+    ({"model": MODEL, "prompt": PROMPT, "stop": 3}, 400, "stop", "stop must be a string or a list of strings, got 3"),
+    (b'{"model": "tiny", "prompt": "t1 \\ud800"}', 400, "prompt", "not valid UTF-8 (lone surrogate U+D800 at character 3)"),
 ])
 def test_errors_are_openai_bodies(server: Server, body: object, status: int, param: str | None, words: str) -> None:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()

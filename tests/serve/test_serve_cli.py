@@ -51,3 +51,45 @@ def test_flashspec_serve_answers_and_stops_on_sigint(tiny_models: dict[str, Path
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
+
+
+HEAVY = ("torch", "transformers", "triton", "fastapi", "uvicorn")
+GOOD = '[target]\nmodel = "{model}"\n[[arm]]\nuse = "prompt_lookup"\n'
+
+
+@pytest.mark.parametrize(
+    ("options", "config", "message"),
+    [
+        (["--port", "70000"], GOOD, "flashspec serve: error: argument --port: must be an integer in 0..65535, got 70000"),
+        (["--port", "http"], GOOD, "flashspec serve: error: argument --port: must be an integer, got 'http'"),
+        (["--max-batch", "0"], GOOD, "flashspec serve: error: argument --max-batch: must be an integer >= 1, got 0"),
+        (["--max-waiting", "-1"], GOOD, "flashspec serve: error: argument --max-waiting: must be an integer >= 0, got -1"),
+        (["--max-model-len", "0"], GOOD, "flashspec serve: error: argument --max-model-len: must be an integer >= 1, got 0"),
+        (["--shutdown-grace", "nan"], GOOD,
+         "flashspec serve: error: argument --shutdown-grace: must be a finite number of seconds >= 0, got nan"),
+        ([], GOOD + "gama = 3\n", "flashspec: error: {config}: [arm.0] key 'gama': unknown key for draft 'prompt_lookup'"),
+        (["--port", "{busy}"], GOOD, "flashspec: error: --host 127.0.0.1 --port {busy}: cannot listen there ("),
+        (["--host", "no.such.host.invalid"], GOOD, "flashspec: error: --host no.such.host.invalid: not an address"),
+    ],
+    ids=["port-range", "port-text", "max-batch-0", "max-waiting-negative", "max-model-len-0", "grace-nan",
+         "config-key", "port-taken", "host-unknown"],
+)
+def test_serve_refuses_bad_arguments_before_torch(options: list[str], config: str, message: str, tmp_path: Path) -> None:
+    """Each is one line and exit status 2 before torch is imported or a model loads (port 70000
+    used to end in uvicorn's OverflowError after the models loaded, with the engine's thread
+    keeping the process alive: a hang)."""
+    path = tmp_path / "serve.toml"
+    path.write_text(config.format(model=tmp_path))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        fields = {"config": path, "busy": busy.getsockname()[1]}
+        argv = ["serve", "--config", str(path), *(o.format(**fields) for o in options)]
+        code = ("import sys\nfrom flashspec_core.cli import main\ntry:\n    rc = main(sys.argv[1:])\n"
+                "except SystemExit as exc:\n    rc = exc.code\n"
+                f"print(rc, [m for m in {HEAVY!r} if m in sys.modules])")
+        out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "FLASHSPEC_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert out.stdout == "2 []\n", out
+    assert out.stderr.splitlines()[-1].startswith(message.format(**fields)), out.stderr
+    assert "Traceback" not in out.stderr
