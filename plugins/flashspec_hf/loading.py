@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from flashspec_hf.keys import ModelOptions as ModelOptions  # defined without torch, for the config check
+from flashspec_models.precision import auto_dtype
 from flashspec_models.tokenizer import load_tokenizer
 from flashspec_models.weights import resolve_model
 
@@ -21,7 +22,9 @@ def _dtype(opts: ModelOptions, device: torch.device) -> torch.dtype:
     chosen = DTYPES[opts.dtype]
     if chosen is not None:
         return chosen
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+    chosen = DTYPES[auto_dtype(device.type)]  # a bfloat16 copy is upcast here on a CPU without bfloat16 matmul
+    assert chosen is not None
+    return chosen
 
 
 def load_model(opts: ModelOptions) -> tuple[Any, Any]:
