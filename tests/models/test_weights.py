@@ -570,6 +570,17 @@ def test_cli_fetch_and_list(fake: Fake, capsys: pytest.CaptureFixture[str]) -> N
     assert "unknown embedded model" in capsys.readouterr().err
 
 
+def test_cli_list_shows_the_copy_ensure_model_serves(
+    fake: Fake, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = _old_float32_copy(fake, monkeypatch)
+    assert fetch.main(["list"]) == 0 and f"[{old}]" in capsys.readouterr().out
+    assert fetch.main(["list", "--dtype", "bfloat16"]) == 0 and "[not fetched]" in capsys.readouterr().out
+    monkeypatch.setenv(weights.CACHE_DTYPE_ENV, "fp8")
+    assert fetch.main(["list"]) == 1
+    assert capsys.readouterr().err.startswith("error: FLASHSPEC_CACHE_DTYPE='fp8' is not a cache dtype")
+
+
 def test_cli_runs_as_a_module(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "flashspec_bench.fetch", "list", "--cache-dir", str(tmp_path)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
