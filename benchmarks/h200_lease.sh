@@ -70,7 +70,7 @@ prep() {  # here, at the root of a clean checkout
         --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .gpusnap/.whl $(python3 -c '
 import importlib.metadata as m
 names = ("fastapi", "starlette", "uvicorn", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
-         "opentelemetry-api", "typing-extensions", "annotated-doc")
+         "opentelemetry-api", "typing-extensions", "annotated-doc", "uvloop", "httptools")
 print(" ".join(f"{n}=={m.version(n)}" for n in names))') || exit 2
     # the peer: a different project also named flashspec, so never beside ours in $SITE
     python3 -m pip download -q --no-deps -d .gpusnap/.peer flashspec==0.3.1 || exit 2

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 import attrs
@@ -424,6 +424,21 @@ class ObservesSteps(Protocol):
 
 
 @runtime_checkable
+class SeesWidths(Protocol):
+    """Optional extra of an :class:`ArmSelector`: told how wide each arm drafts.
+
+    The policy calls ``see_widths(widths)`` at the start of every request, before its first
+    ``select()``, with each of the selector's arms' most tokens proposed per row (its
+    ``gamma``, or its fallback's where that is wider; 0 for an arm that never drafts). A
+    selector can then tell plain decoding from the drafts, and price a draft it has not
+    played yet, before any step. Widths are config, not draws, so the law is unchanged.
+    """
+
+    def see_widths(self, widths: Sequence[int]) -> None:
+        """Arm ``k`` of the selector proposes at most ``widths[k]`` tokens per row (ints >= 0)."""
+
+
+@runtime_checkable
 class DeclaresExactness(Protocol):
     """Optional extra of a :class:`Verifier`: whether it samples from the target's law.
 
@@ -474,10 +489,13 @@ class Prewarmable(Protocol):
     that batch size, gamma and sampling would otherwise set up inside a timed request;
     it is called between requests, never inside one, and returns how many graphs it
     asked for (0 where there is nothing to capture, e.g. without CUDA graphs).
-    ``off_gpu`` runs the capture path without CUDA (tests only).
+    ``off_gpu`` runs the capture path without CUDA (tests only). ``longest`` (tokens)
+    bounds it to the steps of sequences of up to that many tokens (None: every length
+    the provider's cache holds), so a bounded warm-up stays short.
     """
 
-    def prewarm(self, batch: int, gamma: int, sampling: SamplingParams, off_gpu: bool = False) -> int: ...
+    def prewarm(self, batch: int, gamma: int, sampling: SamplingParams, off_gpu: bool = False,
+                longest: int | None = None) -> int: ...
 
 
 @runtime_checkable
@@ -500,6 +518,7 @@ class GraphCounter(Protocol):
     """What :class:`CapturesGraphs` exposes of a graph cache."""
 
     captures: int  # graphs captured so far, kept across clears
+    captured: Sequence[Hashable]  # the key of each of those captures, in order (a key again after a clear)
 
 
 @runtime_checkable
@@ -695,6 +714,7 @@ class SeesRefills(Protocol):
 CAPABILITIES: tuple[type, ...] = (
     RequestAware,
     ObservesSteps,
+    SeesWidths,
     DeclaresExactness,
     VerifiesWithNoise,
     HasTokenizer,

@@ -76,6 +76,7 @@ from flashspec_core.contracts import (
     ProposesTrees,
     RequestAware,
     SamplingParams,
+    SeesWidths,
 )
 from flashspec_core.rewards import StepReward
 
@@ -232,14 +233,28 @@ class StepPolicy:
 
     def begin(self, rows: int) -> None:
         """A new request of ``rows`` prompts: providers forget their sequences, a choice
-        drawn at the end of the last request is dropped, and a :class:`RequestAware`
-        selector is told (before its first ``select()``, so it may keep per-request stats)."""
+        drawn at the end of the last request is dropped, a :class:`SeesWidths` selector is
+        told its arms' widths (here, since arms may be swapped between requests), and a
+        :class:`RequestAware` selector is told (before its first ``select()``, so it may
+        keep per-request stats)."""
         for arm in self.arms:
             arm.provider.reset()
         self._ahead, self._due = None, None
+        widths = self.widths()
         for selector in self.selectors:
+            if isinstance(selector, SeesWidths):
+                selector.see_widths(widths)
             if isinstance(selector, RequestAware):
                 selector.begin_request(rows)
+
+    def widths(self) -> list[int]:
+        """Each choice's most tokens proposed per row: its arm's gamma, or its fallback's where
+        that is wider (an empty proposal hands the step to the fallback, :meth:`propose`)."""
+        out = []
+        for arm in (self.arms[i] for i in self.choices):
+            fallback = self.arms[arm.fallback].gamma if arm.fallback is not None else 0
+            out.append(max(arm.gamma, fallback))
+        return out
 
     def catch_up(self, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
         """Hand the request's sequences to every provider that indexes them ahead

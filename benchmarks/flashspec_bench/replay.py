@@ -10,7 +10,8 @@ down through the batch sizes as in the engine. Steps slower than 5x their arm's 
 are graph captures, not the arm's cost, and are left out of the pool.
 
 Systems, all through :class:`~flashspec_core.policy.StepPolicy` with the throughput
-reward and draw-ahead as in the engine: the shipped per-bucket ``thompson`` (buckets
+reward and draw-ahead as in the engine, each arm's gamma its widest recorded step (what
+the policy tells a selector that sees widths): the shipped per-bucket ``thompson`` (buckets
 1, 2, 4, 8, 16, 32), ``factored`` (one selector for every batch), every arm fixed, and
 per batch size the best fixed arm in hindsight. Each seed runs the recorded requests in
 batches of the batch size, one policy for the whole run (about 100 steps at batch 8).
@@ -76,6 +77,11 @@ def pools(recorded: dict[str, Any]) -> tuple[list[str], list[Pool], int]:
     return names, out, dropped
 
 
+def widths(recorded: dict[str, Any], names: Sequence[str]) -> list[int]:
+    """Each arm's widest recorded step: its gamma as the policy tells a selector (0 for ``none``)."""
+    return [max(s[1] for s in recorded["arms"][name]) for name in names]
+
+
 def draw_step(pool: Pool, rows: int, rng: np.random.Generator) -> tuple[int, float, list[int]]:
     """A recorded step at the batch size nearest ``rows`` (the larger on a tie): width, seconds,
     ``rows`` accepted counts."""
@@ -107,8 +113,9 @@ def run(make_policy: Callable[[], StepPolicy], pool: list[Pool], lengths: Sequen
     return seconds, tokens, plays
 
 
-def _policy(names: list[str], make: Callable[[int], ArmSelector], buckets: tuple[int, ...]) -> Callable[[], StepPolicy]:
-    arms = [Arm(name=n, provider=NoDraft(), gamma=16) for n in names]
+def _policy(names: list[str], gammas: Sequence[int], make: Callable[[int], ArmSelector],
+            buckets: tuple[int, ...]) -> Callable[[], StepPolicy]:
+    arms = [Arm(name=n, provider=NoDraft(), gamma=g) for n, g in zip(names, gammas, strict=True)]
 
     def build() -> StepPolicy:
         return StepPolicy(arms, make(len(arms)), make_reward("throughput"),
@@ -117,16 +124,17 @@ def _policy(names: list[str], make: Callable[[int], ArmSelector], buckets: tuple
     return build
 
 
-def systems(names: list[str], seed: int) -> dict[str, Callable[[], StepPolicy]]:
-    """The replayed systems of one seed (a fresh selector stream per bucket)."""
+def systems(names: list[str], gammas: Sequence[int], seed: int) -> dict[str, Callable[[], StepPolicy]]:
+    """The replayed systems of one seed (a fresh selector stream per bucket); ``gammas``: each
+    arm's width, as the policy tells a selector that sees widths."""
     counter = iter(range(10**6))
     out = {
         "thompson_per_bucket": _policy(
-            names, lambda k: Thompson(ThompsonConfig(seed=seed * 1000 + next(counter)), k), BUCKETS),
-        "factored": _policy(names, lambda k: Factored(FactoredConfig(seed=seed), k), (1,)),
+            names, gammas, lambda k: Thompson(ThompsonConfig(seed=seed * 1000 + next(counter)), k), BUCKETS),
+        "factored": _policy(names, gammas, lambda k: Factored(FactoredConfig(seed=seed), k), (1,)),
     }
     for i, name in enumerate(names):
-        out[f"fixed:{name}"] = _policy(names, _fixed(i), (1,))
+        out[f"fixed:{name}"] = _policy(names, gammas, _fixed(i), (1,))
     return out
 
 
@@ -142,12 +150,13 @@ def _ci(values: list[float]) -> list[float]:
 
 def replay(recorded: dict[str, Any], batches: Sequence[int], seeds: int) -> dict[str, Any]:
     names, pool, dropped = pools(recorded)
+    gammas = widths(recorded, names)
     lengths = recorded["request_tokens"]
     results: dict[str, Any] = {}
     for batch in batches:
         per: dict[str, dict[str, list[float]]] = {}
         for seed in range(seeds):
-            for name, make in systems(names, seed).items():
+            for name, make in systems(names, gammas, seed).items():
                 rng = np.random.default_rng([seed, batch])  # same draws for every system's first steps
                 seconds, tokens, plays = run(make, pool, lengths, batch, rng)
                 entry = per.setdefault(name, {"tokens_per_s": [], "seconds": [], "plays": []})
@@ -169,7 +178,7 @@ def replay(recorded: dict[str, Any], batches: Sequence[int], seeds: int) -> dict
                 "plays": dict(zip(names, np.mean(e["plays"], axis=0).round(1).tolist(), strict=True)),
             }
         results[str(batch)] = row
-    return {"arms": names, "captures_dropped": dropped, "requests": len(lengths), "seeds": seeds,
+    return {"arms": names, "arm_widths": gammas, "captures_dropped": dropped, "requests": len(lengths), "seeds": seeds,
             "batches": results}
 
 

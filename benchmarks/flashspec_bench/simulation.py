@@ -42,7 +42,7 @@ import numpy as np
 from scipy.special import rel_entr
 
 from flashspec_core import ArmSelector, ComponentSpec
-from flashspec_core.contracts import ObservesSteps
+from flashspec_core.contracts import ObservesSteps, SeesWidths
 from flashspec_core.rewards import ThroughputReward
 from flashspec_selectors.plugin import selector_specs
 
@@ -230,10 +230,13 @@ def play(selector: ArmSelector, env: Env, outcomes: Outcomes) -> np.ndarray:
     """Run one selector through one seed's outcomes; returns the arms ``[T] int64``.
 
     In a costed env a selector that declares ``ObservesSteps`` also sees each step as
-    the pipeline shows it: one row, the arm's width, its accepted count and its cost."""
+    the pipeline shows it: one row, the arm's width, its accepted count and its cost; one
+    that declares ``SeesWidths`` is told the arms' widths first, as the policy tells it."""
     horizon = outcomes.reward.shape[0]
     arms = np.empty(horizon, dtype=np.int64)
     observes = isinstance(selector, ObservesSteps) and outcomes.widths is not None
+    if isinstance(selector, SeesWidths) and outcomes.widths is not None:
+        selector.see_widths(outcomes.widths.tolist())
     if env.reward_kind == "throughput":
         assert outcomes.tokens is not None and outcomes.cost is not None
         tokens, cost, to_reward = outcomes.tokens.tolist(), outcomes.cost.tolist(), ThroughputReward()

@@ -56,7 +56,7 @@ from flashspec_core.tree import (
     tree_candidates,
     tree_shape,
 )
-from flashspec_fast.graphs import GraphCache
+from flashspec_fast.graphs import GraphCache, reach
 from flashspec_fast.keys import FastDraftOptions as FastDraftOptions  # defined without torch, for the config check
 from flashspec_fast.model import Transformer
 from flashspec_fast.options import FastOptions, build_model
@@ -290,9 +290,11 @@ class FastDraft:
         tree = grow_tree(scores, feed, width, self.tree_depth, budget)
         return tree.tokens, torch.stack([tree.parents, tree.fed])
 
-    def prewarm(self, batch: int, gamma: int, sampling: SamplingParams, off_gpu: bool = False) -> int:
-        """Capture now every graph a step at this ``batch``, ``gamma`` and ``sampling`` can
-        ask for, so none is captured while serving (each capture costs 0.05-0.6 s on the
+    def prewarm(self, batch: int, gamma: int, sampling: SamplingParams, off_gpu: bool = False,
+                longest: int | None = None) -> int:
+        """Capture now every graph a step at this ``batch``, ``gamma`` and ``sampling`` of
+        sequences of up to ``longest`` tokens (None: up to the cache's end) can ask for, so
+        none is captured while serving (each capture costs 0.05-0.6 s on the
         H200: the bench's tour warm-up left 16 inside timed runs at 57cf50c, every one a
         draft step after the draft sat out, catching up at a width or span it had not met).
 
@@ -309,7 +311,7 @@ class FastDraft:
             return 0
         model, top = self.model, self.model.scratch
         self._fit(batch)
-        spans = sorted({model.span_for(n) for n in range(1, top + 1)})
+        spans = sorted({model.span_for(n) for n in range(1, reach(top, longest) + 1)})
         before = len(self.graphs.keys)
         gen = torch.Generator(device=model.device).manual_seed(0)  # the noise is drawn on the device
         for span in spans:

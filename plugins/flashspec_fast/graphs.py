@@ -34,6 +34,7 @@ class GraphCache:
         self._pool: Any = None
         self.captures = 0  # graphs captured so far, kept across clear(): a capture inside a timed run costs 0.1-0.5 s
         self.keys: set[Hashable] = set()  # every key asked for, captured or (off the GPU) run directly
+        self.captured: list[Hashable] = []  # the key of each capture, in order: a server names what it missed
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -56,6 +57,7 @@ class GraphCache:
             self.keys.add(key)
             entry = self._graphs[key] = self._capture(fn, args if idle is None else tuple(idle(*args)))
             self.captures += 1
+            self.captured.append(key)
         graph, inputs, out = entry
         for dst, src in zip(inputs, args, strict=True):
             dst.copy_(src, non_blocking=True)
@@ -67,3 +69,11 @@ class GraphCache:
         graph, out = capture(fn, inputs, self._pool, warmups=2)
         self._pool = graph.pool()
         return graph, inputs, out
+
+
+def reach(top: int, longest: int | None) -> int:
+    """The furthest slot a prewarm bounded to sequences of ``longest`` tokens warms, in a
+    cache of ``top`` usable slots; the spans up to it are those such sequences meet."""
+    if longest is not None and longest < 1:
+        raise ValueError(f"prewarm: longest {longest} must be >= 1 (None: every span of the cache)")
+    return top if longest is None else min(top, longest)

@@ -36,7 +36,7 @@ import torch
 from flashspec_core import Draft, SamplingParams
 from flashspec_core.contracts import DraftContext
 from flashspec_core.sampling import filter_logits, probs_from_logits, race
-from flashspec_fast.graphs import GraphCache
+from flashspec_fast.graphs import GraphCache, reach
 from flashspec_fast.keys import SelfOptions as SelfOptions  # defined without torch, for the config check
 from flashspec_fast.target import FastTarget, HostInputs, catch_up_width, check_room, ragged_inputs
 
@@ -148,9 +148,11 @@ class FastSelfDraft:
         tokens = torch.stack(drafted, dim=1)
         return tokens, torch.stack(probs, dim=1) if probs else tokens
 
-    def prewarm(self, batch: int, gamma: int, sampling: SamplingParams, off_gpu: bool = False) -> int:
+    def prewarm(self, batch: int, gamma: int, sampling: SamplingParams, off_gpu: bool = False,
+                longest: int | None = None) -> int:
         """Capture the drafting loop at every span a step at this ``batch``, ``gamma`` and
-        ``sampling`` can ask for, so none is captured while serving. It writes dummy keys and
+        ``sampling`` of sequences of up to ``longest`` tokens (None: up to the cache's end)
+        can ask for, so none is captured while serving. It writes dummy keys and
         values into the target's cache: call it between requests, never inside one (the next
         prefill rewrites every slot the target reads). Returns the number of keys it asked for;
         0 at once without CUDA graphs unless ``off_gpu`` (the tests' check of the keys)."""
@@ -162,7 +164,7 @@ class FastSelfDraft:
         self._fit(batch)
         before = len(self.graphs.keys)
         gen = torch.Generator(device=model.device).manual_seed(0)  # the noise is drawn on the device
-        for span in sorted({model.span_for(n) for n in range(1, top + 1)}):
+        for span in sorted({model.span_for(n) for n in range(1, reach(top, longest) + 1)}):
             end = min(span, top - 1)  # the furthest a step reaches under `span`
             length = end - gamma  # the rows' length that makes this step's span `span`
             if length < 1 or model.span_for(end) != span:

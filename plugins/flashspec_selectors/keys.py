@@ -27,5 +27,5 @@ COMPONENTS = (
                   "latent-state Thompson sampling over past requests (Hong et al. 2020); uses begin_request"),
     ComponentKeys("selector", "factored", FactoredConfig,
                   "Thompson sampling on predicted tokens/s: pooled acceptance, step cost linear in rows and width; "
-                  "uses see_rows and observe"),
+                  "uses see_rows, observe and see_widths"),
 )

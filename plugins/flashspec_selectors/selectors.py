@@ -41,7 +41,9 @@ Algorithms and the papers they follow:
   scaled to the least of the live rows' counts, since the batch ends with its slowest row.
   It needs the policy's optional ``see_rows`` and
   ``observe`` calls (:class:`~flashspec_core.contracts.ObservesSteps`); fed rewards
-  alone it is plain Thompson sampling.
+  alone it is plain Thompson sampling. Told the arms' widths
+  (:class:`~flashspec_core.contracts.SeesWidths`) it plays plain decoding first, so
+  every draft is judged against a costed baseline.
 
 Ties go to the lowest arm index, so UCB selectors are deterministic.
 """
@@ -88,6 +90,11 @@ def _optional_int_at_least(low: int) -> Any:
 def _positive_number(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
     if not (_is_number(value) and math.isfinite(value) and value > 0):  # type: ignore[arg-type, operator]
         raise ValueError(f"{attr.name} must be a finite number > 0, got {value!r}")
+
+
+def _non_negative_number(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    if not (_is_number(value) and math.isfinite(value) and value >= 0):  # type: ignore[arg-type, operator]
+        raise ValueError(f"{attr.name} must be a finite number >= 0, got {value!r}")
 
 
 def _unit_interval_open_closed(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
@@ -190,12 +197,18 @@ def cost_features(rows: int | float, width: int | float) -> np.ndarray:
     return np.array([1.0, float(rows), float(rows) * float(width)])
 
 
-def shared_slopes_fit(xtx: np.ndarray, xty: np.ndarray) -> np.ndarray:
+def shared_slopes_fit(xtx: np.ndarray, xty: np.ndarray, token_cost: float = 0.0) -> np.ndarray:
     """Least squares over every arm's steps with an intercept per arm and the slopes in
     ``rows`` and ``rows * width`` shared (the target's forward is the same whichever arm
     drafted), from each arm's sums ``X^T X [K, 3, 3]`` and ``X^T y [K, 3]`` on
-    :func:`cost_features`; returns each arm's coefficients ``[K, 3]``. An arm without
-    steps gets the mean intercept of the others."""
+    :func:`cost_features`; returns each arm's coefficients ``[K, 3]``.
+
+    An arm without steps gets the least intercept of the others: priced at the mean, an
+    unseen prompt lookup (a host-side search) would pay for the draft models' forwards
+    and never be opened. The slope in ``rows * width`` leans, by a hair, toward
+    ``token_cost`` times a one-row step of the cheapest arm: where no step tells it (every
+    width 0 so far, or each width seen at one row count only, so the arm's own intercept
+    absorbs it) it is that prior, not 0, which would price an unseen draft's width as free."""
     k = xtx.shape[0]
     a = np.zeros((k + 2, k + 2))  # unknowns: K intercepts, then the two slopes
     b = np.zeros(k + 2)
@@ -207,12 +220,16 @@ def shared_slopes_fit(xtx: np.ndarray, xty: np.ndarray) -> np.ndarray:
     played = xtx[:, 0, 0] > 0
     unplayed = np.flatnonzero(~played)
     a[unplayed, unplayed] = 1.0  # an unplayed arm's intercept is free: pin it, then fill it in below
-    # A slope no step identifies (every width 0 so far) stays near 0 rather than failing the solve.
-    a[np.arange(k, k + 2), np.arange(k, k + 2)] += 1e-9 * max(float(np.trace(a)), 1e-30)
+    # A slope no step identifies stays at its prior (0 for rows) rather than failing the solve.
+    hair = 1e-9 * max(float(np.trace(a)), 1e-30)
+    a[np.arange(k, k + 2), np.arange(k, k + 2)] += hair
     solution = np.linalg.solve(a, b)
+    if played.any() and token_cost > 0:  # the prior's scale is the first fit's cheapest one-row step
+        b[k + 1] += hair * token_cost * max(float(solution[:k][played].min() + solution[k]), 0.0)
+        solution = np.linalg.solve(a, b)
     intercepts = solution[:k]
     if played.any():
-        intercepts[~played] = intercepts[played].mean()
+        intercepts[~played] = intercepts[played].min()
     return np.column_stack([intercepts, np.broadcast_to(solution[k:], (k, 2))])
 
 
@@ -394,8 +411,11 @@ class FactoredConfig:
     (:func:`expected_least`): rows that accept many tokens finish early and leave the
     batch waiting on a row that accepted none, each step paying for the wider forward
     (on the H200 replay, plain decoding beat every draft from batch 8 up though the
-    drafts emitted more tokens per second of full-batch step); ``seed`` as for
-    ``thompson``."""
+    drafts emitted more tokens per second of full-batch step); ``token_cost``: the
+    prior cost of one drafted token of a row, as a share of a one-row step of the
+    cheapest arm, used while no step has drafted (:func:`shared_slopes_fit`): with the
+    plain arm played first, it is what keeps an unseen draft from looking free at 32
+    rows; ``seed`` as for ``thompson``."""
 
     initial: int = attrs.field(default=1, validator=_int_at_least(0))
     warmup: int = attrs.field(default=1, validator=_int_at_least(0))
@@ -403,6 +423,7 @@ class FactoredConfig:
     ridge: float = attrs.field(default=2.0, validator=_positive_number)
     outlier: float = attrs.field(default=5.0)
     static_batch: bool = attrs.field(default=True)
+    token_cost: float = attrs.field(default=0.01, validator=_non_negative_number)
     seed: int | None = attrs.field(default=None, validator=_optional_int_at_least(0))
 
     @static_batch.validator
@@ -720,6 +741,9 @@ class Factored:
     chain at the live rows, at the cost the fit over the other arms predicts, beats the best
     costed arm, so a static batch of 32 rows does not pay several plain steps per arm to learn
     what the least row's prior already says; the arm opens once rows finish and it may pay.
+    Told each arm's width (:meth:`see_widths`), it plays the first arm of width 0 (plain
+    decoding) until that arm has a costed step, so the gate has a baseline before any draft
+    is tried, and it prices an unseen arm at widths up to that arm's own.
     Until the first :meth:`observe` it is Beta-Bernoulli Thompson sampling on rewards.
     """
 
@@ -729,6 +753,8 @@ class Factored:
         self.prior_rows = float(config.prior_rows)
         self.ridge, self.outlier = float(config.ridge), float(config.outlier)
         self.static_batch = self._static = bool(config.static_batch)
+        self.token_cost = float(config.token_cost)
+        self.gammas: np.ndarray | None = None  # [K] each arm's widest proposal (see_widths); None: not told
         self.rng = np.random.default_rng(config.seed)
         self.rows = 1  # live rows of the step to choose for
         self.steps = np.zeros(self.num_arms)  # [K] steps observed (outliers included)
@@ -759,6 +785,26 @@ class Factored:
     def see_rows(self, rows: int) -> None:
         self.rows = max(1, int(rows))
 
+    def see_widths(self, widths: Sequence[int]) -> None:
+        """Each arm's most tokens proposed per row, 0 for an arm that never drafts
+        (:class:`~flashspec_core.contracts.SeesWidths`)."""
+        values = [int(w) for w in widths]
+        if len(values) != self.num_arms or any(w < 0 for w in values):
+            raise ValueError(f"widths must be {self.num_arms} integers >= 0, one per arm, got {list(widths)!r}")
+        self.gammas = np.asarray(values, dtype=np.float64)
+
+    def _plain_first(self, opening: int) -> int | None:
+        """The plain arm (the first of width 0) while it has no costed step: a cost gate with
+        no baseline opens every arm blind, and at 32 rows each draft's opening costs several
+        plain steps. At most ``opening`` plays and one more, drawn ahead of the observation
+        that costs it; ``None`` once it is costed, or where no arm is known to be plain."""
+        if self.gammas is None or not (self.gammas == 0).any():
+            return None
+        plain = int(np.flatnonzero(self.gammas == 0)[0])
+        if self.fitted[plain] > 0 or self.steps[plain] + self.outstanding[plain] > opening:
+            return None
+        return plain
+
     def _posterior(self) -> tuple[np.ndarray, np.ndarray]:
         """Each arm's cost coefficients: posterior means ``[K, 3]`` and covariances ``[K, 3, 3]``
         (seconds), their prior the fit over all arms (:func:`shared_slopes_fit`) worth
@@ -767,7 +813,7 @@ class Factored:
             n = max(float(self.fitted.sum()), 1.0)
             xtx = self.xtx.sum(0)
             design = xtx / n + 1e-9 * max(float(np.trace(xtx)) / n, 1e-30) * np.eye(3)
-            prior = shared_slopes_fit(self.xtx, self.xty)  # [K, 3]
+            prior = shared_slopes_fit(self.xtx, self.xty, self.token_cost)  # [K, 3]
             fit = np.einsum("ki,kij,kj->k", prior, self.xtx, prior)
             resid = np.maximum(self.yty - 2.0 * np.einsum("ki,ki->k", prior, self.xty) + fit, 0.0)
             # relative noise, at least 5%, so an exact fit on few steps keeps some doubt
@@ -797,6 +843,10 @@ class Factored:
 
     def select(self) -> int:
         opening = self.warmup + max(self.initial, 1)
+        plain = self._plain_first(opening)
+        if plain is not None:
+            self.outstanding[plain] += 1
+            return plain
         if not self.steps.any():
             first = self.beta.select()
             # capped: fed rewards alone for a while, no arm may look opened before it was observed
@@ -831,17 +881,27 @@ class Factored:
         return accepted * np.where(one > 0, expected_least(self.counts, self.rows) / np.maximum(one, 1e-12), 1.0)
 
     def _worth_opening(self, arm: int) -> bool:
-        """Whether ``arm``'s opening may start at the live rows. Once a step is costed and a draft
-        seen, an arm with no step observed (an opening play drawn ahead and dropped at a request's
-        end does not count) opens only if its prior value can beat the best costed arm's value
-        (both at posterior means): the most, over whole widths up to the widest mean width
-        seen, of the tokens per second of a chain with a uniform prior on its acceptance rate (in
+        """Whether ``arm``'s opening may start at the live rows. Once a step is costed and the
+        arm's width is known (:meth:`see_widths`) or a draft seen, an arm with no step observed
+        (an opening play drawn ahead and dropped at a request's end does not count) opens only
+        if its prior value can beat the best costed arm's value (both at posterior means): the
+        most, over whole widths up to the arm's own (untold: the widest mean width seen), of
+        the tokens per second of a chain with a uniform prior on its acceptance rate (in
         a static batch the least of the live rows' chains, :func:`chain_acceptance_prior`) at the
-        arm's prior cost (the fit over every arm, :meth:`_posterior`). At 32 rows the least row of
+        arm's prior cost (the fit over every arm, :meth:`_posterior`: the least intercept of the
+        played arms, and ``token_cost`` per drafted token until a draft is costed). At 32 rows the least row of
         a chain expects a few hundredths of a token, and an opening play there costs several plain
         steps; as rows finish the live rows fall and a held-back arm opens where it may pay."""
         costed = self.fitted > 0
-        if self.steps[arm] > 0 or not costed.any() or not self.width.any():
+        if self.steps[arm] > 0 or not costed.any():
+            return True
+        if self.gammas is not None:  # the arm's own widths, costed before any draft is seen
+            top = float(self.gammas[arm])
+        elif self.width.any():
+            top = math.ceil(float((self.width / np.maximum(self.steps, 1)).max()))
+        else:
+            return True
+        if top < 1:  # another plain arm: nothing to price, and its opening costs plain steps
             return True
         mean, _ = self._posterior()
         x = self._features()
@@ -849,7 +909,7 @@ class Factored:
         accepted = (s + self.prior_rows * chain_acceptance_prior(x[:, 2] / self.rows)) / (n + self.prior_rows)
         floor = max(0.5 * self.fastest, 1e-9)
         known = predicted_throughput(self.rows, self._least(accepted), np.maximum(np.einsum("ki,ki->k", x, mean), floor))
-        widths = np.arange(1.0, math.ceil(float((self.width / np.maximum(self.steps, 1)).max())) + 1.0)  # [W]
+        widths = np.arange(1.0, top + 1.0)  # [W]
         wx = np.stack([np.ones_like(widths), np.full_like(widths, float(self.rows)), self.rows * widths], 1)
         prior = chain_acceptance_prior(widths, self.rows if self.static_batch else 1)
         value = predicted_throughput(self.rows, prior, np.maximum(wx @ mean[arm], floor))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -27,11 +28,39 @@ from flashspec_core.pipeline import Pipeline
 from flashspec_serve.engine import ContextError, Engine, EngineClosed, Event, Handle, Job, QueueFull, Speculation
 from flashspec_serve.metrics import Metrics
 from flashspec_serve.protocol import APIError, ChatBody, CompletionBody, Sampling, chat_messages, parse, sampling_of
+from flashspec_serve.text import ChatTemplate
 from flashspec_serve.warmup import LEVELS
 
 DEFAULT_WARMUP = "basic"  # a bounded start (flashspec_serve.warmup); "full" leaves no capture to a request
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+
+
+def listening_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (0: a free port) with TCP_NODELAY, for
+    ``uvicorn.Server.run(sockets=[...])`` where a test or benchmark starts a server in-process.
+
+    Without TCP_NODELAY, Nagle's algorithm holds each small write (a streamed chunk) until
+    the previous one is acknowledged, and the client's delayed ACK makes that 40-200 ms per
+    chunk. Neither uvicorn (0.55's h11 and httptools protocols never set the option) nor
+    asyncio fixes it for such a socket: asyncio's transport sets TCP_NODELAY on an accepted
+    connection only where the socket's ``proto`` is ``IPPROTO_TCP``, and
+    ``socket.socket(AF_INET, SOCK_STREAM)`` has proto 0, as do the connections it accepts.
+    ``flashspec serve`` is not affected: uvicorn binds host and port with
+    ``loop.create_server``, whose getaddrinfo sockets have proto ``IPPROTO_TCP``. So this socket
+    has proto ``IPPROTO_TCP`` too, and TCP_NODELAY set on it, which Linux copies to every
+    connection it accepts (uvloop sets it on each connection itself).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def warmup_level(value: bool | str) -> str:
@@ -96,6 +125,7 @@ class _Api:
         self.pipeline, self.engine, self.settings = pipeline, engine, settings
         target = pipeline.target
         self.tokenizer = target.tokenizer if isinstance(target, HasTokenizer) else None
+        self.chat_template = ChatTemplate.of(self.tokenizer)  # compiled once, not per request
         self.defaults = pipeline.config.generation if pipeline.config is not None else GenerationDefaults()
         self.created = int(time.time())
 
@@ -145,10 +175,10 @@ class _Api:
     def _chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
         for m in messages:
             check_prompt(m["content"], "message content")
-        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+        if self.tokenizer is None or self.chat_template is None:
             raise APIError(400, "this model's tokenizer has no chat template: use /v1/completions", param="messages",
                            code="no_chat_template")
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = self.chat_template.render(messages)
         return self._checked_ids(list(self.tokenizer(text, add_special_tokens=False)["input_ids"]))
 
     def _checked_ids(self, ids: list[int]) -> list[int]:

@@ -58,5 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              max_batch=args.max_batch, max_waiting=args.max_waiting, context=args.max_model_len,
                              shutdown_grace_s=args.shutdown_grace, warmup=args.warmup)
     app = create_app(pipeline, settings)
+    # Streamed chunks need TCP_NODELAY on every connection; uvicorn (0.55) never sets it, but it
+    # binds host:port with loop.create_server, whose sockets have proto IPPROTO_TCP, so asyncio's
+    # transport sets it on each accepted connection, and uvloop (the serve extra) sets it always
+    # (flashspec_serve.app.listening_socket says why a socket made by hand needs more).
     uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=int(args.shutdown_grace) + 1)
     return 0

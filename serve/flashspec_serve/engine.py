@@ -32,7 +32,9 @@ every graph capture and compile the slot counts above can meet is made before th
 request is taken, and :meth:`Engine.wait_ready` returns when it is done.
 ``flashspec:graph_captures_while_serving`` counts the graphs captured after that (the
 target's, the verifier's and the providers' :class:`~flashspec_core.contracts.CapturesGraphs`
-counters), each one a stall inside some request.
+counters), each one a stall inside some request, by cache (label ``cache``:
+:func:`~flashspec_serve.warmup.graph_caches`); a ``graph_captured_while_serving`` log line
+names the cache and key of each.
 """
 
 from __future__ import annotations
@@ -225,8 +227,10 @@ class Engine:
         self._warm, self._level = False, "full"
         self._ready = threading.Event()
         self._warm_error: BaseException | None = None
-        self._counters: list[Any] = []  # the graph caches whose captures count as captures while serving
+        self._caches: dict[str, Any] = {}  # the graph caches whose captures count as captures while serving
+        self._counters: list[Any] = []  # the same caches, for a cheap sum
         self._captures = 0
+        self._seen: dict[str, int] = {}  # cache name -> its captures already logged
         self._shown_running = 0  # what the running gauge shows
         # Rows join one by one where the target prefills single rows and every arm's provider
         # forgets single rows (read once: isinstance on a Protocol costs microseconds a step).
@@ -326,8 +330,10 @@ class Engine:
                                                  level=self._level)
                 log.info("engine_warmed_up", level=w.level, seconds=round(w.seconds, 3), captures=w.captures,
                          prewarmed=w.prewarmed, steps=w.steps, sizes=list(w.sizes), lengths=list(w.lengths))
-            self._counters = warmup.graph_counters(self.pipeline)
+            self._caches = warmup.graph_caches(self.pipeline)
+            self._counters = list(self._caches.values())
             self._captures = warmup.graph_captures(self._counters)
+            self._seen = {name: int(cache.captures) for name, cache in self._caches.items()}
         except BaseException as exc:
             self._warm_error = exc
             log.exception("engine_warm_up_failed")
@@ -337,14 +343,22 @@ class Engine:
         return True
 
     def _count_captures(self) -> None:
-        """Graphs captured since the last look: each one a stall some request just paid for."""
+        """Graphs captured since the last look: each one a stall some request just paid for,
+        logged and counted by cache with its key, so an operator sees what the warm-up missed."""
         if not self._counters:
             return
-        now = warmup.graph_captures(self._counters)
-        if now != self._captures:
-            self.metrics.captures_while_serving.inc(now - self._captures)
-            log.warning("graph_captured_while_serving", captures=now - self._captures, slots=len(self._active))
-            self._captures = now
+        now = warmup.graph_captures(self._counters)  # one sum a step; the caches are read only when it moved
+        if now == self._captures:
+            return
+        self._captures = now
+        for name, cache in self._caches.items():
+            seen, self._seen[name] = self._seen[name], int(cache.captures)
+            keys: list[Any] = list(cache.captured[seen : self._seen[name]])
+            keys += [None] * (self._seen[name] - seen - len(keys))  # a counter that does not keep its keys
+            for key in keys:
+                self.metrics.captures_while_serving.labels(cache=name).inc()
+                log.warning("graph_captured_while_serving", cache=name, key=str(key), slots=len(self._active),
+                            live=sum(self._active))
 
     def _admit(self) -> bool:
         """Move waiting requests into the batch (FIFO, room permitting; any sampling settings)."""

@@ -41,8 +41,9 @@ class Metrics:
                                       "Tokens prefilled to start rows: every live row's at a rebuild, "
                                       "the joining row's alone at a per-row prefill", registry=r)
         self.captures_while_serving = Counter("flashspec:graph_captures_while_serving",
-                                              "CUDA graphs captured after the warm-up, each a stall inside a request",
-                                              registry=r)
+                                              "CUDA graphs captured after the warm-up, each a stall inside a request, "
+                                              "by graph cache (the log line graph_captured_while_serving names the key)",
+                                              ["cache"], registry=r)
         self.rejected = Counter("flashspec:requests_rejected", "Requests refused with 429 (queue full)", registry=r)
         self.ttft = Histogram("flashspec:time_to_first_token_seconds", "Arrival to first token",
                               buckets=_LATENCY_BUCKETS, registry=r)

@@ -11,24 +11,27 @@ so caches are allocated once):
   gamma it drafts with, for greedy requests and for requests of the config's ``[generation]``
   settings (:func:`warm_samplings`; a draft captures its loop per sampling setting, so a
   request of other settings still captures its own);
-* a dummy batch at a ladder of lengths (``2^k + 1``: every prefill width and every span
-  up to the context), decoded one step by every arm in turn (its own provider, no
+* a dummy batch at a ladder of lengths (``2^k + 1``: every span up to the context), decoded one step by every arm in turn (its own provider, no
   fallback, no first arm), then one step at each draft width ``0..max gamma`` with a
   one-hot draft (what a lookup proposes), at those settings, and where they are all greedy
   sampled too (the verifier's kernels for sampled rows); and, where rows join one by
   one, one row and then two re-seated and prefilled alone (``prefill_rows``: its compiled
-  ops specialize one row apart from several), each join followed by a step.
+  ops specialize one row apart from several), each join followed by a step;
+* prefills alone (and a row re-seated) at every prefill width up to the longest sequence
+  warmed (:func:`prefill_lengths`): a rebuild re-prefills every live row, so its widths reach
+  past the dummy batches' lengths, which keep room to grow.
 
 That is the ``full`` level. Its cost is slot counts x spans x widths: for ``max_batch`` 64
-and ``configs/gpu.toml`` 1,008 captures (per slot count 90 of the draft, most from its
-prewarm over every span of the cache, and 54 of the target; ``benchmarks/warmup_keys.py``).
-The ``basic`` level (the server's default) keeps every slot count, draft width and sampling
-setting but warms only sequences of up to :data:`BASIC_LONGEST` tokens and leaves out the
-drafts' prewarm (whose loop covers every span up to the cache's end): the dummy steps still
-capture each draft's loop and catch-up at those lengths, and a request that grows past them,
-or a draft catching up at a width they did not meet, captures its graph then (counted by
-``flashspec:graph_captures_while_serving``). That is 369 captures for the same config and
-batch. ``off`` warms nothing.
+and ``configs/gpu.toml`` 1,015 captures (145 per slot count, most from the drafts'
+prewarm over every span of the cache and the target's verify at every span and width;
+``benchmarks/warmup_keys.py``). The ``basic`` level (the server's default) keeps every slot
+count, draft width and sampling setting but warms only sequences of up to
+:data:`BASIC_LONGEST` tokens: dummy batches and prefills up to that length, and the drafts'
+prewarm bounded to it (``longest``). That is 602 captures for the same config and batch,
+and a replay of serve_bench's load after it asks for 0 keys it missed; a request
+that grows past the bound captures its graphs then (counted by
+``flashspec:graph_captures_while_serving``, logged with the cache and key). ``off`` warms
+nothing.
 
 The selectors and reward scorers never see these steps (a one-arm selector and copies of
 the scorers play them), and neither do the pipeline's logger and step observers. One log
@@ -66,7 +69,7 @@ log = structlog.get_logger("flashspec_serve")
 PATTERN = 6  # dummy sequences repeat tokens 1..PATTERN, so a lookup finds matches in them
 JOINS = 2  # per-row joins per dummy batch: one row, then two
 SAMPLED = SamplingParams(temperature=1.0)  # a sampled setting, for the verifier's sampling path
-# basic's longest dummy sequence: a 256-token prompt and the 256 new tokens of configs/gpu.toml's
+# basic's longest sequence: a 256-token prompt and the 256 new tokens of configs/gpu.toml's
 # [generation]; it reaches spans of 128..512 slots, 3 of a 2,048-slot cache's 5
 BASIC_LONGEST = 512
 
@@ -76,8 +79,7 @@ class Level:
     """How much a warm-up covers (module docstring)."""
 
     name: str
-    prewarm: bool  # run the drafts' own prewarm (every span of their cache)
-    longest: int | None  # longest dummy sequence, tokens (None: up to the context)
+    longest: int | None  # longest sequence warmed, tokens: dummy batches and the drafts' prewarm (None: all)
 
     def limit(self, context: int | None) -> int | None:
         """The longest dummy sequence in a ``context``-token model (None: unknown, see :func:`warm_lengths`)."""
@@ -86,8 +88,7 @@ class Level:
         return min(context, self.longest)
 
 
-LEVELS = {level.name: level for level in (Level("full", prewarm=True, longest=None),
-                                          Level("basic", prewarm=False, longest=BASIC_LONGEST))}
+LEVELS = {level.name: level for level in (Level("full", longest=None), Level("basic", longest=BASIC_LONGEST))}
 
 
 @attrs.frozen
@@ -124,8 +125,21 @@ def warm_lengths(context: int | None, growth: int) -> list[int]:
 
 def graph_counters(pipeline: Pipeline) -> list[GraphCounter]:
     """The graph caches of the target, the verifier and every arm's provider, each once."""
-    parts = (pipeline.target, pipeline.verifier, *(a.provider for a in pipeline.policy.arms))
-    return list({id(p.graphs): p.graphs for p in parts if isinstance(p, CapturesGraphs)}.values())
+    return list(graph_caches(pipeline).values())
+
+
+def graph_caches(pipeline: Pipeline) -> dict[str, GraphCounter]:
+    """The graph caches of :func:`graph_counters` by name: ``"target"``, ``"verifier"``, or the
+    names of the arms whose providers share it, joined by commas (``"draft-g1,draft-g2"``)."""
+    parts = [("target", pipeline.target), ("verifier", pipeline.verifier),
+             *((a.name, a.provider) for a in pipeline.policy.arms)]
+    names: dict[int, list[str]] = {}
+    caches: dict[int, GraphCounter] = {}
+    for name, part in parts:
+        if isinstance(part, CapturesGraphs):
+            names.setdefault(id(part.graphs), []).append(name)
+            caches[id(part.graphs)] = part.graphs
+    return {",".join(names[i]): cache for i, cache in caches.items()}
 
 
 def graph_captures(counters: Sequence[GraphCounter]) -> int:
@@ -153,20 +167,38 @@ def warm_up(pipeline: Pipeline, sizes: Sequence[int], context: int | None, per_r
     schedule = plays(own, samplings)
     gamma = max(a.gamma for a, _ in schedule)
     lengths = warm_lengths(plan.limit(context), _room(len(schedule), gamma))
+    # a sequence keeps gamma + 1 slots for the step that scores it (Engine.room): the longest prefilled
+    longest = plan.limit(context - gamma - 1 if context is not None else None)
+    prefills = [n for n in prefill_lengths(longest) if n not in lengths]
     prewarmed = steps = 0
     order = tuple(sorted(set(sizes), reverse=True))  # the largest allocates every cache once
     with _quiet(pipeline), _forced(pipeline.policy) as force:
         for done, size in enumerate(order, 1):
-            if plan.prewarm:
-                prewarmed += prewarm_drafts(own, size, samplings)
+            prewarmed += prewarm_drafts(own, size, samplings, plan.longest)
             for length in lengths:
                 steps += _warm_batch(pipeline, force, schedule, size, length, per_row)
+            for length in prefills:
+                _warm_prefill(pipeline, own, size, length, per_row)
             seconds = time.perf_counter() - t0
             log.info("engine_warm_up_progress", level=level, size=size, sizes_done=done, sizes=len(order),
                      seconds=round(seconds, 3), captures=graph_captures(counters) - before,
                      remaining_s=round(remaining(seconds, done, len(order)), 1))
     return Warmup(time.perf_counter() - t0, graph_captures(counters) - before, prewarmed, steps, order,
                   tuple(lengths), level)
+
+
+def prefill_lengths(limit: int | None) -> list[int]:
+    """Prompt lengths whose prefills meet every prefill width ``2^k`` of sequences of up to
+    ``limit`` tokens: ``2^k + 1`` and, for the widest, ``limit`` itself (without a known limit,
+    up to 65). A rebuild re-prefills every live row, so its widths reach the longest sequence,
+    past the dummy batches' lengths, which keep room to grow."""
+    limit = limit if limit is not None else 65
+    out, k = [], 0
+    while True:
+        out.append(min((1 << k) + 1, limit))
+        if (1 << k) >= limit - 1:  # this width holds the longest prefill (limit - 1 tokens)
+            return out
+        k += 1
 
 
 def remaining(seconds: float, done: int, total: int) -> float:
@@ -189,8 +221,10 @@ def plays(arms: Sequence[Arm], samplings: Sequence[SamplingParams]) -> list[tupl
     return out
 
 
-def prewarm_drafts(arms: Sequence[Arm], size: int, samplings: Sequence[SamplingParams]) -> int:
-    """Each :class:`Prewarmable` provider's prewarm at ``size`` rows, per gamma and sampling."""
+def prewarm_drafts(arms: Sequence[Arm], size: int, samplings: Sequence[SamplingParams],
+                   longest: int | None = None) -> int:
+    """Each :class:`Prewarmable` provider's prewarm at ``size`` rows, per gamma and sampling,
+    over sequences of up to ``longest`` tokens (None: every span of its cache)."""
     done: set[tuple[int, int]] = set()
     keys = 0
     for arm in arms:
@@ -198,7 +232,7 @@ def prewarm_drafts(arms: Sequence[Arm], size: int, samplings: Sequence[SamplingP
             continue
         done.add((id(arm.provider), arm.gamma))
         for sampling in samplings:
-            keys += arm.provider.prewarm(size, arm.gamma, sampling)
+            keys += arm.provider.prewarm(size, arm.gamma, sampling, longest=longest)
     return keys
 
 
@@ -236,6 +270,18 @@ def _warm_batch(pipeline: Pipeline, force: Callable[[Arm], None], schedule: Sequ
             tokens[b, lengths[b] : lengths[b] + len(new)] = torch.tensor(new, dtype=torch.long)
             lengths[b] += len(new)
     return len(plays)
+
+
+def _warm_prefill(pipeline: Pipeline, arms: Sequence[Arm], size: int, length: int, per_row: bool) -> None:
+    """Prefill ``size`` dummy rows of ``length`` tokens, and (per-row joins) one of them again
+    alone: the prefill shapes of a rebuild or a join of sequences that long, no step after."""
+    target = pipeline.target
+    tokens = dummy(length, target.vocab).expand(size, -1).contiguous()
+    for provider in _providers(arms):
+        provider.reset()
+    target.prefill(tokens, [length] * size)
+    if per_row and size > 1 and isinstance(target, PrefillsRows):  # one slot is never joined: it is rebuilt
+        target.prefill_rows(tokens, [length] * size, [size - 1])
 
 
 def _rejoin(pipeline: Pipeline, arms: Sequence[Arm], tokens: torch.Tensor, lengths: list[int],

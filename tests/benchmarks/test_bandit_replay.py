@@ -29,6 +29,12 @@ def test_pools_drop_captures_and_put_none_first() -> None:
     assert sorted(pools[1]) == [1, 8] and len(pools[1][1]) == 2
 
 
+def test_each_arm_is_replayed_at_its_widest_recorded_width() -> None:
+    names, _, _ = replay.pools(RECORDED)
+    assert replay.widths(RECORDED, names) == [0, 3]
+    assert replay.replay(RECORDED, [1], seeds=1)["arm_widths"] == [0, 3]
+
+
 def test_draw_step_takes_the_nearest_batch_size_and_resamples_rows() -> None:
     _, pools, _ = replay.pools(RECORDED)
     rng = np.random.default_rng(0)

@@ -281,7 +281,8 @@ def test_prewarm_drafts_asks_every_draft_arm_largest_batch_first_unless_told_not
         def __init__(self, name: str) -> None:
             self.name = name
 
-        def prewarm(self, batch: int, gamma: int, sampling: object) -> int:
+        def prewarm(self, batch: int, gamma: int, sampling: object, off_gpu: bool = False,
+                    longest: int | None = None) -> int:  # Prewarmable's signature
             calls.append((self.name, batch, gamma))
             return 2
 

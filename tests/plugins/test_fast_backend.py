@@ -366,6 +366,40 @@ def test_draft_prewarm_asks_for_every_graph_key_a_step_can_need(models: dict[str
     assert d.prewarm(2, 2, SamplingParams(temperature=0.7), off_gpu=True) > 0  # sampled: noise drawn on the device
 
 
+def test_draft_prewarm_bounded_to_longest_covers_those_steps_and_no_longer_ones(models: dict[str, Path]) -> None:
+    """``longest`` bounds the prewarm (a bounded warm-up stays short): every step of rows up to
+    ``longest`` tokens is covered, a longer row asks for a key it left out, and it asks for fewer keys."""
+    from flashspec_core import SamplingParams
+    from flashspec_core.contracts import DraftContext
+    from flashspec_fast import draft as fd
+    from flashspec_fast.options import FastOptions
+
+    opts = FastOptions(model=str(models["close"]), dtype="float32", max_len=600, chat_template=False)
+    sampling, gamma, longest = SamplingParams(temperature=0.0), 3, 200
+
+    def draft() -> fd.FastDraft:
+        return fd.make_draft(opts, DraftContext(target=None, vocab=16, device=torch.device("cpu")))
+
+    bounded, full = draft(), draft()
+    assert 0 < bounded.prewarm(1, gamma, sampling, off_gpu=True, longest=longest) < full.prewarm(
+        1, gamma, sampling, off_gpu=True)
+    warmed = set(bounded.graphs.keys)
+    assert warmed < full.graphs.keys
+    gen = torch.Generator().manual_seed(0)
+    for length in (2, 17, 64, 125, 129, longest - gamma):
+        tokens = torch.randint(0, 16, (1, length + gamma + 1), generator=gen)
+        for behind in sorted({0, 1, 5, 16, 33, length - 2, length}):
+            bounded.reset()
+            bounded.seen = [max(length - behind, 0)]
+            bounded.propose(tokens, [length], gamma, sampling, gen)
+    assert bounded.graphs.keys <= warmed, sorted(map(str, bounded.graphs.keys - warmed))
+    bounded.reset()
+    bounded.propose(torch.randint(0, 16, (1, 400), generator=gen), [390], gamma, sampling, gen)
+    assert bounded.graphs.keys - warmed  # past the bound: a span the bounded prewarm left out
+    with pytest.raises(ValueError, match="longest 0"):
+        bounded.prewarm(1, gamma, sampling, off_gpu=True, longest=0)
+
+
 @pytest.mark.parametrize("gamma", [1, 2])
 def test_small_gamma_fast_draft_equals_target_only(models: dict[str, Path], gamma: int) -> None:
     """gamma 1 and 2 (no or one one-token forward after the draft loop's first forward,

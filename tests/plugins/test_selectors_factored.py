@@ -7,8 +7,8 @@ import pytest
 from _tiny import pipeline_dict, tiny_family
 
 from flashspec_core.build import build_pipeline
-from flashspec_core.config import ConfigError
-from flashspec_core.contracts import ObservesSteps
+from flashspec_core.config import ConfigError, parse_config
+from flashspec_core.contracts import ObservesSteps, SeesWidths
 from flashspec_core.policy import Arm, NoDraft, PolicySettings, StepPolicy
 from flashspec_core.registry import build_registry
 from flashspec_core.rewards import make_reward
@@ -21,6 +21,7 @@ from flashspec_selectors.selectors import (
     cost_features,
     expected_least,
     predicted_throughput,
+    shared_slopes_fit,
 )
 
 PLANTED = np.array([2e-3, 5e-5, 2e-5])  # seconds: per step, per row, per drafted token of a row
@@ -145,11 +146,13 @@ def test_the_least_of_rows_prior_is_the_mean_least_chain_under_a_uniform_rate() 
 
 
 def _plain_and_a_costly_draft(rows: int, static_batch: bool = True) -> Factored:
-    # Three arms: plain decoding and a draft, both opened and costed at ``rows``; arm 2 not played yet.
+    # Three arms: plain decoding and a draft, both opened and costed at one row and at ``rows``
+    # (so the fit tells the slopes); arm 2 not played yet.
     selector = Factored(FactoredConfig(seed=6, static_batch=static_batch), 3)
     for _ in range(4):
-        selector.observe(0, rows, 0, [0] * rows, planted_time(rows, 0))
-        selector.observe(1, rows, 4, ([0, 4] * rows)[:rows], planted_time(rows, 4) + 3e-3)
+        for r in (1, rows):
+            selector.observe(0, r, 0, [0] * r, planted_time(r, 0))
+            selector.observe(1, r, 4, ([0, 4] * r)[:r], planted_time(r, 4) + 3e-3)
     return selector
 
 
@@ -254,10 +257,26 @@ def test_without_observations_it_is_thompson_on_rewards() -> None:
 @pytest.mark.parametrize(("keys", "message"), [
     ({"outlier": 1.0}, "outlier must be 0"), ({"prior_rows": 0}, "prior_rows must be"),
     ({"ridge": -1.0}, "ridge must be"), ({"initial": -1}, "initial must be"), ({"warmup": -1}, "warmup must be"),
-    ({"static_batch": 1}, "static_batch")])
+    ({"static_batch": 1}, "static_batch"), ({"token_cost": -0.01}, "token_cost must be a finite number >= 0"),
+    ({"token_cost": float("inf")}, "token_cost must be")])
 def test_bad_config(keys: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         FactoredConfig(**keys)  # type: ignore[arg-type]
+
+
+def test_a_negative_token_cost_is_a_config_error_naming_the_key(tmp_path_factory: pytest.TempPathFactory) -> None:
+    tiny = tiny_family(tmp_path_factory.mktemp("factored_token_cost"))
+    registry = build_registry(autoload=False)
+    with pytest.raises(ConfigError, match=r"\[selector\] key 'token_cost': token_cost must be a finite number >= 0"):
+        parse_config(pipeline_dict(tiny["target"], [], "factored", token_cost=-0.5), registry)
+    assert parse_config(pipeline_dict(tiny["target"], [], "factored", token_cost=0.0), registry)
+
+
+def test_see_widths_refuses_a_wrong_count_or_a_negative_width() -> None:
+    selector = Factored(FactoredConfig(), 2)
+    for widths in ([0], [0, 3, 4], [0, -1]):
+        with pytest.raises(ValueError, match="widths must be 2 integers >= 0"):
+            selector.see_widths(widths)
 
 
 def test_observe_refuses_a_bad_step_time() -> None:
@@ -319,3 +338,76 @@ def test_batch_buckets_with_factored_are_refused_before_any_model_loads(
     assert said == []
     build_pipeline(pipeline_dict(tiny["target"], [], "factored"), build_registry(autoload=False), progress=said.append)
     assert said and said[0].startswith("loading target")
+
+
+# ------------------------------------------------ widths, the plain arm first, unseen arms' prices
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_plain_decoding_is_played_first_until_it_is_costed(seed: int) -> None:
+    # Told the widths, the plain arm (width 0, here the middle one) opens before any draft,
+    # however the first Thompson draw would have fallen.
+    selector = Factored(FactoredConfig(seed=seed, warmup=1, initial=1), 3)
+    selector.see_widths([4, 0, 6])
+    assert [selector.select(), selector.select()] == [1, 1]  # its warm-up step, and one drawn ahead
+    feed(selector, 1, 1, 0, 0, 2e-3)  # the warm-up: not costed yet
+    assert selector.select() == 1  # drawn ahead of the observation that costs it
+    feed(selector, 1, 1, 0, 0, 2e-3)
+    assert selector.fitted[1] == 1
+    selector.see_rows(1)
+    assert selector.select() in (0, 2)  # costed: the drafts open
+
+
+def test_the_policy_tells_the_selector_each_arms_width_and_none_plays_first() -> None:
+    # A lookup (gamma 2) falling back to a draft (gamma 5) may propose 5 tokens a row.
+    arms = [Arm(name="lookup", provider=NoDraft(), gamma=2, fallback=2), Arm(name="none", provider=NoDraft(), gamma=0),
+            Arm(name="draft", provider=NoDraft(), gamma=5, selectable=False)]
+    for seed in range(6):  # whichever arm the first Thompson draw would pick
+        selector = Factored(FactoredConfig(seed=seed), 2)
+        assert isinstance(selector, SeesWidths)
+        policy = StepPolicy(arms, selector, make_reward("throughput"))
+        assert policy.widths() == [5, 0]
+        policy.begin(4)
+        assert selector.gammas is not None and selector.gammas.tolist() == [5, 0]
+        assert arms[policy.choose([0, 1, 2, 3]).arm].name == "none"
+
+
+def test_an_unseen_cheap_arm_is_opened_at_one_row_beside_an_expensive_played_one() -> None:
+    # Plain steps take 2 ms; a self-draft takes 12 ms and accepts all 3 (333 tokens/s, below
+    # plain's 500). Priced at the mean intercept (7 ms) an unseen lookup of width 2 (1.83
+    # tokens a priori) could not beat plain decoding; at the least (plain's) it can.
+    selector = Factored(FactoredConfig(seed=0), 3)
+    selector.see_widths([0, 3, 2])
+    for _ in range(3):
+        feed(selector, 0, 1, 0, 0, 2e-3)
+        feed(selector, 1, 1, 3, 3, 12e-3)
+    selector.see_rows(1)
+    assert selector.select() == 2
+
+
+@pytest.mark.parametrize(("token_cost", "opened_at_32"), [(0.01, False), (0.0, True)])
+def test_token_cost_keeps_an_unseen_draft_from_looking_free_at_32_rows(token_cost: float, opened_at_32: bool) -> None:
+    # Only plain steps seen, all at 32 rows: no step tells what a drafted token costs. Free, a
+    # draft's prior (0.03 tokens from the least of 32 rows) would beat plain decoding.
+    selector = Factored(FactoredConfig(seed=0, token_cost=token_cost), 2)
+    selector.see_widths([0, 3])
+    for _ in range(3):
+        selector.observe(0, 32, 0, [0] * 32, planted_time(32, 0))
+    selector.see_rows(32)
+    assert (selector.select() == 1) == opened_at_32
+    selector.see_rows(1)
+    assert selector.select() == 1
+
+
+def test_shared_slopes_fit_prices_an_unseen_arm_at_the_least_intercept_and_token_cost() -> None:
+    # Plain steps at 1 and 2 rows (intercept 2 ms, 0.1 ms a row) and a 12 ms draft at one row;
+    # arm 2 never played. No step has drafted at two row counts, so the width slope is the prior.
+    xtx, xty = np.zeros((3, 3, 3)), np.zeros((3, 3))
+    for arm, rows, width, step_s in ((0, 1, 0, 2.1e-3), (0, 2, 0, 2.2e-3), (1, 1, 3, 12e-3)):
+        x = cost_features(rows, width)
+        xtx[arm] += np.outer(x, x)
+        xty[arm] += x * step_s
+    fit = shared_slopes_fit(xtx, xty, token_cost=0.05)
+    np.testing.assert_allclose(fit[0], [2e-3, 1e-4, 0.05 * 2.1e-3], rtol=1e-5)
+    np.testing.assert_allclose(fit[2], fit[0], rtol=1e-5)  # the least intercept, not the mean
+    assert float(cost_features(1, 3) @ fit[1]) == pytest.approx(12e-3)

@@ -18,6 +18,7 @@ from flashspec_core.contracts import CapturesGraphs, DraftContext, DraftProvider
 from flashspec_core.sampling import probs_from_logits
 from flashspec_core.testing import draft_contract as dc
 from flashspec_core.testing import target_contract as tc
+from flashspec_fast.selfdraft import FastSelfDraft
 from flashspec_fast.target import FastTarget
 from flashspec_hf.selfdraft import HFSelfDraft
 from flashspec_hf.target import HFTarget
@@ -212,6 +213,10 @@ def test_fast_self_draft_prewarms_its_graphs_and_drops_them_with_the_targets_cac
         draft.reset()
         draft.propose(torch.randint(0, 16, (1, length + gamma + 1), generator=gen), [length], gamma, GREEDY, gen)
     assert draft.graphs.keys <= warmed, sorted(map(str, draft.graphs.keys - warmed))
+    bounded = dc.load_draft("self", context, {"layers": 2})  # longest bounds it: spans up to 128 slots only
+    assert isinstance(bounded, FastSelfDraft)
+    assert 0 < bounded.prewarm(1, gamma, GREEDY, off_gpu=True, longest=100) < len(warmed)
+    assert bounded.graphs.keys < warmed and max(k[-1] for k in bounded.graphs.keys) == target.model.span_for(100)
     cleared: list[int] = []
     monkeypatch.setattr(draft.graphs, "clear", lambda: cleared.append(1))
     tokens = torch.randint(0, 16, (1, 20), generator=gen)

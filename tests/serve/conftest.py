@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from _tiny import pipeline_dict, tiny_family  # noqa: E402
 
 from flashspec_core.build import build_pipeline  # noqa: E402
 from flashspec_core.pipeline import Pipeline  # noqa: E402
-from flashspec_serve.app import ServeSettings, create_app  # noqa: E402
+from flashspec_serve.app import ServeSettings, create_app, listening_socket  # noqa: E402
 
 MODEL = "tiny"
 # The target's words joined by spaces: a chat is its messages' contents, each followed by a space.
@@ -33,8 +32,7 @@ class Server:
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock = listening_socket("127.0.0.1", 0)  # TCP_NODELAY: no Nagle wait per streamed chunk
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         # keep-alive longer than any test, so a pooled connection is never closed as a client reuses it

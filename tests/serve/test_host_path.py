@@ -134,7 +134,7 @@ def test_a_text_sent_whole_is_decoded_once_at_the_end() -> None:
     assert lazy.flush() == "a b\ufffdc" and calls == [4]
     eager = TextStream(decode, lazy=False)
     assert "".join([eager.feed(new) for new in ([1], [2, 4], [3])] + [eager.flush()]) == "a b\ufffdc"
-    assert len(calls) == 1 + 4  # a decode per feed and one for the flush
+    assert calls[1:] == [1, 1, 3, 1, 4]  # a window per feed (the text before it, then with the new tokens)
     assert not TextStream(decode, stop=("c",), lazy=True).lazy  # stop strings are looked for at every step
 
 
@@ -143,16 +143,21 @@ def test_the_engine_decodes_a_request_sent_whole_once(tiny_models: dict[str, Pat
     decode, calls = pipeline.target.decode, []
     pipeline.target.decode = lambda ids: calls.append(len(ids)) or decode(ids)  # type: ignore[method-assign]
     engine = Engine(pipeline, max_batch=1)
+    tokens = 40
 
     async def run(stream: bool) -> str:
-        handle = engine.submit(Job((1, 2, 3), 12, SamplingParams(temperature=0.0), stream=stream),
+        handle = engine.submit(Job((1, 2, 3), tokens, SamplingParams(temperature=0.0), stream=stream),
                                asyncio.get_running_loop())
         return "".join([e.text async for e in handle.events()])
 
     engine.start()
     try:
         whole = asyncio.run(run(False))
-        assert len(calls) == 1
+        assert calls == [tokens]
+        calls.clear()
         assert asyncio.run(run(True)) == whole and len(calls) > 2  # streamed: a decode per step
+        # each a window of the last steps' tokens, not the whole continuation
+        width = 2 * (engine.max_gamma + 1)
+        assert max(calls) <= width < tokens
     finally:
         engine.stop()

@@ -20,7 +20,7 @@ from conftest import MODEL, Server, make_pipeline
 from structlog.testing import capture_logs
 
 from flashspec_core.build import build_pipeline
-from flashspec_core.contracts import SamplingParams
+from flashspec_core.contracts import Prewarmable, SamplingParams
 from flashspec_core.pipeline import Pipeline
 from flashspec_serve import cli, warmup
 from flashspec_serve.app import ServeSettings, create_app
@@ -63,20 +63,25 @@ def _warmed(pipeline: Pipeline, max_batch: int) -> Iterator[tuple[Engine, warmup
 
 
 class FakeGraphs:
-    """A graph cache's counter (CapturesGraphs): ``captures`` goes up as the test says."""
+    """A graph cache's counter (CapturesGraphs): ``captures`` goes up, with a key, as the test says."""
 
     def __init__(self) -> None:
         self.captures = 0
+        self.captured: list[tuple[str, int, int]] = []
+        self.keeps_keys = True  # False: a counter whose captured stops growing
 
 
 def _capture_at_every_score(pipeline: Pipeline) -> FakeGraphs:
-    """Give the target a graph counter that goes up at each of its scores, as if each captured one."""
+    """Give the target a graph counter that goes up at each of its scores, as if each captured
+    one, keyed ``("score", call number, draft width)``."""
     graphs = FakeGraphs()
     pipeline.target.graphs = graphs  # type: ignore[attr-defined]
     real = pipeline.target.score
 
     def score(tokens: torch.Tensor, lengths: Sequence[int], draft: torch.Tensor) -> torch.Tensor:
         graphs.captures += 1
+        if graphs.keeps_keys:
+            graphs.captured.append(("score", graphs.captures, draft.shape[1]))
         return real(tokens, lengths, draft)
 
     pipeline.target.score = score  # type: ignore[method-assign,assignment]
@@ -104,6 +109,18 @@ def test_slot_sizes_are_those_a_rebuild_makes() -> None:
     assert warmup.slot_sizes(3, per_row=False) == [1, 2, 3]
     assert warmup.warm_lengths(65, 60) == [2, 3, 5]
     assert warmup.warm_lengths(2047, 270) == [2, 3, 5, 9, 17, 33, 65, 129, 257, 513, 1025]
+
+
+def test_prefill_lengths_meet_every_prefill_width_up_to_the_limit() -> None:
+    """A prefill of n tokens feeds n - 1 (the last is scored): every width 2^k up to the longest
+    prefill, limit - 1 tokens, is met once, the widest by a prompt of the limit itself."""
+    assert warmup.prefill_lengths(512) == [2, 3, 5, 9, 17, 33, 65, 129, 257, 512]
+    assert warmup.prefill_lengths(90) == [2, 3, 5, 9, 17, 33, 65, 90]
+    assert warmup.prefill_lengths(65) == warmup.prefill_lengths(None) == [2, 3, 5, 9, 17, 33, 65]
+    for limit in (2, 3, 90, 512, 2047):
+        widths = {1 << (n - 2).bit_length() for n in warmup.prefill_lengths(limit)}  # the next power of two of n - 1
+        assert widths == {1 << (n - 2).bit_length() for n in range(2, limit + 1)}, limit
+        assert max(warmup.prefill_lengths(limit)) == limit
 
 
 def test_warm_up_plays_every_arm_and_width_at_every_slot_count(tiny_models: dict[str, Path]) -> None:
@@ -143,19 +160,42 @@ def test_a_warmed_engine_decodes_as_alone(tiny_models: dict[str, Path], target: 
         assert _decode(engine, job) == want
 
 
-def test_captures_after_the_warm_up_are_counted_as_a_metric(tiny_models: dict[str, Path]) -> None:
+def test_captures_after_the_warm_up_are_counted_by_cache_and_logged_with_their_keys(
+        tiny_models: dict[str, Path]) -> None:
     """The target "captures" a graph at every score: those of the warm-up are its record's, and
-    those while serving the metric's, one for one."""
+    those while serving the metric's under the target's cache, one for one, each logged with
+    its cache and key (and none of the warm-up's)."""
     pipeline = make_pipeline(tiny_models)
     graphs = _capture_at_every_score(pipeline)
-    with _warmed(pipeline, max_batch=2) as (engine, done):
+    with capture_logs() as logs, _warmed(pipeline, max_batch=2) as (engine, done):
         assert done is not None and done.captures == graphs.captures > 0
         before = graphs.captures
         _decode(engine, Job((1, 2, 3), 8, GREEDY))
+        served = graphs.captured[before:]
+    assert served
+    value = engine.metrics.registry.get_sample_value("flashspec:graph_captures_while_serving_total",
+                                                     {"cache": "target"})
+    assert value == len(served)
+    lines = [e for e in logs if e["event"] == "graph_captured_while_serving"]
+    assert [(e["cache"], e["key"]) for e in lines] == [("target", str(key)) for key in served]
+    assert all(e["log_level"] == "warning" and e["slots"] >= 1 for e in lines)
+
+
+def test_a_counter_that_keeps_no_keys_still_counts_every_capture(tiny_models: dict[str, Path]) -> None:
+    """A third-party cache whose ``captured`` falls behind its count: each capture is still counted
+    and logged, the missing keys as None."""
+    pipeline = make_pipeline(tiny_models)
+    graphs = _capture_at_every_score(pipeline)
+    with _warmed(pipeline, max_batch=2) as (engine, _done):
+        graphs.keeps_keys = False
+        before = graphs.captures
+        with capture_logs() as logs:
+            _decode(engine, Job((1, 2, 3), 8, GREEDY))
         served = graphs.captures - before
-    assert served > 0
-    value = engine.metrics.registry.get_sample_value("flashspec:graph_captures_while_serving_total")
-    assert value == served
+    lines = [e for e in logs if e["event"] == "graph_captured_while_serving"]
+    assert served > 0 and len(lines) == served and {e["key"] for e in lines} == {"None"}
+    assert engine.metrics.registry.get_sample_value("flashspec:graph_captures_while_serving_total",
+                                                    {"cache": "target"}) == served
 
 
 def _blocked_warm_up(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[str]]:
@@ -237,25 +277,36 @@ def test_basic_bounds_the_dummy_lengths_and_full_does_not() -> None:
     assert max(warmup.warm_lengths(full.limit(2047), 234)) == 1025
 
 
-def _levels_run(tiny_models: dict[str, Path], level: str) -> tuple[warmup.Warmup, list[tuple[int, int]], list[Any]]:
+def _levels_run(tiny_models: dict[str, Path], level: str
+                ) -> tuple[warmup.Warmup, list[tuple[int, int, int | None]], list[Any]]:
     """A warm-up at ``level`` of the fast pipeline at slot counts 2 and 1: its record, the drafts'
-    prewarm calls (batch, gamma) and its progress log lines."""
+    prewarm calls (batch, gamma, longest) and its progress log lines."""
     pipeline = _fast_pipeline(tiny_models)
-    prewarms: list[tuple[int, int]] = []
+    prewarms: list[tuple[int, int, int | None]] = []
     for provider in {id(a.provider): a.provider for a in pipeline.policy.arms}.values():
-        if hasattr(provider, "prewarm"):
-            _spy(provider, "prewarm", prewarms, lambda b, g, _s: (b, g))
+        if isinstance(provider, Prewarmable):
+            real = provider.prewarm
+
+            def spy(batch: int, gamma: int, sampling: SamplingParams, off_gpu: bool = False,
+                    longest: int | None = None, real: Any = real) -> int:
+                prewarms.append((batch, gamma, longest))
+                return int(real(batch, gamma, sampling, off_gpu=off_gpu, longest=longest))
+
+            provider.prewarm = spy  # type: ignore[method-assign]
     with capture_logs() as logs:
         done = warmup.warm_up(pipeline, [1, 2], CONTEXT, per_row=True, level=level)
     return done, prewarms, [e for e in logs if e["event"] == "engine_warm_up_progress"]
 
 
-def test_levels_differ_in_the_drafts_prewarm_only_at_a_short_context(tiny_models: dict[str, Path]) -> None:
-    """Below basic's bound both levels run the same dummy batches; only full runs the drafts' prewarm."""
+def test_both_levels_run_the_drafts_prewarm_basic_bounded_to_its_longest(tiny_models: dict[str, Path]) -> None:
+    """Below basic's bound both levels run the same dummy batches; both run the drafts' prewarm
+    at every slot count, full over every span of the cache, basic over sequences of up to
+    BASIC_LONGEST tokens."""
     full, full_prewarms, _ = _levels_run(tiny_models, "full")
     basic, basic_prewarms, _ = _levels_run(tiny_models, "basic")
     assert full.level == "full" and basic.level == "basic"
-    assert sorted(set(full_prewarms)) == [(b, g) for b in (1, 2) for g in (3,)] and basic_prewarms == []
+    assert sorted(set(full_prewarms)) == [(b, 3, None) for b in (1, 2)]
+    assert sorted(set(basic_prewarms)) == [(b, 3, warmup.BASIC_LONGEST) for b in (1, 2)]
     assert basic.sizes == full.sizes == (2, 1) and basic.lengths == full.lengths == (2, 3, 5)
     assert basic.steps == full.steps > 0
     with pytest.raises(KeyError):
