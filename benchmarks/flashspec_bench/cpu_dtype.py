@@ -91,19 +91,19 @@ def build(name: str, dtype: str, gguf: Path, root: Path) -> dict[str, Any]:
 
 
 def decode(name: str, cache_dtype: str, compute: str, root: Path, max_new_tokens: int, repeats: int) -> dict[str, Any]:
-    """In this (child) process: load the cached copy and time greedy target-only decoding."""
+    """In this (child) process: load the cached copy as the hf back-end does and time greedy target-only decoding."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from flashspec_hf.loading import ModelOptions, load_model, widens
     from flashspec_models.weights import ensure_model
 
     torch.manual_seed(0)
     start = time.monotonic()
     path = ensure_model(name, cache_dir=root, dtype=cache_dtype, progress=False)
     verified = time.monotonic()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, compute)).eval()
+    model, tokenizer = load_model(ModelOptions(model=str(path), dtype=compute, device="cpu"))
     loaded = time.monotonic()
-    ids = AutoTokenizer.from_pretrained(path)(README_PROMPT, return_tensors="pt").input_ids
+    ids = tokenizer(README_PROMPT, return_tensors="pt").input_ids
     rates, tokens = [], None
     with torch.inference_mode():
         model.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=False)  # first-call costs
@@ -112,11 +112,28 @@ def decode(name: str, cache_dtype: str, compute: str, root: Path, max_new_tokens
             out = model.generate(ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
             rates.append(max_new_tokens / (time.monotonic() - t0))
             tokens = out[0, ids.shape[1]:].tolist()
-    return {"model": name, "cache_dtype": cache_dtype, "compute_dtype": compute,
-            "verify_s": round(verified - start, 2), "from_pretrained_s": round(loaded - verified, 2),
+    loader = "streaming" if widens(path, getattr(torch, compute)) else "from_pretrained"
+    return {"model": name, "cache_dtype": cache_dtype, "compute_dtype": compute, "loader": loader,
+            "verify_s": round(verified - start, 2), "read_s": round(loaded - verified, 2),
             "load_s": round(loaded - start, 2), "tokens_per_s": [round(r, 3) for r in rates],
             "median_tokens_per_s": round(statistics.median(rates), 3), "peak_rss_gib": peak_rss_gib(),
             "tokens": tokens}
+
+
+def load_fast(name: str, cache_dtype: str, compute: str, root: Path) -> dict[str, Any]:
+    """In this (child) process: load the cached copy into the fast back-end's fused weights, nothing more."""
+    import torch
+
+    from flashspec_fast.model import ModelArgs, load_weights, read_config
+    from flashspec_models.weights import ensure_model
+
+    start = time.monotonic()
+    path = ensure_model(name, cache_dir=root, dtype=cache_dtype, progress=False)
+    verified = time.monotonic()
+    load_weights(path, ModelArgs.from_hf(read_config(path)), getattr(torch, compute), torch.device("cpu"))
+    loaded = time.monotonic()
+    return {"model": name, "cache_dtype": cache_dtype, "compute_dtype": compute, "verify_s": round(verified - start, 2),
+            "read_s": round(loaded - verified, 2), "load_s": round(loaded - start, 2), "peak_rss_gib": peak_rss_gib()}
 
 
 def in_child(*argv: str) -> dict[str, Any]:
@@ -129,8 +146,10 @@ def in_child(*argv: str) -> dict[str, Any]:
     return row
 
 
-def summary(builds: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Ratios of bfloat16 to float32 per model, and every system's median tokens/s."""
+def summary(builds: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]],
+            fast_loads: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """Ratios of bfloat16 to float32 per model; every system's tokens/s, load time and peak RSS,
+    and each against the float32 cache; the fast back-end's loads of each model likewise (``fast_`` keys)."""
     out: dict[str, Any] = {}
     by = {(b["model"], b["cache_dtype"]): b for b in builds}
     for (name, dtype), b in by.items():
@@ -144,7 +163,16 @@ def summary(builds: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) ->
                     "peak_rss_gib": r["peak_rss_gib"]}
         if base is not None:
             out[key]["speed_vs_float32_cache"] = round(r["median_tokens_per_s"] / base["median_tokens_per_s"], 3)
+            out[key]["load_vs_float32_cache"] = round(r["load_s"] / base["load_s"], 3)
+            out[key]["peak_rss_vs_float32_cache"] = round(r["peak_rss_gib"] / base["peak_rss_gib"], 3)
             out[key]["same_tokens_as_float32_cache"] = r["tokens"] == base["tokens"]
+    for r in fast_loads:
+        key = f"fast_{r['model']}_{r['cache_dtype']}_cache_{r['compute_dtype']}_compute"
+        out[key] = {"load_s": r["load_s"], "peak_rss_gib": r["peak_rss_gib"]}
+        fast_base = next((f for f in fast_loads if f["model"] == r["model"] and f["cache_dtype"] == "float32"), None)
+        if fast_base is not None:
+            out[key]["load_vs_float32_cache"] = round(r["load_s"] / fast_base["load_s"], 3)
+            out[key]["peak_rss_vs_float32_cache"] = round(r["peak_rss_gib"] / fast_base["peak_rss_gib"], 3)
     return out
 
 
@@ -167,6 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         kind, *rest = args.step
         if kind == "build":
             row = build(rest[0], rest[1], Path(rest[2]), Path(rest[3]))
+        elif kind == "fast":
+            row = load_fast(rest[0], rest[1], rest[2], Path(rest[3]))
         else:
             row = decode(rest[0], rest[1], rest[2], Path(rest[3]), int(rest[4]), int(rest[5]))
         print(json.dumps(row), flush=True)
@@ -180,6 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result["config"] = {"models": args.models, "decode_model": args.decode_model, "prompt": README_PROMPT,
                         "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "auto_dtype_cpu": auto,
                         "decode": "transformers generate, greedy, target only, min_new_tokens = max_new_tokens",
+                        "load": "flashspec_hf.loading.load_model (a cache narrower than the compute dtype is "
+                                "streamed a tensor at a time); fast_loads: flashspec_fast.model.load_weights",
                         "build": "ensure_model from an assembled GGUF: convert, hash, seal (no download)"}
     with tempfile.TemporaryDirectory(prefix="cpu-dtype-", dir=os.environ.get("TMPDIR")) as tmp:
         root, builds, runs = Path(tmp) / "cache", [], []
@@ -195,7 +227,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             runs.append(in_child("decode", args.decode_model, cache_dtype, compute, str(root),
                                  str(args.max_new_tokens), str(args.repeats)))
             say(json.dumps({k: v for k, v in runs[-1].items() if k != "tokens"}))
-    result.update(load_after=os.getloadavg()[0], builds=builds, runs=runs, summary=summary(builds, runs))
+        fast = []
+        for name in args.models:
+            for cache_dtype, compute in systems[:2]:
+                say(f"loading {name} from the {cache_dtype} cache in {compute} into the fast back-end")
+                fast.append(in_child("fast", name, cache_dtype, compute, str(root)))
+                say(json.dumps(fast[-1]))
+    result.update(load_after=os.getloadavg()[0], builds=builds, runs=runs, fast_loads=fast,
+                  summary=summary(builds, runs, fast))
     write_json(args.out, result)
     say(f"wrote {args.out}")
     return 0

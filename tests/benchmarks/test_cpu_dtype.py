@@ -25,14 +25,25 @@ def test_summary_compares_each_system_with_the_float32_cache() -> None:
     out = cpu_dtype.summary(builds, runs)
     assert out["m"] == {"disk_ratio": 0.5, "build_ratio": 1.5}
     assert out["bfloat16_cache_float32_compute"]["speed_vs_float32_cache"] == 0.75
+    assert out["bfloat16_cache_float32_compute"]["load_vs_float32_cache"] == 1.0
     assert out["bfloat16_cache_float32_compute"]["same_tokens_as_float32_cache"] is True
     assert out["bfloat16_cache_bfloat16_compute"]["same_tokens_as_float32_cache"] is False
+
+
+def test_summary_compares_fast_loads_with_the_float32_cache() -> None:
+    fast = [{"model": "m", "cache_dtype": "float32", "compute_dtype": "float32", "load_s": 2.0, "peak_rss_gib": 4.0},
+            {"model": "m", "cache_dtype": "bfloat16", "compute_dtype": "float32", "load_s": 3.0, "peak_rss_gib": 3.0},
+            {"model": "n", "cache_dtype": "float32", "compute_dtype": "float32", "load_s": 1.0, "peak_rss_gib": 1.0}]
+    out = cpu_dtype.summary([], [], fast)
+    assert out["fast_n_float32_cache_float32_compute"]["load_vs_float32_cache"] == 1.0
+    assert out["fast_m_bfloat16_cache_float32_compute"] == {"load_s": 3.0, "peak_rss_gib": 3.0,
+                                                          "load_vs_float32_cache": 1.5, "peak_rss_vs_float32_cache": 0.75}
 
 
 def test_committed_result_is_what_its_script_summarises() -> None:
     data = json.loads(RESULT.read_text())
     assert data["script"] == cpu_dtype.SCRIPT and data["dirty"] is False
-    assert data["summary"] == cpu_dtype.summary(data["builds"], data["runs"])
+    assert data["summary"] == cpu_dtype.summary(data["builds"], data["runs"], data["fast_loads"])
     # weights.KnownModel.float32_gib (the first-use line's disk figure) rounds the measured sizes
     for build in data["builds"]:
         if build["cache_dtype"] == "float32":
