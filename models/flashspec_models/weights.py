@@ -26,7 +26,8 @@ and refuses a build with a clear error.
 
 Weights are saved dequantized in bfloat16 by default: half the disk of float32 and half
 the bytes to hash and read at every load. Where the hardware has no bfloat16 matmul the
-loaders upcast them to float32 once, at load (:mod:`flashspec_models.precision`); the
+loaders upcast them to float32 once, at load, a tensor at a time
+(:mod:`flashspec_models.precision`, :mod:`flashspec_models.streaming`); the
 dequantized values are the same either way up to bfloat16's rounding. The checkpoints take
 about 0.25, 1.2 and 3.3 GiB (the Qwen GGUFs carry their own output matrix, so ``lm_head``
 is stored untied). ``$FLASHSPEC_CACHE_DTYPE`` (``bfloat16`` or ``float32``) or
@@ -224,10 +225,10 @@ def _log(progress: bool, message: str) -> None:
 # What a build costs after the download, per GiB of the model's float32 checkpoint: seconds
 # and peak GiB of RAM (the converter dequantizes in float32 whatever it saves), each as a
 # line through the 0.5B and 1.5B builds on a busy 2-core CPU (docs/benchmarks/cpu-dtype.json,
-# "builds": 113 s and 241 s, 3.0 and 5.5 GiB in bfloat16; 76 s and 224 s, 3.8 and 8.7 GiB
+# "builds": 199 s and 213 s, 3.0 and 5.5 GiB in bfloat16; 177 s and 246 s, 3.8 and 8.7 GiB
 # in float32). float16 is taken to cost what bfloat16 does: the same bytes.
 _BuildCost = tuple[float, float, float, float]  # (seconds, seconds per GiB, GiB, GiB per GiB)
-_BUILD_COST: dict[str, _BuildCost] = {"float32": (0.0, 33.0, 1.1, 1.14), "bfloat16": (41.0, 30.0, 1.6, 0.58)}
+_BUILD_COST: dict[str, _BuildCost] = {"float32": (139.5, 16.0, 1.1, 1.15), "bfloat16": (191.3, 3.2, 1.6, 0.58)}
 _HEARTBEAT_S = 8.0  # a phase with no output of its own says it is alive this often
 
 

@@ -24,7 +24,7 @@ def test_first_use_line_gives_download_disk_ram_and_time() -> None:
     full = weights._first_use(model, "float32", Path("/c"))
     assert "6.6 GiB of disk under /c" in full and "about 9 GiB of RAM to convert" in full  # cpu-dtype.json: 8.7 GiB
     small = weights._first_use(weights.KNOWN_MODELS["qwen2.5-coder-0.5b-instruct"], "bfloat16", Path("/c"))
-    assert "1.2 GiB of disk" in small and "about 3 GiB of RAM" in small and "about 2 min" in small
+    assert "1.2 GiB of disk" in small and "about 3 GiB of RAM" in small and "about 3 min" in small
 
 
 def test_first_use_line_without_sizes_promises_nothing() -> None:
