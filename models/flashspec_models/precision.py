@@ -51,3 +51,38 @@ def auto_dtype(device_type: str, flags: Iterable[str] | None = None) -> str:
     if device_type == "cpu" and cpu_has_native_bf16(flags):
         return "bfloat16"
     return "float32"
+
+
+def nvidia_gpu_usable(driver: Path = Path("/proc/driver/nvidia/gpus")) -> bool:
+    """Whether an NVIDIA GPU is here for torch to use, decided without importing torch: the
+    driver lists a GPU, ``CUDA_VISIBLE_DEVICES`` does not hide them all, and the installed
+    torch's version has no ``+cpu`` (or ROCm) build tag."""
+    import importlib.metadata
+    import os
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    try:
+        if not any(driver.iterdir()):
+            return False
+        version = importlib.metadata.version("torch")
+    except (OSError, importlib.metadata.PackageNotFoundError):
+        return False
+    return "+cpu" not in version and "+rocm" not in version
+
+
+def default_cache_dtype(flags: Iterable[str] | None = None, gpu: bool | None = None) -> str:
+    """The dtype a known model is cached in when none is asked for: ``"bfloat16"`` where it is
+    computed in natively (an NVIDIA GPU, :func:`nvidia_gpu_usable`; a CPU with AVX512-BF16 or
+    AMX), else ``"float32"``: without native bfloat16 a bfloat16 cache is upcast at every load,
+    which costs the 1.5B more peak memory and load time than it saves in disk
+    (``docs/benchmarks/cpu-dtype.json``).
+
+    :param flags: the CPU's feature flags; default: this machine's.
+    :param gpu: whether an NVIDIA GPU is usable; default: :func:`nvidia_gpu_usable`.
+    """
+    if cpu_has_native_bf16(flags) or (nvidia_gpu_usable() if gpu is None else gpu):
+        return "bfloat16"
+    return "float32"
+

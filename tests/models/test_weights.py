@@ -104,6 +104,8 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Fake:
     cache = tmp_path / "cache"
     monkeypatch.setenv("FLASHSPEC_CACHE", str(cache))
     monkeypatch.delenv(weights.CACHE_DTYPE_ENV, raising=False)  # the default dtype, whatever the user's shell says
+    # a machine that computes in bfloat16 (tests/models/test_precision.py covers the choice)
+    monkeypatch.setattr(weights, "default_cache_dtype", lambda: "bfloat16")
     return Fake(model, data, cache, downloads)
 
 
@@ -203,7 +205,7 @@ def test_cache_dtype_env_picks_the_dtype(fake: Fake, monkeypatch: pytest.MonkeyP
 def test_a_bad_cache_dtype_env_is_one_named_error(fake: Fake, monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv(weights.CACHE_DTYPE_ENV, value)
     message = (f"FLASHSPEC_CACHE_DTYPE={value!r} is not a cache dtype: set it to one of bfloat16, float32 "
-               f"or unset it (default bfloat16)")
+               f"or unset it (default bfloat16: bfloat16 where this machine computes in it natively)")
     assert weights.cache_dtype_problem() == message
     with pytest.raises(WeightsError) as info:
         ensure_model(fake.model.name, progress=False)
@@ -610,3 +612,16 @@ def test_real_smollm2_builds_and_loads_fast() -> None:
     text = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in text
     assert torch.isfinite(model(**ids).logits).all()
+
+
+def test_without_native_bfloat16_the_default_cache_is_float32_and_no_legacy_lookup_happens(
+        fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU without native bfloat16 (and no GPU) the default copy is the float32 one; a
+    bfloat16 copy is built only when asked for."""
+    monkeypatch.setattr(weights, "default_cache_dtype", lambda: "float32")
+    assert ensure_model(fake.model.name, progress=False).name == "fake-model-float32"
+    monkeypatch.setenv(weights.CACHE_DTYPE_ENV, "bfloat16")
+    assert ensure_model(fake.model.name, progress=False).name == "fake-model-bfloat16"
+    monkeypatch.delenv(weights.CACHE_DTYPE_ENV)
+    assert ensure_model(fake.model.name, progress=False).name == "fake-model-float32"
+    assert fake.conversions() == 2
