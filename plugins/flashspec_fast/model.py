@@ -381,42 +381,45 @@ def read_config(path: Path) -> dict[str, Any]:
 
 
 def load_weights(path: Path, args: ModelArgs, dtype: torch.dtype, device: torch.device) -> Weights:
-    """Read an HF checkpoint's safetensors into fused matrices (QKV, gate-up)."""
-    from safetensors import safe_open
+    """Read an HF checkpoint's safetensors into fused matrices (QKV, gate-up), a tensor at a time.
 
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {path}")
-    raw: dict[str, torch.Tensor] = {}
-    for f in files:
-        with safe_open(str(f), framework="pt", device="cpu") as sf:
-            for key in sf.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                raw[key.removeprefix("model.")] = sf.get_tensor(key)
+    Each matrix is allocated once in ``dtype`` on ``device`` and its parts are read into
+    their rows in chunks (:mod:`flashspec_models.streaming`), so a bfloat16 cache loaded in
+    float32 holds the float32 weights plus one chunk, never the whole file beside them.
+    """
+    from flashspec_models.streaming import Checkpoint
 
-    def take(key: str) -> torch.Tensor:
-        if key not in raw:
-            raise KeyError(f"{path}: missing tensor {key!r}")
-        return raw.pop(key).to(device=device, dtype=dtype)
+    ckpt = Checkpoint(path)
+    prefix = "model." if any(k.startswith("model.") for k in ckpt) else ""
+
+    def take(*keys: str) -> torch.Tensor:
+        """The tensors ``keys`` stacked along dim 0 into one new tensor."""
+        entries = [ckpt.entry(prefix + k) for k in keys]
+        rows = sum(e.shape[0] for e in entries)
+        out = torch.empty((rows, *entries[0].shape[1:]), dtype=dtype, device=device)
+        first = 0
+        for key, e in zip(keys, entries, strict=True):
+            ckpt.read_into(prefix + key, out[first:first + e.shape[0]])
+            first += e.shape[0]
+        return out
 
     layers = []
     for i in range(args.layers):
         p = f"layers.{i}."
-        wqkv = torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
-        bqkv = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if args.qkv_bias else None
         layers.append(
             Layer(
                 attn_norm=take(p + "input_layernorm.weight"),
-                wqkv=wqkv,
-                bqkv=bqkv,
+                wqkv=take(*(p + f"self_attn.{n}_proj.weight" for n in "qkv")),
+                bqkv=take(*(p + f"self_attn.{n}_proj.bias" for n in "qkv")) if args.qkv_bias else None,
                 wo=take(p + "self_attn.o_proj.weight"),
                 mlp_norm=take(p + "post_attention_layernorm.weight"),
-                w_gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
+                w_gate_up=take(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
                 w_down=take(p + "mlp.down_proj.weight"),
             )
         )
     embed = take("embed_tokens.weight")
-    head = raw.get("lm_head.weight")
-    lm_head = embed if args.tie_embeddings or head is None else head.to(device=device, dtype=dtype)
+    untied = not args.tie_embeddings and "lm_head.weight" in ckpt
+    lm_head = ckpt.read("lm_head.weight", dtype, device) if untied else embed
     return Weights(embed=embed, layers=layers, norm=take("norm.weight"), lm_head=lm_head)
 
 

