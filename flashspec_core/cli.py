@@ -56,24 +56,13 @@ def bundled_config(name: str) -> Path:
 
 def default_config_name(driver: Path = Path("/proc/driver/nvidia/gpus")) -> str:
     """The bundled config a run without ``--config`` gets: :data:`GPU_CONFIG` (the fast
-    back-end, CUDA graphs) where an NVIDIA GPU is visible and torch is a CUDA build, else
-    :data:`DEFAULT_CONFIG` (the hf back-end, which the CPU measurements chose). Decided
-    without importing torch, so that argument and config errors still come first: the
-    driver lists a GPU, ``CUDA_VISIBLE_DEVICES`` does not hide them all, and the installed
-    torch's version has no ``+cpu`` (or ROCm) build tag."""
-    import importlib.metadata
-    import os
+    back-end, CUDA graphs) where an NVIDIA GPU is usable
+    (:func:`flashspec_models.precision.nvidia_gpu_usable`, decided without importing torch,
+    so that argument and config errors still come first), else :data:`DEFAULT_CONFIG` (the
+    hf back-end, which the CPU measurements chose)."""
+    from flashspec_models.precision import nvidia_gpu_usable
 
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip() in ("", "-1"):
-        return DEFAULT_CONFIG
-    try:
-        if not any(driver.iterdir()):
-            return DEFAULT_CONFIG
-        version = importlib.metadata.version("torch")
-    except (OSError, importlib.metadata.PackageNotFoundError):
-        return DEFAULT_CONFIG
-    return DEFAULT_CONFIG if "+cpu" in version or "+rocm" in version else GPU_CONFIG
+    return GPU_CONFIG if nvidia_gpu_usable(driver) else DEFAULT_CONFIG
 
 
 def _say(msg: str) -> None:

@@ -295,48 +295,15 @@ def test_real_model_through_the_cli() -> None:
     assert "arm lookup" in out.stderr
 
 
-def _fake_torch(monkeypatch: pytest.MonkeyPatch, version: str | None) -> None:
-    import importlib.metadata
 
-    real = importlib.metadata.version
-
-    def fake(name: str) -> str:
-        if name != "torch":
-            return real(name)
-        if version is None:
-            raise importlib.metadata.PackageNotFoundError(name)
-        return version
-
-    monkeypatch.setattr(importlib.metadata, "version", fake)
-
-
-@pytest.mark.parametrize(
-    ("gpus", "visible", "torch_version", "expected"),
-    [
-        (1, None, "2.11.0+cu130", "gpu.toml"),
-        (1, "0", "2.11.0", "gpu.toml"),  # PyPI's Linux wheel: a CUDA build with no local tag
-        (0, None, "2.11.0+cu130", "default.toml"),  # the driver lists no GPU
-        (None, None, "2.11.0+cu130", "default.toml"),  # no NVIDIA driver at all
-        (1, "", "2.11.0+cu130", "default.toml"),  # CUDA_VISIBLE_DEVICES hides every GPU
-        (1, "-1", "2.11.0+cu130", "default.toml"),
-        (1, None, "2.13.0+cpu", "default.toml"),  # a CPU build of torch cannot use the GPU
-        (1, None, "2.11.0+rocm6.2", "default.toml"),
-        (1, None, None, "default.toml"),  # torch not installed (yet)
-    ],
-)
-def test_default_config_is_the_gpu_config_only_where_a_visible_gpu_and_a_cuda_torch_are(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: int | None, visible: str | None,
-        torch_version: str | None, expected: str) -> None:
+@pytest.mark.parametrize(("usable", "expected"), [(True, "gpu.toml"), (False, "default.toml")])
+def test_default_config_is_the_gpu_config_only_where_an_nvidia_gpu_is_usable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, usable: bool, expected: str) -> None:
+    """The probe itself (driver list, CUDA_VISIBLE_DEVICES, torch's build tag) is tested in
+    tests/models/test_precision.py."""
     from flashspec_core.cli import default_config_name
+    from flashspec_models import precision
 
-    driver = tmp_path / "gpus"
-    if gpus is not None:
-        driver.mkdir()
-        for i in range(gpus):
-            (driver / f"0000:0{i}:00.0").mkdir()
-    if visible is None:
-        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    else:
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    _fake_torch(monkeypatch, torch_version)
-    assert default_config_name(driver) == expected
+    seen: list[Path] = []
+    monkeypatch.setattr(precision, "nvidia_gpu_usable", lambda driver: seen.append(driver) or usable)
+    assert default_config_name(tmp_path / "gpus") == expected and seen == [tmp_path / "gpus"]
