@@ -427,7 +427,7 @@ class FactoredConfig:
     outlier: float = attrs.field(default=5.0)
     static_batch: bool = attrs.field(default=True)
     token_cost: float = attrs.field(default=0.01, validator=_non_negative_number)
-    refit: float = attrs.field(default=0.125, validator=_non_negative_number)
+    refit: float = attrs.field(default=0.25, validator=_non_negative_number)
     seed: int | None = attrs.field(default=None, validator=_optional_int_at_least(0))
 
     @static_batch.validator

@@ -469,7 +469,7 @@ def test_with_refit_0_the_cached_views_choose_as_a_fresh_refit_would(seed: int) 
 
 
 def test_refits_follow_the_schedule_and_grow_with_the_log_of_the_steps() -> None:
-    refit = 0.125
+    refit = 0.25
     selector = Factored(FactoredConfig(seed=0, refit=refit), 3)
     last: dict[str, Any] = {"refits": -1, "steps": np.zeros(3)}
 
@@ -481,9 +481,9 @@ def test_refits_follow_the_schedule_and_grow_with_the_log_of_the_steps() -> None
         assert (s.steps < due).all()
 
     _random_trace(selector, 2000, seed=0, check=check)
-    # Every step of an arm's first 1/refit, then one per 1/8 growth: ~ 3 * (8 + ln(2000 / 8) / ln(1.125)), and
-    # the widths told anew halfway (views only).
-    assert selector.refits < 3 * (8 + math.log(2000 / 8) / math.log(1 + refit)) + 2
+    # Per arm every step of its first 1 / refit, then one per growth by refit: at most
+    # 3 * (1 / refit + ln(2000 * refit) / ln(1 + refit)) and one more at the first costed step.
+    assert selector.refits < 3 * (1 / refit + math.log(2000 * refit) / math.log(1 + refit)) + 2
     eager = Factored(FactoredConfig(seed=0, refit=0.0), 3)
     _random_trace(eager, 200, seed=0)
     assert eager.refits >= 190  # a refit before every select that follows an observe (the plain arm opens first)
