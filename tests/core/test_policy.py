@@ -10,7 +10,16 @@ import pytest
 import torch
 
 from flashspec_core.contracts import Draft, SamplingParams
-from flashspec_core.policy import BATCH_LIMIT, BATCH_LIMIT_ARM, Arm, NoDraft, Plan, PolicySettings, StepPolicy
+from flashspec_core.policy import (
+    BATCH_LIMIT,
+    BATCH_LIMIT_ARM,
+    Arm,
+    NoDraft,
+    Plan,
+    PolicySettings,
+    StepPolicy,
+    observes_steps,
+)
 from flashspec_core.rewards import make_reward
 from flashspec_selectors.selectors import Thompson, ThompsonConfig
 
@@ -466,3 +475,24 @@ def test_per_bucket_selectors_learn_where_drafting_pays(seed: int) -> None:
     shared = _draft_share((1,), seed)
     assert not (shared[1] > 0.9 and shared[8] < 0.1), shared
     assert abs(shared[1] - shared[8]) < 0.2, shared
+
+
+def test_observes_steps_is_told_apart_by_class() -> None:
+    class Plain:
+        num_arms = 2
+
+        def select(self) -> int:
+            return 0
+
+        def update(self, arm: int, reward: float) -> None:
+            pass
+
+    class Watching(Plain):
+        def see_rows(self, rows: int) -> None:
+            pass
+
+        def observe(self, arm: int, rows: int, width: int, accepted: list[int], step_s: float) -> None:
+            pass
+
+    for _ in range(2):  # the second answer comes from the per-class cache
+        assert not observes_steps(Plain()) and observes_steps(Watching())
