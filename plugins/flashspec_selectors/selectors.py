@@ -799,6 +799,7 @@ class Factored:
         self.yty = np.zeros(self.num_arms)  # [K] sum of w y^2 (= steps fitted)
         self.fastest = math.inf  # the fastest step seen: no prediction goes far below it
         self.fitted = np.zeros(self.num_arms)  # [K] steps in the cost fit
+        self._fitted = 0  # their sum
         self.skipped = [False] * self.num_arms  # whether each arm's last step was left out as an outlier
         # Opening plays chosen but not observed yet: under draw-ahead the next step is chosen
         # before this one is observed, and without these an opening play would be repeated.
@@ -995,21 +996,26 @@ class Factored:
         x = cost_features(rows, width)
         skip = bool(self.steps[arm] < self.warmup)
         # A second slow step in a row is the arm's real cost, not a one-off capture.
-        if not skip and self.outlier and self.fitted.sum() >= 2 and not self.skipped[arm]:
+        if not skip and self.outlier and self._fitted >= 2 and not self.skipped[arm]:
             skip = step_s > self.outlier * max(float(x @ self._refit()[0][arm]), 1e-9)
         self.skipped[arm] = skip
         self.steps[arm] += 1
         self.outstanding[arm] = max(self.outstanding[arm] - 1, 0)
         self.width[arm] += width
-        self.acc[:, arm] += (len(counts), sum(counts), sum(c * c for c in counts))
-        if counts:
-            top = max(counts)
+        self.acc[0, arm] += len(counts)
+        self.acc[1, arm] += sum(counts)
+        self.acc[2, arm] += sum(c * c for c in counts)
+        top = max(counts, default=0)
+        if top == 0:  # every row accepted nothing (plain decoding's every step): no histogram to build
+            self.counts[arm, 0] += len(counts)
+        else:
             if top >= self.counts.shape[1]:
                 self.counts = np.pad(self.counts, ((0, 0), (0, top + 1 - self.counts.shape[1])))
             self.counts[arm, : top + 1] += np.bincount(counts)
         if not skip:
             self._cache = None
             self.fitted[arm] += 1
+            self._fitted += 1
             w = 1.0 / (step_s * step_s)
             self.xtx[arm] += w * np.outer(x, x)
             self.xty[arm] += w * x * step_s

@@ -22,7 +22,7 @@ def test_both_systems_report_their_none_steps_and_runs_merge_by_label(tmp_path: 
     only = row["target_only"]
     assert only["steps"] == 5 and only["none_share"] == 1.0 and only["policy_ms_median"] > 0
     # primed with the H200's plain steps, the gate holds every draft back at 16 rows
-    assert row["bandit"]["none_share"] == 1.0 and row["bandit"]["refits"] >= 1
+    assert row["bandit"]["none_share"] == 1.0
     assert row["extra_policy_ms_median"] == row["bandit"]["policy_ms_median"] - only["policy_ms_median"]
     assert set(result["summary"]["after"]["16"]["held"]) == set(script.EXTRA)
 
