@@ -420,8 +420,10 @@ class FactoredConfig:
     :meth:`~flashspec_core.contracts.RequestAware.begin_request` starts, in a static batch the
     batch's rows together): acceptance differs more between requests than between steps of one
     request, and a pooled mean dominated by earlier domains keeps a lookup arm played on prompts
-    where it matches nothing (docs/benchmarks/bandit-replay.json, ``domains``); ``seed`` as
-    for ``thompson``."""
+    where it matches nothing (docs/benchmarks/bandit-replay.json, ``domains``); ``refit``: how
+    much an arm's observed steps grow, as a share of their count at the last refit, before the
+    selector refits what it reads (every step while an arm has fewer than ``1 / refit`` steps;
+    0: after every step; the :class:`Factored` docstring); ``seed`` as for ``thompson``."""
 
     initial: int = attrs.field(default=1, validator=_int_at_least(0))
     warmup: int = attrs.field(default=1, validator=_int_at_least(0))
@@ -431,6 +433,7 @@ class FactoredConfig:
     static_batch: bool = attrs.field(default=True)
     token_cost: float = attrs.field(default=0.01, validator=_non_negative_number)
     request_rows: float = attrs.field(default=0.0, validator=_non_negative_number)
+    refit: float = attrs.field(default=0.25, validator=_non_negative_number)
     seed: int | None = attrs.field(default=None, validator=_optional_int_at_least(0))
 
     @static_batch.validator
@@ -725,6 +728,20 @@ class RequestThompson:
         self.loglik -= self.eta * (r - means) ** 2 / (2.0 * self.sigma2)
 
 
+@attrs.frozen(eq=False)
+class _View:
+    """What :meth:`Factored.select` reads at one live-row count (each ``[K] float64``, ``opens`` bool)."""
+
+    step_mean: np.ndarray  # predicted step seconds, posterior mean
+    spread: np.ndarray  # the predicted step seconds' standard deviation
+    acc_mean: np.ndarray  # accepted tokens per row, posterior mean
+    acc_var: np.ndarray  # its spread over rows (the draw's scale is sqrt(acc_var / df))
+    df: np.ndarray  # the draw's degrees of freedom
+    width: np.ndarray  # mean drafted tokens per row: a draw's ceiling
+    least: np.ndarray  # accepted per row -> the least live row's (static batch; else 1)
+    opens: np.ndarray  # whether an arm without steps may open here (Factored._openings)
+
+
 class Factored:
     """Thompson sampling on tokens per second predicted from acceptance and step cost.
 
@@ -744,7 +761,7 @@ class Factored:
     Each arm's first ``warmup`` steps count toward its acceptance but not its cost: the
     first step of a draft model pays for its prefill of the prompt, and one step priced
     at that would rule the arm out for the rest of a short request. The opening is cost-aware
-    (:meth:`_worth_opening`): an arm not yet seen is opened only where the prior's value of a
+    (:meth:`_openings`): an arm not yet seen is opened only where the prior's value of a
     chain at the live rows, at the cost the fit over the other arms predicts, beats the best
     costed arm, so a static batch of 32 rows does not pay several plain steps per arm to learn
     what the least row's prior already says; the arm opens once rows finish and it may pay.
@@ -752,6 +769,17 @@ class Factored:
     decoding) until that arm has a costed step, so the gate has a baseline before any draft
     is tried, and it prices an unseen arm at widths up to that arm's own.
     Until the first :meth:`observe` it is Beta-Bernoulli Thompson sampling on rewards.
+
+    Refits on a schedule (``refit``): what ``select`` reads at a live-row count (each arm's
+    predicted step time and its spread, the acceptance posterior's mean, scale and degrees
+    of freedom, the static-batch scale, the opening gate) is computed once from the state at
+    the last refit (:meth:`_view`), and the state is refit when an arm's observed steps reach
+    ``1 + refit`` times their count at the last refit (every step while an arm has fewer than
+    ``1 / refit``), or an arm's first step is costed: O(log steps) refits per arm, as
+    rarely-switching OFUL (Abbasi-Yadkori, Pal & Szepesvari 2011) refits when its design grows
+    by a constant factor. A step then costs two draws and a few vector operations, and none
+    where one arm is played and every other is held back by the gate. ``refit = 0`` refits
+    after every step. :meth:`cost_coefficients` always answers from every step observed.
     """
 
     def __init__(self, config: FactoredConfig, num_arms: int) -> None:
@@ -763,7 +791,9 @@ class Factored:
         self.token_cost = float(config.token_cost)
         self.request_rows = float(config.request_rows)
         self.request = np.zeros((3, self.num_arms))  # [3, K] as acc, over the current request's steps
+        self.refit = float(config.refit)
         self.gammas: np.ndarray | None = None  # [K] each arm's widest proposal (see_widths); None: not told
+        self._plain: int | None = None  # the first arm of width 0 (see_widths)
         self.rng = np.random.default_rng(config.seed)
         self.rows = 1  # live rows of the step to choose for
         self.steps = np.zeros(self.num_arms)  # [K] steps observed (outliers included)
@@ -777,12 +807,18 @@ class Factored:
         self.yty = np.zeros(self.num_arms)  # [K] sum of w y^2 (= steps fitted)
         self.fastest = math.inf  # the fastest step seen: no prediction goes far below it
         self.fitted = np.zeros(self.num_arms)  # [K] steps in the cost fit
+        self._fitted = 0  # their sum
         self.skipped = [False] * self.num_arms  # whether each arm's last step was left out as an outlier
         # Opening plays chosen but not observed yet: under draw-ahead the next step is chosen
         # before this one is observed, and without these an opening play would be repeated.
         # A draw the policy drops (at a request's end) stays counted: one opening play fewer.
         self.outstanding = np.zeros(self.num_arms)  # [K]
-        self._cache: tuple[np.ndarray, np.ndarray] | None = None  # the cost posterior (_posterior)
+        self._cache: tuple[np.ndarray, np.ndarray] | None = None  # the cost posterior of every step (_posterior)
+        self._fit: tuple[np.ndarray, np.ndarray] | None = None  # the cost posterior at the last refit
+        self._views: dict[tuple[int, bool], _View] = {}  # (rows, static batch) -> what select reads there
+        self._stale = True  # a refit is due before the next view
+        self._due = np.ones(self.num_arms)  # [K] observed steps at which each arm calls for a refit
+        self.refits = 0  # refits so far
         self.beta = Thompson(ThompsonConfig(), self.num_arms)  # rewards-only fallback
         self.beta.rng = self.rng
 
@@ -805,24 +841,26 @@ class Factored:
         values = [int(w) for w in widths]
         if len(values) != self.num_arms or any(w < 0 for w in values):
             raise ValueError(f"widths must be {self.num_arms} integers >= 0, one per arm, got {list(widths)!r}")
+        if self.gammas is not None and self.gammas.tolist() == values:
+            return  # told again at every request: keep the views
         self.gammas = np.asarray(values, dtype=np.float64)
+        self._plain = values.index(0) if 0 in values else None
+        self._views = {}
 
     def _plain_first(self, opening: int) -> int | None:
         """The plain arm (the first of width 0) while it has no costed step: a cost gate with
         no baseline opens every arm blind, and at 32 rows each draft's opening costs several
         plain steps. At most ``opening`` plays and one more, drawn ahead of the observation
         that costs it; ``None`` once it is costed, or where no arm is known to be plain."""
-        if self.gammas is None or not (self.gammas == 0).any():
-            return None
-        plain = int(np.flatnonzero(self.gammas == 0)[0])
-        if self.fitted[plain] > 0 or self.steps[plain] + self.outstanding[plain] > opening:
+        plain = self._plain
+        if plain is None or self.fitted[plain] > 0 or self.steps[plain] + self.outstanding[plain] > opening:
             return None
         return plain
 
     def _posterior(self) -> tuple[np.ndarray, np.ndarray]:
         """Each arm's cost coefficients: posterior means ``[K, 3]`` and covariances ``[K, 3, 3]``
         (seconds), their prior the fit over all arms (:func:`shared_slopes_fit`) worth
-        ``ridge`` steps of the mean design. Cached until the next :meth:`observe`."""
+        ``ridge`` steps of the mean design. Cached until the next costed :meth:`observe`."""
         if self._cache is None:
             n = max(float(self.fitted.sum()), 1.0)
             xtx = self.xtx.sum(0)
@@ -839,31 +877,46 @@ class Factored:
         return self._cache
 
     def cost_coefficients(self, arm: int) -> np.ndarray:
-        """Posterior mean of ``arm``'s step time in seconds on :func:`cost_features` (``[3]``)."""
+        """Posterior mean of ``arm``'s step time in seconds on :func:`cost_features` (``[3]``),
+        from every step observed (not only those of the last refit)."""
         return self._posterior()[0][_check_arm(arm, self.num_arms)]
 
-    def _draw_accepted(self, width: np.ndarray) -> np.ndarray:
-        """One draw per arm of the mean accepted tokens per row, in ``[0, width_k]`` (``[K]``)."""
+    def _refit(self) -> tuple[np.ndarray, np.ndarray]:
+        """The cost posterior select reads, refit where a refit is due (class docstring)."""
+        if self._stale or self._fit is None:
+            self._fit, self._views, self._stale = self._posterior(), {}, False
+            self._due = np.maximum(self.steps + 1.0, np.ceil(self.steps * (1.0 + self.refit)))
+            self.refits += 1
+        return self._fit
+
+    def _view(self) -> _View:
+        """What select reads at the live rows, from the state at the last refit."""
+        mean, cov = self._refit()
+        key = (self.rows, self.static_batch)
+        view = self._views.get(key)
+        if view is not None:
+            return view
+        rows = float(self.rows)
+        x = self._features()  # [K, 3]
+        width = x[:, 2] / rows  # [K] mean drafted tokens per row
         n, s, ss = self.acc
         prior = chain_acceptance_prior(width)
         # The prior's rows carry the widest spread too, so a few equal counts never read as certain.
         squares = np.maximum(ss - s * s / np.maximum(n, 1.0), 0.0)
         var = (squares + self.prior_rows * prior * prior) / (n + self.prior_rows)
-        mean = (s + self.prior_rows * prior) / (n + self.prior_rows)
-        # Student-t, not normal: the spread is itself estimated, and a few unlucky equal counts
-        # read as a tight normal would keep a good arm unplayed for the rest of the run.
-        rows = n + self.prior_rows
-        if self.request_rows > 0:
-            # The pooled posterior is the prior of this request's own counts, worth at most
-            # request_rows rows: an arm that matches nothing in this request is priced by that.
-            rn, rs, rss = self.request
-            weight = np.minimum(self.request_rows, rows)
-            spread = np.maximum(rss - rs * rs / np.maximum(rn, 1.0), 0.0)
-            mean = (rs + weight * mean) / (rn + weight)
-            var = (spread + weight * var) / (rn + weight)
-            rows = rn + weight
-        draw = mean + np.sqrt(var / rows) * self.rng.standard_t(rows)
-        return np.clip(draw, 0.0, width)
+        least = self._least_scale()
+        step_mean = np.einsum("ki,ki->k", x, mean)
+        view = self._views[key] = _View(
+            step_mean=step_mean,
+            spread=np.sqrt(np.maximum(np.einsum("ki,kij,kj->k", x, cov, x), 0.0)),
+            acc_mean=(s + self.prior_rows * prior) / (n + self.prior_rows),
+            acc_var=var,
+            df=n + self.prior_rows,
+            width=width,
+            least=least,
+            opens=self._openings(x, mean, step_mean, least),
+        )
+        return view
 
     def select(self) -> int:
         opening = self.warmup + max(self.initial, 1)
@@ -876,20 +929,35 @@ class Factored:
             # capped: fed rewards alone for a while, no arm may look opened before it was observed
             self.outstanding[first] = min(self.outstanding[first] + 1, opening - 1)
             return first
-        short = [k for k in np.flatnonzero(self.steps + self.outstanding < opening).tolist() if self._worth_opening(k)]
-        if short:
-            self.outstanding[short[0]] += 1
-            return short[0]
-        mean, cov = self._posterior()
-        x = self._features()
-        spread = np.sqrt(np.maximum(np.einsum("ki,kij,kj->k", x, cov, x), 0.0))
-        step_s = np.einsum("ki,ki->k", x, mean) + spread * self.rng.standard_normal(self.num_arms)
+        view = self._view()
+        steps = self.steps.tolist()
+        for k, (n, out) in enumerate(zip(steps, self.outstanding.tolist(), strict=True)):
+            if n + out < opening and (n > 0 or view.opens[k]):  # an opening play, where it may pay
+                self.outstanding[k] += 1
+                return k
+        played = [k for k, n in enumerate(steps) if n > 0]
+        if len(played) == 1:  # every other arm is held back by the gate: the draw cannot pick them
+            return played[0]
+        # Student-t, not normal: the spread is itself estimated, and a few unlucky equal counts
+        # read as a tight normal would keep a good arm unplayed for the rest of the run.
+        step_s = view.step_mean + view.spread * self.rng.standard_normal(self.num_arms)
         step_s = np.maximum(step_s, max(0.5 * self.fastest, 1e-9))  # no step is near-free
-        scores = predicted_throughput(self.rows, self._least(self._draw_accepted(x[:, 2] / self.rows)), step_s)
+        mean, var, rows = view.acc_mean, view.acc_var, view.df
+        if self.request_rows > 0:
+            # The pooled posterior (as of the last refit) is the prior of this request's own counts
+            # (current: they change every step), worth at most request_rows rows: an arm that
+            # matches nothing in this request is priced by that.
+            rn, rs, rss = self.request
+            weight = np.minimum(self.request_rows, rows)
+            spread = np.maximum(rss - rs * rs / np.maximum(rn, 1.0), 0.0)
+            mean = (rs + weight * mean) / (rn + weight)
+            var = (spread + weight * var) / (rn + weight)
+            rows = rn + weight
+        accepted = np.clip(mean + np.sqrt(var / rows) * self.rng.standard_t(rows), 0.0, view.width)
+        scores = predicted_throughput(self.rows, accepted * view.least, step_s)
         # An arm with no step observed (the gate kept it from opening) has no width or acceptance
         # yet: scored here it would read as plain decoding at another cost and win a lucky draw.
-        scores = np.where(self.steps > 0, scores, -np.inf)
-        return _argmax(scores.tolist())
+        return _argmax(np.where(self.steps > 0, scores, -np.inf).tolist())
 
     def _features(self) -> np.ndarray:
         """Each arm's :func:`cost_features` at the live rows and its mean width (``[K, 3]``; width 0
@@ -897,77 +965,92 @@ class Factored:
         width = self.width / np.maximum(self.steps, 1)  # [K]
         return np.stack([np.ones(self.num_arms), np.full(self.num_arms, float(self.rows)), self.rows * width], 1)
 
-    def _least(self, accepted: np.ndarray) -> np.ndarray:
-        """Accepted tokens per row ``[K]`` scaled, in a static batch, to the least of the live rows."""
+    def _least_scale(self) -> np.ndarray:
+        """Each arm's factor ``[K]`` from accepted tokens per row to, in a static batch, the least
+        of the live rows' (1 elsewhere, and for an arm without counts)."""
         if not (self.static_batch and self.rows > 1):
-            return accepted
+            return np.ones(self.num_arms)
         one = expected_least(self.counts, 1)
-        return accepted * np.where(one > 0, expected_least(self.counts, self.rows) / np.maximum(one, 1e-12), 1.0)
+        return np.where(one > 0, expected_least(self.counts, self.rows) / np.maximum(one, 1e-12), 1.0)
 
-    def _worth_opening(self, arm: int) -> bool:
-        """Whether ``arm``'s opening may start at the live rows. Once a step is costed and the
-        arm's width is known (:meth:`see_widths`) or a draft seen, an arm with no step observed
-        (an opening play drawn ahead and dropped at a request's end does not count) opens only
-        if its prior value can beat the best costed arm's value (both at posterior means): the
-        most, over whole widths up to the arm's own (untold: the widest mean width seen), of
-        the tokens per second of a chain with a uniform prior on its acceptance rate (in
-        a static batch the least of the live rows' chains, :func:`chain_acceptance_prior`) at the
-        arm's prior cost (the fit over every arm, :meth:`_posterior`: the least intercept of the
-        played arms, and ``token_cost`` per drafted token until a draft is costed). At 32 rows the least row of
-        a chain expects a few hundredths of a token, and an opening play there costs several plain
-        steps; as rows finish the live rows fall and a held-back arm opens where it may pay."""
+    def _openings(self, x: np.ndarray, mean: np.ndarray, step_mean: np.ndarray, least: np.ndarray) -> np.ndarray:
+        """Whether each arm's opening may start at the live rows (``[K]`` bool). Once a step is
+        costed and the arm's width is known (:meth:`see_widths`) or a draft seen, an arm with
+        no step observed (an opening play drawn ahead and dropped at a request's end does not
+        count) opens only if its prior value can beat the best costed arm's value (both at
+        posterior means): the most, over whole widths up to the arm's own (untold: the widest
+        mean width seen), of the tokens per second of a chain with a uniform prior on its
+        acceptance rate (in a static batch the least of the live rows' chains,
+        :func:`chain_acceptance_prior`) at the arm's prior cost (the fit over every arm,
+        :meth:`_posterior`: the least intercept of the played arms, and ``token_cost`` per
+        drafted token until a draft is costed). At 32 rows the least row of a chain expects a
+        few hundredths of a token, and an opening play there costs several plain steps; as
+        rows finish the live rows fall and a held-back arm opens where it may pay."""
+        opens = np.ones(self.num_arms, dtype=bool)
         costed = self.fitted > 0
-        if self.steps[arm] > 0 or not costed.any():
-            return True
-        if self.gammas is not None:  # the arm's own widths, costed before any draft is seen
-            top = float(self.gammas[arm])
+        if not costed.any():
+            return opens
+        if self.gammas is not None:  # the arms' own widths, costed before any draft is seen
+            tops = self.gammas
         elif self.width.any():
-            top = math.ceil(float((self.width / np.maximum(self.steps, 1)).max()))
+            tops = np.full(self.num_arms, float(math.ceil(float((self.width / np.maximum(self.steps, 1)).max()))))
         else:
-            return True
-        if top < 1:  # another plain arm: nothing to price, and its opening costs plain steps
-            return True
-        mean, _ = self._posterior()
-        x = self._features()
+            return opens
+        closed = (self.steps == 0) & (tops >= 1)  # [K] the arms the gate prices (another plain arm opens)
+        if not closed.any():
+            return opens
+        rows = float(self.rows)
         n, s, _ = self.acc
-        accepted = (s + self.prior_rows * chain_acceptance_prior(x[:, 2] / self.rows)) / (n + self.prior_rows)
+        accepted = (s + self.prior_rows * chain_acceptance_prior(x[:, 2] / rows)) / (n + self.prior_rows)
         floor = max(0.5 * self.fastest, 1e-9)
-        known = predicted_throughput(self.rows, self._least(accepted), np.maximum(np.einsum("ki,ki->k", x, mean), floor))
-        widths = np.arange(1.0, top + 1.0)  # [W]
-        wx = np.stack([np.ones_like(widths), np.full_like(widths, float(self.rows)), self.rows * widths], 1)
-        prior = chain_acceptance_prior(widths, self.rows if self.static_batch else 1)
-        value = predicted_throughput(self.rows, prior, np.maximum(wx @ mean[arm], floor))
-        return bool(value.max() > known[costed].max())
+        known = predicted_throughput(self.rows, accepted * least, np.maximum(step_mean, floor))
+        widths = np.arange(1.0, float(tops[closed].max()) + 1.0)  # [W]
+        wx = np.stack([np.ones_like(widths), np.full_like(widths, rows), rows * widths], 1)  # [W, 3]
+        prior = chain_acceptance_prior(widths, self.rows if self.static_batch else 1)  # [W]
+        value = predicted_throughput(self.rows, prior, np.maximum(mean @ wx.T, floor))  # [K, W]
+        value = np.where(widths <= tops[:, None], value, -np.inf).max(1)  # [K] each arm's best width
+        opens[closed] = value[closed] > known[costed].max()
+        return opens
 
     def observe(self, arm: int, rows: int, width: int, accepted: Sequence[int], step_s: float) -> None:
         arm = _check_arm(arm, self.num_arms)
         if not (math.isfinite(step_s) and step_s > 0):
             raise ValueError(f"step_s must be a finite number > 0, got {step_s!r}")
-        counts = np.asarray(accepted, dtype=np.float64)
+        counts = [int(a) for a in accepted]
         x = cost_features(rows, width)
         skip = bool(self.steps[arm] < self.warmup)
         # A second slow step in a row is the arm's real cost, not a one-off capture.
-        if not skip and self.outlier and self.fitted.sum() >= 2 and not self.skipped[arm]:
-            skip = step_s > self.outlier * max(float(x @ self.cost_coefficients(arm)), 1e-9)
+        if not skip and self.outlier and self._fitted >= 2 and not self.skipped[arm]:
+            skip = step_s > self.outlier * max(float(x @ self._refit()[0][arm]), 1e-9)
         self.skipped[arm] = skip
         self.steps[arm] += 1
         self.outstanding[arm] = max(self.outstanding[arm] - 1, 0)
         self.width[arm] += width
-        self.acc[:, arm] += (counts.size, counts.sum(), (counts * counts).sum())
-        self.request[:, arm] += (counts.size, counts.sum(), (counts * counts).sum())
-        if counts.size:
-            top = int(counts.max())
+        self.acc[0, arm] += len(counts)
+        self.acc[1, arm] += sum(counts)
+        self.acc[2, arm] += sum(c * c for c in counts)
+        if self.request_rows > 0:
+            self.request[0, arm] += len(counts)
+            self.request[1, arm] += sum(counts)
+            self.request[2, arm] += sum(c * c for c in counts)
+        top = max(counts, default=0)
+        if top == 0:  # every row accepted nothing (plain decoding's every step): no histogram to build
+            self.counts[arm, 0] += len(counts)
+        else:
             if top >= self.counts.shape[1]:
                 self.counts = np.pad(self.counts, ((0, 0), (0, top + 1 - self.counts.shape[1])))
-            np.add.at(self.counts[arm], counts.astype(np.int64), 1.0)
+            self.counts[arm, : top + 1] += np.bincount(counts)
         if not skip:
             self._cache = None
             self.fitted[arm] += 1
+            self._fitted += 1
             w = 1.0 / (step_s * step_s)
             self.xtx[arm] += w * np.outer(x, x)
             self.xty[arm] += w * x * step_s
             self.yty[arm] += 1.0
             self.fastest = min(self.fastest, step_s)
+        if self.steps[arm] >= self._due[arm] or (not skip and self.fitted[arm] == 1):
+            self._stale = True
 
     def update(self, arm: int, reward: float) -> None:
         self.beta.update(arm, reward)

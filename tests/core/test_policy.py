@@ -11,7 +11,16 @@ import pytest
 import torch
 
 from flashspec_core.contracts import Draft, SamplingParams
-from flashspec_core.policy import BATCH_LIMIT, BATCH_LIMIT_ARM, Arm, NoDraft, Plan, PolicySettings, StepPolicy
+from flashspec_core.policy import (
+    BATCH_LIMIT,
+    BATCH_LIMIT_ARM,
+    Arm,
+    NoDraft,
+    Plan,
+    PolicySettings,
+    StepPolicy,
+    observes_steps,
+)
 from flashspec_core.rewards import make_reward
 from flashspec_selectors.selectors import Thompson, ThompsonConfig
 
@@ -511,3 +520,22 @@ def test_each_bucket_has_a_first_gate_of_its_own() -> None:
     assert [g.seen for g in policy.first_gates] == [1, 1]
     policy.settings = attrs.evolve(policy.settings, first_explore=0)  # another gate setting: fresh gates
     assert [g.seen for g in policy.first_gates] == [0, 0] and policy.first_gates[0].explore == 0
+def test_observes_steps_is_told_apart_by_class() -> None:
+    class Plain:
+        num_arms = 2
+
+        def select(self) -> int:
+            return 0
+
+        def update(self, arm: int, reward: float) -> None:
+            pass
+
+    class Watching(Plain):
+        def see_rows(self, rows: int) -> None:
+            pass
+
+        def observe(self, arm: int, rows: int, width: int, accepted: list[int], step_s: float) -> None:
+            pass
+
+    for _ in range(2):  # the second answer comes from the per-class cache
+        assert not observes_steps(Plain()) and observes_steps(Watching())

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import math
+from typing import Any
+
 import numpy as np
 import pytest
 from _tiny import pipeline_dict, tiny_family
@@ -258,7 +262,8 @@ def test_without_observations_it_is_thompson_on_rewards() -> None:
     ({"outlier": 1.0}, "outlier must be 0"), ({"prior_rows": 0}, "prior_rows must be"),
     ({"ridge": -1.0}, "ridge must be"), ({"initial": -1}, "initial must be"), ({"warmup": -1}, "warmup must be"),
     ({"static_batch": 1}, "static_batch"), ({"token_cost": -0.01}, "token_cost must be a finite number >= 0"),
-    ({"token_cost": float("inf")}, "token_cost must be"), ({"request_rows": -1.0}, "request_rows must be")])
+    ({"token_cost": float("inf")}, "token_cost must be"), ({"request_rows": -1.0}, "request_rows must be"),
+    ({"refit": -0.1}, "refit must be a finite number >= 0")])
 def test_bad_config(keys: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         FactoredConfig(**keys)  # type: ignore[arg-type]
@@ -484,3 +489,89 @@ def test_without_request_rows_requests_change_no_choice() -> None:
         accepted = int(rng.integers(5)) * (arm > 0)
         for selector in (quiet, told):
             feed(selector, arm, 1, 4 * (arm > 0), accepted, 2e-3 * (1 + arm))
+def _random_trace(selector: Factored, steps: int, seed: int, check: Any = None) -> list[int]:
+    """Play ``selector`` for ``steps`` steps over three arms (widths 0, 4, 2) at changing live
+    rows, refills and widths, observing planted costs and random accepted counts; ``check``
+    (if given) runs before each select."""
+    rng = np.random.default_rng(seed)
+    widths = [0, 4, 2]
+    selector.see_widths(widths)
+    chosen = []
+    for t in range(steps):
+        if t == steps // 2:
+            widths = [0, 5, 2]  # arms swapped between requests
+            selector.see_widths(widths)
+        selector.rows_refilled(bool(t % 7 == 0))
+        rows = int(rng.choice([1, 2, 8, 16, 32]))
+        selector.see_rows(rows)
+        if check is not None:
+            check(selector)
+        arm = selector.select()
+        width = widths[arm]
+        accepted = rng.integers(0, width + 1, size=rows).tolist()
+        selector.observe(arm, rows, width, accepted, planted_time(rows, width) * (1 + 0.05 * rng.standard_normal()))
+        selector.update(arm, float(rng.uniform()))
+        chosen.append(arm)
+    return chosen
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_with_refit_0_the_cached_views_choose_as_a_fresh_refit_would(seed: int) -> None:
+    # Every state select reads must drop the views it made stale: a copy whose views and fit are
+    # thrown away (recomputed from scratch) draws the same choice from the same generator state.
+    selector = Factored(FactoredConfig(seed=seed, refit=0.0), 3)
+    rng = np.random.default_rng(seed)
+    widths = [0, 4, 2]
+    selector.see_widths(widths)
+    for t in range(300):
+        if t == 150:
+            widths = [0, 5, 2]
+            selector.see_widths(widths)
+        selector.rows_refilled(bool(t % 7 == 0))
+        rows = int(rng.choice([1, 2, 8, 16, 32]))
+        selector.see_rows(rows)
+        fresh = copy.deepcopy(selector)
+        fresh._fit, fresh._views = None, {}
+        arm = selector.select()
+        assert fresh.select() == arm, f"step {t}: the cached views chose {arm}"
+        width = widths[arm]
+        accepted = rng.integers(0, width + 1, size=rows).tolist()
+        selector.observe(arm, rows, width, accepted, planted_time(rows, width) * (1 + 0.05 * rng.standard_normal()))
+        selector.update(arm, float(rng.uniform()))
+
+
+def test_refits_follow_the_schedule_and_grow_with_the_log_of_the_steps() -> None:
+    refit = 0.25
+    selector = Factored(FactoredConfig(seed=0, refit=refit), 3)
+    last: dict[str, Any] = {"refits": -1, "steps": np.zeros(3)}
+
+    def check(s: Factored) -> None:  # the view select reads lags each arm by less than the schedule allows
+        s._view()
+        if s.refits != last["refits"]:
+            last["refits"], last["steps"] = s.refits, s.steps.copy()
+        due = np.maximum(last["steps"] + 1, np.ceil(last["steps"] * (1 + refit)))
+        assert (s.steps < due).all()
+
+    _random_trace(selector, 2000, seed=0, check=check)
+    # Per arm every step of its first 1 / refit, then one per growth by refit: at most
+    # 3 * (1 / refit + ln(2000 * refit) / ln(1 + refit)) and one more at the first costed step.
+    assert selector.refits < 3 * (1 / refit + math.log(2000 * refit) / math.log(1 + refit)) + 2
+    eager = Factored(FactoredConfig(seed=0, refit=0.0), 3)
+    _random_trace(eager, 200, seed=0)
+    assert eager.refits >= 190  # a refit before every select that follows an observe (the plain arm opens first)
+
+
+def test_a_lone_played_arm_is_chosen_without_a_draw() -> None:
+    # At 32 rows the gate holds both drafts back once plain decoding is costed: the choice is
+    # certain, so select returns it without drawing (no generator state is used).
+    selector = Factored(FactoredConfig(seed=0), 3)
+    selector.see_widths([0, 4, 2])
+    selector.see_rows(32)
+    for _ in range(4):
+        assert selector.select() == 0
+        feed(selector, 0, 32, 0, 0, planted_time(32, 0))
+    state = copy.deepcopy(selector.rng.bit_generator.state)
+    assert [selector.select() for _ in range(50)] == [0] * 50
+    assert selector.rng.bit_generator.state == state
+    selector.see_rows(1)  # one row: a draft may pay, so it opens
+    assert selector.select() in (1, 2)
