@@ -62,6 +62,8 @@ def test_triton_verifies_with_noise() -> None:
     assert isinstance(vc.load_verifier_or_skip("triton"), VerifiesWithNoise)
 
 
-def test_only_request_thompson_is_request_aware() -> None:
+def test_request_thompson_and_factored_are_the_request_aware_selectors() -> None:
+    """request_thompson keeps per-request states; factored starts each request's own acceptance
+    counts (request_rows) at begin_request."""
     aware = {name for name in sc.selector_names() if isinstance(sc.load_selector(name, 2), RequestAware)}
-    assert aware == {"request_thompson"}
+    assert aware == {"request_thompson", "factored"}
