@@ -481,32 +481,32 @@ def server_ids(pipeline: Any, prompt: str) -> list[int]:
 
 
 def offline(pipeline: Any, prompts: Sequence[str], max_tokens: int, temperature: float
-            ) -> tuple[list[tuple[int, float, str]], list[int]]:
+            ) -> tuple[list[tuple[int, float, str]], int]:
     """``Pipeline.generate`` on each prompt alone, after an untimed pass over every prompt: per
-    prompt the new tokens, the seconds and the text. The untimed pass captures the graphs of
+    prompt the new tokens, the seconds and the text, and the graphs the timed pass captured
+    (0 where the untimed pass warmed every shape). The untimed pass captures the graphs of
     every prompt's lengths, as the server's warm-up and warm-up requests do before its timed
     loads (one warm-up prompt left the other prompts' captures in the timed runs: offline
     measured 0.51x the streaming server on the H200). It runs in a worker thread, as the
     server's engine does: on a busy CPU, torch's intra-op threads make the main thread's
     decoding many times slower than a worker thread's, which would credit the server with the
-    difference. Also returns the graph captures counted after the untimed pass (one number)."""
+    difference."""
     from flashspec_serve.warmup import graph_captures, graph_counters
 
-    after_untimed: list[int] = []
-
-    def work() -> list[tuple[int, float, str]]:
+    def work() -> tuple[list[tuple[int, float, str]], int]:
         encoded = [server_ids(pipeline, prompt) for prompt in prompts]
         for ids in encoded:
             pipeline.generate([ids], max_new_tokens=max_tokens, temperature=temperature)
-        after_untimed.append(graph_captures(graph_counters(pipeline)))
+        before = graph_captures(graph_counters(pipeline))
         out = []
         for ids in encoded:
             start = time.perf_counter()
             result = pipeline.generate([ids], max_new_tokens=max_tokens, temperature=temperature)
             out.append((len(result.token_ids[0]), time.perf_counter() - start, result.texts[0]))
-        return out
+        return out, graph_captures(graph_counters(pipeline)) - before
 
-    return in_thread(work), after_untimed
+    result: tuple[list[tuple[int, float, str]], int] = in_thread(work)
+    return result
 
 
 def in_thread(fn: Callable[[], Any]) -> Any:
@@ -638,13 +638,10 @@ def bench_ours(config: dict[str, Any], base_dir: Path | None, spec: Load, plain:
     requests: dict[str, list[Request]] = {}
     references = None
     if with_offline:
-        timed, offline_captures = offline(pipeline, spec.prompts, spec.max_tokens, spec.sampling["temperature"])
+        timed, captures = offline(pipeline, spec.prompts, spec.max_tokens, spec.sampling["temperature"])
         references = [t[2] for t in timed]
-        from flashspec_serve.warmup import graph_captures, graph_counters
-
-        rows["offline"] = {"c1": offline_row(timed, plan(1, spec.per_client, len(spec.prompts))[0])}
-        # the graphs captured by the timed pass alone (0 when the untimed pass warmed every shape)
-        rows["offline"]["c1"]["graph_captures"] = graph_captures(graph_counters(pipeline)) - offline_captures[0]
+        rows["offline"] = {"c1": {**offline_row(timed, plan(1, spec.per_client, len(spec.prompts))[0]),
+                                  "graph_captures": captures}}
         say(f"offline c1: {rows['offline']['c1']}")
     with serving(pipeline, max(spec.concurrency + (plain.concurrency if plain else ())), say=say) as url:
         warm_up(url, "bench", spec.prompts, spec.max_tokens, spec.sampling, True)
