@@ -317,6 +317,9 @@ def selector_configs(names: Sequence[str], overrides: Mapping[str, Mapping[str, 
     :raises ValueError: naming the selector.
     """
     known = {c.name: c.config_cls for c in SELECTOR_KEYS}
+    if stray := [name for name in overrides if name not in names]:  # its settings would be dropped unread
+        raise ValueError(f"--set {stray[0]}.{next(iter(overrides[stray[0]]))}: selector {stray[0]!r} is not among "
+                         f"--selectors ({', '.join(names)})")
     configs: dict[str, Any] = {}
     for name in names:
         if name not in known:
@@ -327,6 +330,10 @@ def selector_configs(names: Sequence[str], overrides: Mapping[str, Mapping[str, 
                 raise ValueError(f"selector {name!r} takes no config keys, got {sorted(keys)}")
             configs[name] = None
             continue
+        fields = attrs.fields_dict(cls)
+        if unknown := sorted(set(keys) - set(fields)):
+            raise ValueError(f"--set {name}.{unknown[0]}: selector {name!r} has no key {unknown[0]!r}; "
+                             f"its keys: {', '.join(fields)}")
         try:
             configs[name] = cls(**keys)
         except (TypeError, ValueError) as exc:

@@ -246,6 +246,10 @@ BAD_ARGUMENTS = [
     (["bandit-sim", "--selectors", "ucb1,ucb2"],
      "flashspec bandit-sim: error: unknown selector 'ucb2'; known: discounted_thompson, factored, fixed, glr_thompson, "
      "request_thompson, sliding_window_ucb, thompson, ucb1"),
+    (["bandit-sim", "--set", "ucb1.cc=2"], "flashspec bandit-sim: error: --set ucb1.cc: selector 'ucb1' has no key 'cc'; "
+                                           "its keys: c"),
+    (["bandit-sim", "--set", "fixed.arm=1"], "flashspec bandit-sim: error: --set fixed.arm: selector 'fixed' is not "
+                                             "among --selectors (ucb1, thompson, sliding_window_ucb, discounted_thompson)"),
     (["bandit-sim", "--set", "sliding_window_ucb.window=-3"],
      "flashspec bandit-sim: error: selector 'sliding_window_ucb': window must be an integer >= 1, got -3"),
 ]
