@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,21 @@ def load_config_dict(path: Path, dtype: str | None, fuse: bool, quantization: st
     return data
 
 
+def _names(text: str) -> list[str]:
+    return [x for x in text.split(",") if x]
+
+
+def _numbers(kind: type[int] | type[float]) -> Callable[[str], list[Any]]:
+    """An argparse type: a comma list of ``kind``, refused in words (not "invalid <lambda> value")."""
+    def parse(text: str) -> list[Any]:
+        try:
+            return [kind(x) for x in text.split(",")]
+        except ValueError:
+            what = "integers" if kind is int else "numbers"
+            raise argparse.ArgumentTypeError(f"expected a comma list of {what}, got {text!r}") from None
+    return parse
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flashspec bench", description=DESCRIPTION)
     p.add_argument("--workload", type=Path, required=True, help="JSONL: {'prompt': ..., 'domain': ...} per line")
@@ -77,7 +92,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=int, default=0, help="use only the first N prompts (0 = all)")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list from {','.join(SYSTEMS)}")
     p.add_argument("--hf-prompts", type=int, default=0, help="HF baselines on the first N prompts only (0 = all)")
-    p.add_argument("--selectors", type=lambda v: [x for x in v.split(",") if x], default=[],
+    p.add_argument("--selectors", type=_names, default=[],
                    help="comma list of more registered selectors to run as bandits (default configs)")
     p.add_argument("--no-fixed-arms", action="store_true", help="skip the fixed-arm runs (bandit only)")
     p.add_argument("--assistant-tokens", type=int, default=5, help="num_assistant_tokens for hf_assisted")
@@ -93,11 +108,11 @@ def parser() -> argparse.ArgumentParser:
                         "with TF32 off on N prompts and compare their tokens")
     p.add_argument("--exactness-fixed", action="store_true",
                    help="the float32 check runs every fixed arm too (draft trees included), not only the bandit")
-    p.add_argument("--synthetic-shapes", type=lambda s: [x for x in s.split(",") if x], default=[],
+    p.add_argument("--synthetic-shapes", type=_names, default=[],
                    help="LABELLED SYNTHETIC scaling: e.g. qwen2.5-7b,qwen2.5-14b,qwen2.5-32b")
-    p.add_argument("--synthetic-acceptance", type=lambda s: [float(x) for x in s.split(",")], default=[0.6, 0.8],
+    p.add_argument("--synthetic-acceptance", type=_numbers(float), default=[0.6, 0.8],
                    help="comma list of the synthetic draft's fixed acceptance rates (default 0.6,0.8)")
-    p.add_argument("--synthetic-gammas", type=lambda s: [int(x) for x in s.split(",")], default=[4],
+    p.add_argument("--synthetic-gammas", type=_numbers(int), default=[4],
                    help="comma list of the synthetic draft's gammas (default 4)")
     p.add_argument("--synthetic-tokens", type=int, default=96, help="new tokens per synthetic run (default 96)")
     p.add_argument("--deadline", type=float, default=0.0, help="seconds; later sections are skipped past it")
@@ -121,6 +136,8 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[dict[str, str]]
     for option in ("batch_size", "repeats"):
         if getattr(args, option) < 1:
             raise ValueError(f"--{option.replace('_', '-')} must be an integer >= 1, got {getattr(args, option)}")
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out}: is not a folder (bench.json is written in it)")
     workload = read_workload(args.workload)
     if args.systems:  # only synthetic shapes (no system) load no model of the config
         data = load_config_dict(args.config, args.dtype, args.fuse, args.quantization)
