@@ -8,7 +8,9 @@ group ``flashspec``. ``FLASHSPEC_DISABLE_PLUGIN_AUTOLOAD=1`` skips entry points
 :func:`build_catalogue` reads only each plugin's light keys module (its components'
 names and config classes, :class:`~flashspec_core.config.ComponentKeys`, importing no
 torch; an entry point's under its name in the group ``flashspec.keys``), so that the
-command line checks a config's component names and keys before torch is imported.
+command line checks a config's component names and keys before torch is imported. A keys
+module that fails to import, and a name two keys modules list, are then a :class:`PluginError`
+already, as the plugins themselves would be once imported.
 
 Every hook implementation must match a hookspec: a misspelled ``@hookimpl`` is an
 error naming its plugin when the registry is built, not a hook silently never called.
@@ -220,18 +222,17 @@ class Catalogue:
     """Installed components by kind and name, from the plugins' light keys modules (no torch).
 
     ``complete``: every installed plugin has such a module, so a name it lacks is unknown; otherwise
-    such a name (and a name two plugins claim) is :class:`~flashspec_core.config.Undecided`.
+    such a name is :class:`~flashspec_core.config.Undecided`.
     """
 
     components: dict[tuple[str, str], ComponentKeys]
     complete: bool
-    clashes: frozenset[tuple[str, str]] = frozenset()
 
     def get(self, kind: ComponentKind, name: str) -> ComponentKeys:
         found = self.components.get((kind, name))
-        if found is not None and (kind, name) not in self.clashes:
+        if found is not None:
             return found
-        if not self.complete or (kind, name) in self.clashes:
+        if not self.complete:
             raise Undecided(f"{kind} {name!r}")
         raise KeyError(f"unknown {kind} component {name!r}; installed: {', '.join(self.names(kind)) or 'none'}")
 
@@ -241,33 +242,54 @@ class Catalogue:
         return sorted(name for k, name in self.components if k == kind)
 
 
+@attrs.frozen
+class _Listed:
+    """A plugin as the catalogue sees it: its name, distribution and keys module (None: it has none)."""
+
+    plugin: str
+    distribution: str
+    version: str
+    keys: str | None
+
+
 def build_catalogue(autoload: bool | None = None) -> Catalogue:
     """The light catalogue of the built-ins and (unless disabled) the entry points' keys modules,
     each found under its plugin's entry-point name in :data:`KEYS_GROUP`; no plugin module is
-    imported. A keys module that fails to import leaves the catalogue incomplete: the build
-    reports that plugin."""
-    found: list[ComponentKeys] = []
-    complete = True
-    modules: list[str | None] = list(BUILTIN_KEYS.values())
+    imported. What the plugins' keys modules tell is checked as :func:`build_registry` checks the
+    plugins, so that the user hears of a broken plugin before waiting for torch.
+
+    :raises PluginError: a keys module fails to import (naming its plugin and distribution), or
+        two plugins list one component name.
+    """
+    listed = [_Listed(plugin, DISTRIBUTION, _own_version(), keys) for plugin, keys in BUILTIN_KEYS.items()]
     if autoload is None:
         autoload = not os.environ.get(AUTOLOAD_ENV)
     if autoload:
         declared = {ep.name: ep.value.partition(":")[0] for ep in md.entry_points(group=KEYS_GROUP)}
-        modules += [declared.get(ep.name) for ep in md.entry_points(group=ENTRY_POINT_GROUP)]
-    for modname in modules:
-        try:
-            found += list(getattr(importlib.import_module(modname), KEYS_ATTRIBUTE)) if modname else []
-        except Exception:  # noqa: BLE001 (the full registry names the broken plugin)
-            modname = None
-        complete = complete and modname is not None
+        for ep in md.entry_points(group=ENTRY_POINT_GROUP):
+            dist, version = (ep.dist.name, ep.dist.version) if ep.dist is not None else ("unknown", "unknown")
+            listed.append(_Listed(ep.name, dist, version, declared.get(ep.name)))
     components: dict[tuple[str, str], ComponentKeys] = {}
-    clashes = set()
-    for keys in found:
-        at = (keys.kind, keys.name)
-        if at in components:
-            clashes.add(at)
-        components[at] = keys
-    return Catalogue(components, complete, frozenset(clashes))
+    provider: dict[tuple[str, str], _Listed] = {}
+    for item in listed:
+        for keys in _listed_keys(item):
+            at = (keys.kind, keys.name)
+            if at in provider:  # the registry would refuse the pair once both plugins are imported
+                other = provider[at]
+                raise PluginError(f"{keys.kind} component name {keys.name!r} is provided by two plugins: "
+                                  f"{other.plugin!r} ({other.distribution}) and {item.plugin!r} ({item.distribution})")
+            components[at], provider[at] = keys, item
+    return Catalogue(components, all(item.keys is not None for item in listed))
+
+
+def _listed_keys(item: _Listed) -> list[ComponentKeys]:
+    if item.keys is None:
+        return []
+    try:
+        return list(getattr(importlib.import_module(item.keys), KEYS_ATTRIBUTE))
+    except Exception as exc:  # a broken third-party plugin must name itself, as build_registry does
+        raise PluginError(f"cannot load flashspec plugin {item.plugin!r} ({item.keys}, {item.distribution} "
+                          f"{item.version}): {type(exc).__name__}: {exc}") from exc
 
 
 def components_markdown(registry: Registry) -> str:

@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
+from flashspec_bench.bench_cli import HF_SYSTEMS  # the names the command line accepts (without torch)
 from flashspec_bench.provenance import logger
 from flashspec_bench.runs import BATCH_IDS, batches, sync
 
-HF_SYSTEMS = ("hf_eager", "hf_compiled", "hf_assisted", "hf_lookup")
 Extra = Callable[[], dict[str, Any]]  # generate() keyword arguments made fresh for each call
 say = logger("bench")
 

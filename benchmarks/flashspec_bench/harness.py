@@ -21,7 +21,6 @@ import json
 import math
 import sys
 import time
-import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,10 @@ from typing import Any
 import attrs
 import torch
 
-from flashspec_bench.baselines import HF_SYSTEMS, hf_runs
+from flashspec_bench.baselines import hf_runs
+from flashspec_bench.bench_cli import HF_SYSTEMS, load_config_dict, parse
+from flashspec_bench.bench_cli import parser as parser  # the options, defined without torch
+from flashspec_bench.bench_cli import read_workload as read_workload
 from flashspec_bench.floors import copy_bandwidth, floors, synthetic_scaling
 from flashspec_bench.provenance import logger, provenance
 from flashspec_bench.runs import (
@@ -42,22 +44,8 @@ from flashspec_bench.runs import (
     summarize_run,
 )
 
-SYSTEMS = ("flashspec", "target_only", *HF_SYSTEMS)
 Record = Callable[[str, dict[str, Any]], None]  # (system, run) -> None: stores a finished run
 say = logger("bench")
-
-
-def read_workload(path: Path) -> list[dict[str, str]]:
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            row = json.loads(line)
-            if not isinstance(row.get("prompt"), str):
-                raise ValueError(f"{path}:{n}: each line needs a string 'prompt'")
-            rows.append({"prompt": row["prompt"], "domain": str(row.get("domain", "unknown"))})
-    if not rows:
-        raise ValueError(f"{path}: no prompts")
-    return rows
 
 
 def interleave(rows: list[dict[str, str]]) -> list[dict[str, str]]:
@@ -343,66 +331,6 @@ def exactness(args: argparse.Namespace, data: dict[str, Any], prompts: list[list
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="flashspec bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--workload", type=Path, required=True, help="JSONL: {'prompt': ..., 'domain': ...} per line")
-    p.add_argument("--config", type=Path, required=True, help="FlashSpec pipeline TOML (its arms and selector)")
-    p.add_argument("--out", type=Path, required=True, help="output folder (bench.json)")
-    p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together per batch (default 1)")
-    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy, the default)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt at most (default 128)")
-    p.add_argument("--no-prewarm", action="store_true",
-                   help="do not capture the drafts' graphs before the warm-up (FastDraft.prewarm)")
-    p.add_argument("--warmup", type=int, default=-1,
-                   help="batches run untimed before timing, per system (-1: all of them, so no capture or compile "
-                        "of a new shape lands in a timed run; a bandit warms up on a tour of its arms, not its own "
-                        "choices, and is timed untrained)")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="timed runs per system, after every system has warmed up; within a repeat the systems "
-                        "take turns batch by batch and who goes first rotates with the batch and the repeat")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampling and selector generators (default 0)")
-    p.add_argument("--prompts", type=int, default=0, help="use only the first N prompts (0 = all)")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list from {','.join(SYSTEMS)}")
-    p.add_argument("--hf-prompts", type=int, default=0, help="HF baselines on the first N prompts only (0 = all)")
-    p.add_argument("--selectors", type=lambda v: [x for x in v.split(",") if x], default=[],
-                   help="comma list of more registered selectors to run as bandits (default configs)")
-    p.add_argument("--no-fixed-arms", action="store_true", help="skip the fixed-arm runs (bandit only)")
-    p.add_argument("--assistant-tokens", type=int, default=5, help="num_assistant_tokens for hf_assisted")
-    p.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for hf_lookup")
-    p.add_argument("--dtype", default=None, help="override the dtype of every fast model (e.g. float32)")
-    p.add_argument("--order", default="file", choices=["file", "interleaved"],
-                   help="serve the prompts in file order, or round-robin over their domains")
-    p.add_argument("--quantization", default=None, choices=["none", "nf4"],
-                   help="override the quantization of every fast model (nf4 needs bitsandbytes)")
-    p.add_argument("--fuse", action="store_true", help="Inductor-fuse elementwise ops in fast models")
-    p.add_argument("--exactness", type=int, default=0, metavar="N",
-                   help="also run the FlashSpec bandit and target-only decoding greedily in float32 "
-                        "with TF32 off on N prompts and compare their tokens")
-    p.add_argument("--exactness-fixed", action="store_true",
-                   help="the float32 check runs every fixed arm too (draft trees included), not only the bandit")
-    p.add_argument("--synthetic-shapes", type=lambda s: [x for x in s.split(",") if x], default=[],
-                   help="LABELLED SYNTHETIC scaling: e.g. qwen2.5-7b,qwen2.5-14b,qwen2.5-32b")
-    p.add_argument("--synthetic-acceptance", type=lambda s: [float(x) for x in s.split(",")], default=[0.6, 0.8],
-                   help="comma list of the synthetic draft's fixed acceptance rates (default 0.6,0.8)")
-    p.add_argument("--synthetic-gammas", type=lambda s: [int(x) for x in s.split(",")], default=[4],
-                   help="comma list of the synthetic draft's gammas (default 4)")
-    p.add_argument("--synthetic-tokens", type=int, default=96, help="new tokens per synthetic run (default 96)")
-    p.add_argument("--deadline", type=float, default=0.0, help="seconds; later sections are skipped past it")
-    p.add_argument("--commit", default=None, help="the measured commit, where the checkout has no git")
-    return p
-
-
-def load_config_dict(path: Path, dtype: str | None, fuse: bool, quantization: str | None = None) -> dict[str, Any]:
-    data = tomllib.loads(path.read_text())
-    for table in [data.get("target", {}), *data.get("arm", [])]:
-        if table.get("use") == "fast":
-            table.update({k: v for k, v in (("dtype", dtype), ("quantization", quantization), ("fuse", fuse)) if v})
-            if isinstance(table.get("model"), str) and not Path(table["model"]).is_absolute():
-                candidate = path.parent / table["model"]
-                table["model"] = str(candidate) if candidate.is_dir() else table["model"]
-    return data
-
-
 def model_paths(data: dict[str, Any]) -> dict[str, str | None]:
     from flashspec_models.weights import resolve_model
 
@@ -411,16 +339,15 @@ def model_paths(data: dict[str, Any]) -> dict[str, str | None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser().parse_args(argv[1:] if argv[:1] == ["--"] else argv)  # `flashspec bench -- --workload ...`
-    args.systems = [s for s in args.systems.split(",") if s]
-    unknown = set(args.systems) - set(SYSTEMS)
-    if unknown:
-        raise ValueError(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
+    """``python -m flashspec_bench.harness``: ``flashspec bench`` (:mod:`flashspec_bench.bench_cli`)."""
+    return run(*parse(sys.argv[1:] if argv is None else argv))
+
+
+def run(args: argparse.Namespace, workload: list[dict[str, str]]) -> int:
+    """Measure what ``args`` asks (:func:`flashspec_bench.bench_cli.parse` checked them) and write ``bench.json``."""
     start = time.perf_counter()
     deadline = start + args.deadline if args.deadline > 0 else math.inf
     args.out.mkdir(parents=True, exist_ok=True)
-    workload = read_workload(args.workload)
     workload = (interleave(workload) if args.order == "interleaved" else workload)[: args.prompts or None]
     result: dict[str, Any] = {"environment": provenance("flashspec bench", args.commit),
                               "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},

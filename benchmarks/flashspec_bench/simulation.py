@@ -35,18 +35,18 @@ import math
 import sys
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import numpy as np
-from scipy.special import rel_entr
 
-from flashspec_core import ArmSelector, ComponentSpec
-from flashspec_core.contracts import ObservesSteps, SeesWidths
 from flashspec_core.rewards import ThroughputReward
-from flashspec_selectors.plugin import selector_specs
+from flashspec_selectors.keys import COMPONENTS as SELECTOR_KEYS
 
-SelectorFactory = Callable[[int], ArmSelector]  # seed -> fresh selector
+if TYPE_CHECKING:  # the contracts import torch, which waits until the options are checked (main)
+    from flashspec_core import ArmSelector, ComponentSpec
+
+SelectorFactory = Callable[[int], "ArmSelector"]  # seed -> fresh selector
 DEFAULT_SELECTORS = ("ucb1", "thompson", "sliding_window_ucb", "discounted_thompson")
 
 
@@ -220,6 +220,8 @@ def thompson_bound_leading(means: Sequence[float], horizon: int) -> float:
     bound for every ``eps > 0`` whatever that term is. It is also Lai & Robbins' (1985)
     asymptotic lower-bound rate at ``T``: the bounds match it, Thompson sampling is
     asymptotically optimal."""
+    from scipy.special import rel_entr
+
     best = max(means)
     worse = np.array([m for m in means if best - m > 0], dtype=np.float64)  # [k] suboptimal means
     kl = rel_entr(worse, best) + rel_entr(1 - worse, 1 - best)  # Bernoulli kl(mu_k, mu*)
@@ -232,6 +234,8 @@ def play(selector: ArmSelector, env: Env, outcomes: Outcomes) -> np.ndarray:
     In a costed env a selector that declares ``ObservesSteps`` also sees each step as
     the pipeline shows it: one row, the arm's width, its accepted count and its cost; one
     that declares ``SeesWidths`` is told the arms' widths first, as the policy tells it."""
+    from flashspec_core.contracts import ObservesSteps, SeesWidths
+
     horizon = outcomes.reward.shape[0]
     arms = np.empty(horizon, dtype=np.int64)
     observes = isinstance(selector, ObservesSteps) and outcomes.widths is not None
@@ -305,33 +309,52 @@ def simulate(
     return SimResult(env.describe(), horizon, tuple(seeds), env.expected(horizon), arms, thr)
 
 
+def selector_configs(names: Sequence[str], overrides: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Each named selector's config made from its ``overrides`` (None for a selector that takes
+    no keys), checked against the bundled selectors' keys module, which imports no torch: a
+    misspelt name, key or value is refused before the selectors themselves are imported.
+
+    :raises ValueError: naming the selector.
+    """
+    known = {c.name: c.config_cls for c in SELECTOR_KEYS}
+    if stray := [name for name in overrides if name not in names]:  # its settings would be dropped unread
+        raise ValueError(f"--set {stray[0]}.{next(iter(overrides[stray[0]]))}: selector {stray[0]!r} is not among "
+                         f"--selectors ({', '.join(names)})")
+    configs: dict[str, Any] = {}
+    for name in names:
+        if name not in known:
+            raise ValueError(f"unknown selector {name!r}; known: {', '.join(sorted(known))}")
+        cls, keys = known[name], dict(overrides.get(name, {}))
+        if cls is None:
+            if keys:
+                raise ValueError(f"selector {name!r} takes no config keys, got {sorted(keys)}")
+            configs[name] = None
+            continue
+        fields = attrs.fields_dict(cls)
+        if unknown := sorted(set(keys) - set(fields)):
+            raise ValueError(f"--set {name}.{unknown[0]}: selector {name!r} has no key {unknown[0]!r}; "
+                             f"its keys: {', '.join(fields)}")
+        try:
+            configs[name] = cls(**keys)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"selector {name!r}: {exc}") from None
+    return configs
+
+
 def selector_factories(
     names: Sequence[str], overrides: Mapping[str, Mapping[str, Any]], num_arms: int
 ) -> dict[str, SelectorFactory]:
     """Factories for the named selectors with their config keys; a selector whose
     config has a ``seed`` key gets the run's seed unless ``overrides`` fix it."""
+    from flashspec_selectors.plugin import selector_specs  # imports torch
+
     specs = {s.name: s for s in selector_specs()}
-    out: dict[str, SelectorFactory] = {}
-    for name in names:
-        if name not in specs:
-            raise ValueError(f"unknown selector {name!r}; known: {', '.join(sorted(specs))}")
-        keys = dict(overrides.get(name, {}))
-        out[name] = _factory(specs[name], keys, num_arms)
-    return out
+    return {name: _factory(specs[name], config, "seed" not in overrides.get(name, {}), num_arms)
+            for name, config in selector_configs(names, overrides).items()}
 
 
-def _factory(spec: ComponentSpec[ArmSelector], keys: dict[str, Any], num_arms: int) -> SelectorFactory:
-    cls = spec.config_cls
-    if cls is None:
-        if keys:
-            raise ValueError(f"selector {spec.name!r} takes no config keys, got {sorted(keys)}")
-        spec.factory(None, num_arms)
-        return lambda seed: spec.factory(None, num_arms)
-    try:
-        config = cls(**keys)
-    except TypeError as exc:
-        raise ValueError(f"selector {spec.name!r}: {exc}") from None
-    seeded = "seed" in attrs.fields_dict(cls) and "seed" not in keys
+def _factory(spec: ComponentSpec[ArmSelector], config: Any, seeded: bool, num_arms: int) -> SelectorFactory:
+    seeded = seeded and config is not None and "seed" in attrs.fields_dict(type(config))
     spec.factory(config, num_arms)  # fail now, not inside the first run
 
     def make(seed: int) -> ArmSelector:
@@ -532,6 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, key, value in args.settings:
             overrides.setdefault(name, {})[key] = value
         names = [n.strip() for n in args.selectors.split(",") if n.strip()]
+        selector_configs(names, overrides)  # before torch, which selector_factories imports
         factories = selector_factories(names, overrides, env.num_arms)
     except ValueError as exc:
         print(f"flashspec bandit-sim: error: {exc}", file=sys.stderr)

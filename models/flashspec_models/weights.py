@@ -84,12 +84,12 @@ __all__ = [
     "Part",
     "WeightsError",
     "cache_dtype_problem",
-    "cache_problem",
     "cache_root",
     "checkpoint_problem",
     "ensure_model",
     "is_model_ref",
     "is_valid_checkpoint",
+    "model_problem",
     "resolve_model",
 ]
 
@@ -759,10 +759,16 @@ def resolve_model(spec: str) -> str:
     return spec
 
 
-def cache_problem(spec: str) -> str | None:
-    """What would stop ``spec``, a model a config names, from being served from the cache
-    before anything loads (today: a bad ``$FLASHSPEC_CACHE_DTYPE`` for a known name); None if nothing."""
-    return cache_dtype_problem() if spec.removeprefix(PREFIX) in KNOWN_MODELS else None
+def model_problem(spec: str) -> str | None:
+    """What would stop ``spec``, a model a config names, from loading, told before anything
+    loads: a bad ``$FLASHSPEC_CACHE_DTYPE`` for a known name, a directory without ``config.json``
+    (which ``from_pretrained`` would report as a traceback about a missing ``model_type``); None if nothing."""
+    if spec.removeprefix(PREFIX) in KNOWN_MODELS:
+        return cache_dtype_problem()
+    path = Path(spec).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file():
+        return f"the directory {path} has no config.json (a Hugging Face checkpoint directory holds it beside the weights)"
+    return None
 
 
 def is_model_ref(spec: str) -> bool:

@@ -11,7 +11,7 @@ import attrs
 from flashspec_core import keycheck, machine
 from flashspec_core.config import ComponentKeys
 from flashspec_core.keycheck import SelfOptions as SelfOptions  # the self-speculative drafts share one key
-from flashspec_models.weights import KNOWN_MODELS, cache_problem, is_model_ref
+from flashspec_models.weights import KNOWN_MODELS, is_model_ref, model_problem
 
 if TYPE_CHECKING:
     import torch
@@ -40,7 +40,7 @@ def _model_ref(_inst: object, attr: attrs.Attribute[Any], value: str) -> None:
     if not is_model_ref(value):
         raise ValueError(f"{attr.name} {value!r} is neither an existing directory nor a known model name "
                          f"(known: {', '.join(KNOWN_MODELS)})")
-    if (problem := cache_problem(value)) is not None:
+    if (problem := model_problem(value)) is not None:
         raise ValueError(f"{attr.name} {value!r}: {problem}")
 
 

@@ -208,6 +208,15 @@ def _whole(name: str, value: object) -> Edit:
     return lambda data: data.__setitem__(name, value)
 
 
+def _parent_dir(table: str) -> Edit:
+    """``model`` set to the directory holding the tiny checkpoints: it exists but has no config.json."""
+    def edit(data: dict[str, Any]) -> None:
+        keys = data[table] if table != "arm" else data["arm"][0]
+        keys["model"] = str(Path(keys["model"]).parent)
+
+    return edit
+
+
 # (id, edit, "[table] key 'k'" the line names, a fragment of its message, refused before torch)
 CONFIG_ROWS: list[tuple[str, Edit, str, str, bool]] = [
     ("unknown-table", _whole("targets", {"model": "x"}), "[targets]", "unknown table", True),
@@ -238,6 +247,9 @@ CONFIG_ROWS: list[tuple[str, Edit, str, str, bool]] = [
      "'dtype' must be in ('auto', 'float32', 'float64', 'bfloat16', 'float16') (got 'float8')", True),
     ("target-model-missing", _set("target", "model", "/nowhere/model"), "[target] key 'model'",
      "is neither an existing directory nor a known model name (known: smollm2-135m-instruct, ", True),
+    ("target-model-no-config", _parent_dir("target"), "[target] key 'model'",
+     "has no config.json (a Hugging Face checkpoint directory holds it beside the weights)", True),
+    ("arm-model-no-config", _parent_dir("arm"), "[arm.0] key 'model'", "has no config.json", True),
     ("device-not-a-device", _set("target", "device", "tpu"), "[target] key 'device'", "is not a torch device", True),
     ("device-meta", _set("target", "device", "meta"), "[target] key 'device'",
      "device 'meta' is not a torch device FlashSpec runs on ('cpu', 'cuda', 'mps', 'xpu'", True),

@@ -3,28 +3,46 @@
 Each bundled plugin lists its components in a keys module (attrs and the standard library);
 the command line checks a config against them before its torch import, so a misspelt key or
 name is one line within a second. A plugin without such a module leaves the catalogue
-incomplete: names it might provide are checked at build time, as before.
+incomplete: names it might provide are checked at build time, as before. A keys module that
+fails to import, or a name two keys modules list, is refused then, naming the plugins.
 """
 
 from __future__ import annotations
 
 import importlib.metadata as md
+import os
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
 
 from flashspec_core.config import ConfigError, check_components
-from flashspec_core.registry import BUILTIN_KEYS, BUILTIN_PLUGINS, KEYS_GROUP, build_catalogue, build_registry
+from flashspec_core.registry import (
+    AUTOLOAD_ENV,
+    BUILTIN_KEYS,
+    BUILTIN_PLUGINS,
+    KEYS_GROUP,
+    PluginError,
+    build_catalogue,
+    build_registry,
+)
 
 HEAVY = ("torch", "transformers", "triton")
 BAD_SELECTOR_KEY = '[target]\nmodel = "{model}"\n[[arm]]\nuse = "prompt_lookup"\n[selector]\nuse = "ucb1"\nwindo = 3\n'
 
 
+def _checkpoint(path: Path) -> Path:
+    """A directory the config check takes for a checkpoint (it holds a config.json); nothing loads it here."""
+    path.mkdir(exist_ok=True)
+    (path / "config.json").write_text("{}")
+    return path
+
+
 def test_a_bad_component_key_is_refused_without_importing_torch(tmp_path: Path) -> None:
-    (tmp_path / "target").mkdir()
+    _checkpoint(tmp_path / "target")
     path = tmp_path / "bad.toml"
     path.write_text(BAD_SELECTOR_KEY.format(model=tmp_path / "target"))
     code = ("import sys; from flashspec_core.cli import main; "
@@ -60,7 +78,7 @@ def test_the_dtype_names_are_the_loaders() -> None:
 
 
 def _config(tmp_path: Path, selector: str) -> dict[str, object]:
-    (tmp_path / "target").mkdir(exist_ok=True)
+    _checkpoint(tmp_path / "target")
     return {"target": {"model": str(tmp_path / "target")}, "arm": [{"use": "prompt_lookup"}], "selector": {"use": selector}}
 
 
@@ -94,13 +112,69 @@ def test_a_plugin_with_keys_completes_the_catalogue(tmp_path: Path, monkeypatch:
         check_components({**_config(tmp_path, "x"), "selector": {"use": "acme_bandit", "c": 1}}, catalogue)
 
 
-def test_names_two_plugins_claim_are_left_to_the_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+class _EntryPoint:
+    """An entry point of distribution flashspec-acme 1.2.3."""
+
+    def __init__(self, name: str, value: str, group: str) -> None:
+        self.name, self.value, self.group = name, value, group
+        self.dist = types.SimpleNamespace(name="flashspec-acme", version="1.2.3")
+
+
+def test_names_two_plugins_claim_are_refused_before_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry would refuse the pair once both plugins are imported: the keys modules tell it first."""
     (tmp_path / "clash_keys.py").write_text(
         "from flashspec_core.config import ComponentKeys\n"
         "COMPONENTS = (ComponentKeys('selector', 'ucb1', None, 'a second ucb1'),)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    _entry_points(monkeypatch, [md.EntryPoint("clash", "clash_plugin", "flashspec"),
-                                md.EntryPoint("clash", "clash_keys", KEYS_GROUP)])
-    catalogue = build_catalogue(autoload=True)
-    check_components({**_config(tmp_path, "x"), "selector": {"use": "ucb1", "windo": 3}}, catalogue)  # the build names both
+    _entry_points(monkeypatch, [_EntryPoint("clash", "clash_plugin", "flashspec"),  # type: ignore[list-item]
+                                _EntryPoint("clash", "clash_keys", KEYS_GROUP)])
+    with pytest.raises(PluginError, match=r"^selector component name 'ucb1' is provided by two plugins: "
+                                          r"'flashspec_selectors.plugin' \(flashspec-engine\) and 'clash' \(flashspec-acme\)$"):
+        build_catalogue(autoload=True)
+
+
+def test_a_keys_module_that_fails_to_import_names_its_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "broken_keys.py").write_text("import numpyy\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _entry_points(monkeypatch, [_EntryPoint("acme", "acme_plugin", "flashspec"),  # type: ignore[list-item]
+                                _EntryPoint("acme", "broken_keys", KEYS_GROUP)])
+    with pytest.raises(PluginError, match=r"^cannot load flashspec plugin 'acme' \(broken_keys, flashspec-acme 1.2.3\): "
+                                          r"ModuleNotFoundError: No module named 'numpyy'$"):
+        build_catalogue(autoload=True)
+
+
+# An installed distribution, as importlib.metadata finds it on sys.path, whose keys module is {keys}.
+ACME_DIST = {
+    "flashspec_acme-1.2.3.dist-info/METADATA": "Metadata-Version: 2.1\nName: flashspec-acme\nVersion: 1.2.3\n",
+    "flashspec_acme-1.2.3.dist-info/entry_points.txt": ("[flashspec]\nacme = flashspec_acme.plugin\n"
+                                                        "[flashspec.keys]\nacme = flashspec_acme.keys\n"),
+    "flashspec_acme/__init__.py": "",
+    "flashspec_acme/plugin.py": "import torch\n",  # what a plugin does; the keys module's fault comes first
+}
+
+
+@pytest.mark.parametrize(("keys", "message"), [
+    ("import numpyy\n", "cannot load flashspec plugin 'acme' (flashspec_acme.keys, flashspec-acme 1.2.3): "
+                        "ModuleNotFoundError: No module named 'numpyy'"),
+    ("from flashspec_core.config import ComponentKeys\nCOMPONENTS = (ComponentKeys('selector', 'ucb1'),)\n",
+     "selector component name 'ucb1' is provided by two plugins: 'flashspec_selectors.plugin' (flashspec-engine) "
+     "and 'acme' (flashspec-acme)"),
+], ids=["fails-to-import", "duplicate-name"])
+def test_an_installed_plugin_fault_is_named_before_torch(tmp_path: Path, keys: str, message: str) -> None:
+    site = tmp_path / "site"
+    for name, text in {**ACME_DIST, "flashspec_acme/keys.py": keys}.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(text)
+    config = tmp_path / "run.toml"
+    config.write_text(f'[target]\nmodel = "{_checkpoint(tmp_path / "target")}"\n[[arm]]\nuse = "prompt_lookup"\n')
+    env = {k: v for k, v in os.environ.items() if k != AUTOLOAD_ENV} | {"PYTHONPATH": str(site)}
+    cmd = [sys.executable, "-X", "importtime", "-m", "flashspec_core.cli", "generate", "t1", "--config", str(config)]
+    start = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+    took = time.monotonic() - start
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    said = [line for line in out.stderr.splitlines() if not line.startswith("import time:")]
+    assert out.returncode == 1 and took < 2.0, (out.returncode, took, said)
+    assert said == [f"flashspec: error: PluginError: {message} (FLASHSPEC_DEBUG=1 shows the traceback)"]
+    assert not set(HEAVY) & imported

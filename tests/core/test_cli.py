@@ -219,6 +219,68 @@ def test_version_without_torch() -> None:
     assert not {"torch", "transformers", "triton"} & imported
 
 
+_BENCH = ["--workload", "{tmp}/w.jsonl", "--config", "{tmp}/run.toml", "--out", "{tmp}/out"]
+# Each command's bad arguments, with the one line it prints: argparse's own (rc 2) and the
+# command's checks of values, files and the config (rc 2 too, through main's handler).
+BAD_ARGUMENTS = [
+    (["generate", "x", "--bogus"], "flashspec: error: unrecognized arguments: --bogus"),
+    (["plugins", "--bogus"], "flashspec: error: unrecognized arguments: --bogus"),
+    (["serve", "--bogus"], "flashspec serve: error: unrecognized arguments: --bogus"),
+    (["serve", "--port", "http"], "flashspec serve: error: argument --port: must be an integer, got 'http'"),
+    (["bench", *_BENCH, "--bogus"], "flashspec bench: error: unrecognized arguments: --bogus"),
+    (["bench", "--workload", "w.jsonl"], "flashspec bench: error: the following arguments are required: --config, --out"),
+    (["bench", *_BENCH, "--batch-size", "x"], "flashspec bench: error: argument --batch-size: invalid int value: 'x'"),
+    (["bench", *_BENCH, "--synthetic-gammas", "4,x"],
+     "flashspec bench: error: argument --synthetic-gammas: expected a comma list of integers, got '4,x'"),
+    (["bench", *_BENCH[:5], "{tmp}/w.jsonl"],
+     "flashspec: error: --out {tmp}/w.jsonl: is not a folder (bench.json is written in it)"),
+    (["bench", *_BENCH, "--batch-size", "0"], "flashspec: error: --batch-size must be an integer >= 1, got 0"),
+    (["bench", *_BENCH, "--temperature", "nan"], "flashspec: error: --temperature must be a finite number >= 0, got nan"),
+    (["bench", *_BENCH, "--systems", "flashspec,hf_eagre"],
+     "flashspec: error: --systems: unknown systems ['hf_eagre']; choose from flashspec, target_only, hf_eager, "
+     "hf_compiled, hf_assisted, hf_lookup"),
+    (["bench", *_BENCH[:1], "{tmp}/missing.jsonl", *_BENCH[2:]],
+     "flashspec: error: --workload {tmp}/missing.jsonl: No such file or directory"),
+    (["bench", *_BENCH, "--dtype", "fp16"],
+     "flashspec: error: {tmp}/run.toml: [target] key 'dtype': 'dtype' must be in ('auto', 'bf16', 'bfloat16', "
+     "'float16', 'float32', 'float64') (got 'fp16')"),
+    (["bandit-sim", "--bogus"], "flashspec bandit-sim: error: unrecognized arguments: --bogus"),
+    (["bandit-sim", "--horizon", "x"], "flashspec bandit-sim: error: argument -T/--horizon: invalid int value: 'x'"),
+    (["bandit-sim", "--seeds", "0"], "flashspec bandit-sim: error: --horizon and --seeds must be >= 1"),
+    (["bandit-sim", "--selectors", "ucb1,ucb2"],
+     "flashspec bandit-sim: error: unknown selector 'ucb2'; known: discounted_thompson, factored, fixed, glr_thompson, "
+     "request_thompson, sliding_window_ucb, thompson, ucb1"),
+    (["bandit-sim", "--set", "ucb1.cc=2"], "flashspec bandit-sim: error: --set ucb1.cc: selector 'ucb1' has no key 'cc'; "
+                                           "its keys: c"),
+    (["bandit-sim", "--set", "fixed.arm=1"], "flashspec bandit-sim: error: --set fixed.arm: selector 'fixed' is not "
+                                             "among --selectors (ucb1, thompson, sliding_window_ucb, discounted_thompson)"),
+    (["bandit-sim", "--set", "sliding_window_ucb.window=-3"],
+     "flashspec bandit-sim: error: selector 'sliding_window_ucb': window must be an integer >= 1, got -3"),
+]
+
+
+def test_every_command_has_a_bad_argument_case() -> None:
+    assert {argv[0] for argv, _ in BAD_ARGUMENTS} == {"generate", "plugins", *cli.commands()}
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_ARGUMENTS, ids=[" ".join(a[:2]) + "-" + a[-1] for a, _ in BAD_ARGUMENTS])
+def test_bad_arguments_fail_fast_without_torch(tmp_path: Path, argv: list[str], message: str) -> None:
+    """Every command refuses a bad argument in one line, in < 2 s, before torch, transformers or triton is imported."""
+    (tmp_path / "w.jsonl").write_text('{"prompt": "hello"}\n')
+    (tmp_path / "run.toml").write_text('[target]\nuse = "fast"\nmodel = "shape:qwen2.5-0.5b"\n'
+                                       '[[arm]]\nuse = "fast"\nmodel = "shape:qwen2.5-0.5b"\ngamma = 2\n')
+    cmd = [sys.executable, "-X", "importtime", "-m", "flashspec_core.cli", *(a.format(tmp=tmp_path) for a in argv)]
+    start = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
+    elapsed = time.perf_counter() - start
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    said = [line for line in out.stderr.splitlines() if not line.startswith("import time:")]
+    assert out.returncode == 2 and elapsed < 2.0, (out.returncode, elapsed, said)
+    assert said[-1] == message.format(tmp=tmp_path) and not out.stdout, said
+    assert "Traceback" not in out.stderr
+    assert not {"torch", "transformers", "triton"} & imported
+
+
 class _Terminal(io.StringIO):
     """A stream that says it is a terminal, recording what came when."""
 

@@ -219,6 +219,7 @@ def test_a_bad_cache_dtype_env_fails_the_config_check(monkeypatch: pytest.Monkey
     from flashspec_hf.keys import ModelOptions
 
     monkeypatch.setenv(weights.CACHE_DTYPE_ENV, "fp16")
+    (tmp_path / "config.json").write_text("{}")
     for options in (ModelOptions, FastOptions):
         with pytest.raises(ValueError, match=r"^model 'smollm2-135m-instruct': FLASHSPEC_CACHE_DTYPE='fp16' is not"):
             options(model="smollm2-135m-instruct")
@@ -538,6 +539,14 @@ def test_is_model_ref(fake: Fake, tmp_path: Path) -> None:
     assert not is_model_ref("flashspec:nope")
     assert not is_model_ref("HuggingFaceTB/SmolLM2-135M")  # a hub id: no hub is reachable
     assert not is_model_ref(str(tmp_path / "missing"))
+
+
+def test_model_problem_names_a_directory_without_config_json(fake: Fake, tmp_path: Path) -> None:
+    assert weights.model_problem(str(tmp_path)) == (
+        f"the directory {tmp_path} has no config.json (a Hugging Face checkpoint directory holds it beside the weights)")
+    (tmp_path / "config.json").write_text("{}")
+    assert weights.model_problem(str(tmp_path)) is None
+    assert weights.model_problem("fake-model") is None and weights.model_problem(str(tmp_path / "missing")) is None
 
 
 def test_cache_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
