@@ -103,6 +103,7 @@ _BLOCK = 64 << 20  # hashed apart, so a copy is verified by several threads at o
 _ANNOUNCE = 256 << 20  # verifying a bigger copy prints a line
 _PR_SET_PDEATHSIG = 1  # prctl(2) option, from <linux/prctl.h>
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer_config.json")
+_WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")  # what from_pretrained reads from a directory
 _Stat = tuple[int, int, int]  # (st_ino, st_mtime_ns, st_size) of a file
 _verified: set[tuple[str, tuple[_Stat, ...]]] = set()  # copies (dir, stat of each file) this process hashed
 
@@ -762,12 +763,18 @@ def resolve_model(spec: str) -> str:
 def model_problem(spec: str) -> str | None:
     """What would stop ``spec``, a model a config names, from loading, told before anything
     loads: a bad ``$FLASHSPEC_CACHE_DTYPE`` for a known name, a directory without ``config.json``
-    (which ``from_pretrained`` would report as a traceback about a missing ``model_type``); None if nothing."""
+    (which ``from_pretrained`` would report as a traceback about a missing ``model_type``) or without
+    weight files (an OSError from deep inside transformers); None if nothing."""
     if spec.removeprefix(PREFIX) in KNOWN_MODELS:
         return cache_dtype_problem()
     path = Path(spec).expanduser()
-    if path.is_dir() and not (path / "config.json").is_file():
+    if not path.is_dir():
+        return None
+    if not (path / "config.json").is_file():
         return f"the directory {path} has no config.json (a Hugging Face checkpoint directory holds it beside the weights)"
+    if not any(next(path.glob(pattern), None) for pattern in _WEIGHT_GLOBS):
+        return (f"the directory {path} has a config.json but no weights (no *.safetensors or pytorch_model*.bin "
+                "beside it: an interrupted copy or download?)")
     return None
 
 

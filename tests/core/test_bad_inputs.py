@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -312,6 +313,27 @@ def test_bad_config_key(
         assert str(info.value) == line
     else:  # needs torch (a device the machine has): refused after that import
         _check_before_torch(path, monkeypatch)
+
+
+@pytest.mark.parametrize("table", ["target", "arm"])
+def test_checkpoint_directory_without_weights(
+    table: str, models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A directory with a checkpoint's config.json but no weight file (an interrupted copy): named before torch."""
+    data = _base(models)
+    keys = data[table] if table != "arm" else data["arm"][0]
+    weightless = tmp_path / "ckpt"
+    weightless.mkdir()
+    shutil.copy(Path(keys["model"]) / "config.json", weightless / "config.json")
+    keys["model"] = str(weightless)
+    path = tmp_path / "bad.toml"
+    path.write_text(_toml(data))
+    line = _refused(["generate", "t1", "--config", str(path)], capsys)
+    where = "[target]" if table == "target" else "[arm.0]"
+    assert line.startswith(f"{path}: {where} key 'model': ") and f"the directory {weightless} has a config.json but no weights" in line, line
+    with pytest.raises(ConfigError) as info:
+        _check_before_torch(path, monkeypatch)
+    assert str(info.value) == line
 
 
 def _check_before_torch(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -35,9 +35,10 @@ BAD_SELECTOR_KEY = '[target]\nmodel = "{model}"\n[[arm]]\nuse = "prompt_lookup"\
 
 
 def _checkpoint(path: Path) -> Path:
-    """A directory the config check takes for a checkpoint (it holds a config.json); nothing loads it here."""
+    """A directory the config check takes for a checkpoint (it holds a config.json and a weights file); nothing loads it here."""
     path.mkdir(exist_ok=True)
     (path / "config.json").write_text("{}")
+    (path / "model.safetensors").write_bytes(b"")
     return path
 
 

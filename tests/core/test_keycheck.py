@@ -36,6 +36,7 @@ def test_self_layers_keeps_a_positive_int() -> None:
     ({"tree_expand": -1}, r"'tree_expand' must be >= 0"),
 ])
 def test_drafts_refuse_alike(cls: type, keys: dict[str, Any], message: str, tmp_path: Path) -> None:
+    (tmp_path / "model.safetensors").write_bytes(b"")
     (tmp_path / "config.json").write_text("{}")  # a checkpoint directory to the check; nothing loads it
     assert cls(model=str(tmp_path), tree_depth=2, tree_expand=1).tree_width == ()  # only `keys` is wrong
     with pytest.raises(ValueError, match=message):

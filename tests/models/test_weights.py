@@ -220,6 +220,7 @@ def test_a_bad_cache_dtype_env_fails_the_config_check(monkeypatch: pytest.Monkey
 
     monkeypatch.setenv(weights.CACHE_DTYPE_ENV, "fp16")
     (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
     for options in (ModelOptions, FastOptions):
         with pytest.raises(ValueError, match=r"^model 'smollm2-135m-instruct': FLASHSPEC_CACHE_DTYPE='fp16' is not"):
             options(model="smollm2-135m-instruct")
@@ -541,11 +542,17 @@ def test_is_model_ref(fake: Fake, tmp_path: Path) -> None:
     assert not is_model_ref(str(tmp_path / "missing"))
 
 
-def test_model_problem_names_a_directory_without_config_json(fake: Fake, tmp_path: Path) -> None:
+def test_model_problem_names_a_directory_without_config_json_or_weights(fake: Fake, tmp_path: Path) -> None:
     assert weights.model_problem(str(tmp_path)) == (
         f"the directory {tmp_path} has no config.json (a Hugging Face checkpoint directory holds it beside the weights)")
     (tmp_path / "config.json").write_text("{}")
-    assert weights.model_problem(str(tmp_path)) is None
+    assert weights.model_problem(str(tmp_path)) == (
+        f"the directory {tmp_path} has a config.json but no weights (no *.safetensors or pytorch_model*.bin "
+        "beside it: an interrupted copy or download?)")
+    for name in ("model-00001-of-00002.safetensors", "pytorch_model.bin"):
+        (tmp_path / name).write_bytes(b"")
+        assert weights.model_problem(str(tmp_path)) is None
+        (tmp_path / name).unlink()
     assert weights.model_problem("fake-model") is None and weights.model_problem(str(tmp_path / "missing")) is None
 
 

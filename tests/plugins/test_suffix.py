@@ -525,6 +525,7 @@ def test_bad_config_values_name_the_key(keys: dict[str, Any], message: str) -> N
 
 
 def _config(arm: dict[str, Any], model: Path) -> dict[str, Any]:
+    (model / "model.safetensors").write_bytes(b"")
     (model / "config.json").write_text("{}")  # a checkpoint directory to the config check; nothing loads it
     return {"target": {"model": str(model)}, "arm": [{"use": "suffix", **arm}]}
 

@@ -80,6 +80,7 @@ def test_serve_refuses_bad_arguments_before_torch(options: list[str], config: st
     keeping the process alive: a hang)."""
     path = tmp_path / "serve.toml"
     path.write_text(config.format(model=tmp_path))
+    (tmp_path / "model.safetensors").write_bytes(b"")
     (tmp_path / "config.json").write_text("{}")  # a checkpoint directory to the config check; nothing loads it
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
