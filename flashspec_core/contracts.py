@@ -5,7 +5,7 @@ decode loop talks to each component through the protocols below, never through a
 pluggy call (hooks are for discovery and observation only).
 
 A component may also offer an optional *capability*: a small runtime-checkable
-protocol below (:class:`RequestAware`, :class:`ObservesSteps`, :class:`DeclaresExactness`,
+protocol below (:class:`RequestAware`, :class:`ObservesSteps`, :class:`SeesRowIds`, :class:`DeclaresExactness`,
 :class:`VerifiesWithNoise`, :class:`HasTokenizer`, :class:`Prewarmable`,
 :class:`CapturesGraphs`, :class:`NamesModel`, :class:`VerifiesRows`, :class:`HasContext`,
 :class:`ForgetsRequests`, :class:`PrefillsRows`, :class:`ResetsRows`, and for draft trees :class:`ProposesTrees`, :class:`ScoresTrees`, :class:`VerifiesTrees`). Code that uses a capability tests
@@ -424,6 +424,24 @@ class ObservesSteps(Protocol):
 
 
 @runtime_checkable
+class SeesRowIds(Protocol):
+    """Optional extra of an :class:`ObservesSteps` selector: which of the request's rows a step serves.
+
+    The policy calls ``see_row_ids(rows)`` before each ``see_rows()`` with the rows of the step
+    being chosen (with draw-ahead: of the step in flight), and before each ``observe()`` with
+    the observed step's rows, whose accepted counts ``observe`` lists in that order. A
+    selector can then keep statistics per row: in a fixed batch the rows that accept most
+    finish first, and a request's mean over every row it decoded then overrates the rows
+    still live. Rows finish by their sequences, never by a step's draws, so the law is
+    unchanged.
+    """
+
+    def see_row_ids(self, rows: Sequence[int]) -> None:
+        """The next ``see_rows()`` or ``observe()`` concerns the request's rows ``rows`` (batch
+        indices from 0, ascending; their count is the live rows)."""
+
+
+@runtime_checkable
 class SeesWidths(Protocol):
     """Optional extra of an :class:`ArmSelector`: told how wide each arm drafts.
 
@@ -714,6 +732,7 @@ class SeesRefills(Protocol):
 CAPABILITIES: tuple[type, ...] = (
     RequestAware,
     ObservesSteps,
+    SeesRowIds,
     SeesWidths,
     DeclaresExactness,
     VerifiesWithNoise,

@@ -80,6 +80,7 @@ from flashspec_core.contracts import (
     ProposesTrees,
     RequestAware,
     SamplingParams,
+    SeesRowIds,
     SeesWidths,
 )
 from flashspec_core.rewards import StepReward
@@ -224,6 +225,7 @@ class StepPolicy:
         self._ahead: tuple[int, int] | None = None  # (bucket, choice) drawn ahead for the next step
         self._due: int | None = None  # the bucket whose draw ahead is due for the step in flight
         self._rows = 1  # live rows of the step last chosen: a draw ahead's best guess of the next
+        self._ids: tuple[int, ...] = (0,)  # which rows those are (SeesRowIds)
 
     @property
     def selector(self) -> ArmSelector:
@@ -328,7 +330,7 @@ class StepPolicy:
         if first_proposes and first is None:
             raise ValueError("first_proposes = True, but the policy has no first arm (settings.first is None)")
         bucket = self.settings.bucket(len(rows))
-        self._rows = len(rows)
+        self._rows, self._ids = len(rows), tuple(rows)
         ahead, self._ahead = self._ahead, None
         limited = self.limited(len(rows))
         # rows only finish, so the limit holds for the next step; its bucket is checked when it plays
@@ -358,6 +360,8 @@ class StepPolicy:
         """The choice of the bucket's selector for a step over ``rows`` live rows."""
         selector = self.selectors[bucket]
         if observes_steps(selector):
+            if sees_row_ids(selector):  # a count other than the last step's (a replay's draw ahead): its first rows
+                selector.see_row_ids(self._ids if rows == len(self._ids) else self._ids[:rows])
             selector.see_rows(rows)
         return selector.select()
 
@@ -382,6 +386,8 @@ class StepPolicy:
         if plan.choice is not None and not captured:
             selector = self.selectors[plan.bucket]
             if observes_steps(selector):
+                if sees_row_ids(selector):
+                    selector.see_row_ids(plan.rows)
                 selector.observe(plan.choice, len(acc), width, acc, max(step_s, 1e-9))
             selector.update(plan.choice, reward)
         return reward
@@ -484,6 +490,19 @@ def observes_steps(selector: ArmSelector) -> TypeGuard[ObservesSteps]:
     known = _OBSERVES.get(kind)
     if known is None:
         known = _OBSERVES[kind] = isinstance(selector, ObservesSteps)
+    return known
+
+
+_ROW_IDS: dict[type, bool] = {}  # selector class -> whether it has SeesRowIds' hook
+
+
+def sees_row_ids(selector: object) -> TypeGuard[SeesRowIds]:
+    """Whether ``selector`` has :class:`SeesRowIds`' hook, decided once per class (as
+    :func:`observes_steps`)."""
+    kind = type(selector)
+    known = _ROW_IDS.get(kind)
+    if known is None:
+        known = _ROW_IDS[kind] = isinstance(selector, SeesRowIds)
     return known
 
 

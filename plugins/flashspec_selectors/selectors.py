@@ -791,6 +791,8 @@ class Factored:
         self.token_cost = float(config.token_cost)
         self.request_rows = float(config.request_rows)
         self.request = np.zeros((3, self.num_arms))  # [3, K] as acc, over the current request's steps
+        self.by_row = np.zeros((3, 1, self.num_arms))  # [3, B, K] as acc, per row of the request (see_row_ids)
+        self.ids: tuple[int, ...] | None = None  # the rows of the step to choose for or observe; None: not told
         self.refit = float(config.refit)
         self.gammas: np.ndarray | None = None  # [K] each arm's widest proposal (see_widths); None: not told
         self._plain: int | None = None  # the first arm of width 0 (see_widths)
@@ -834,6 +836,26 @@ class Factored:
         """A new request (:class:`~flashspec_core.contracts.RequestAware`): its own acceptance
         counts start empty."""
         self.request[:] = 0.0
+        self.by_row = np.zeros((3, max(int(rows), 1), self.num_arms))
+        self.ids = None
+
+    def see_row_ids(self, rows: Sequence[int]) -> None:
+        """Which of the request's rows the next choice or observation concerns
+        (:class:`~flashspec_core.contracts.SeesRowIds`)."""
+        ids = tuple(int(r) for r in rows)
+        if ids and (min(ids) < 0 or list(ids) != sorted(set(ids))):
+            raise ValueError(f"row ids must be distinct integers >= 0 in ascending order, got {list(rows)!r}")
+        if ids and ids[-1] >= self.by_row.shape[1]:
+            self.by_row = np.pad(self.by_row, ((0, 0), (0, ids[-1] + 1 - self.by_row.shape[1]), (0, 0)))
+        self.ids = ids or None
+
+    def _own(self) -> np.ndarray:
+        """The live request's own counts ``[3, K]`` (rows, sum, sum of squares of accepted per row):
+        in a static batch told its rows, those of the live rows only, since the rows that accept
+        most finish first and the request's counts then overrate the rows still decoding."""
+        if self.static_batch and self.ids is not None and len(self.ids) == self.rows:
+            return self.by_row[:, list(self.ids), :].sum(1)
+        return self.request
 
     def see_widths(self, widths: Sequence[int]) -> None:
         """Each arm's most tokens proposed per row, 0 for an arm that never drafts
@@ -947,7 +969,7 @@ class Factored:
             # The pooled posterior (as of the last refit) is the prior of this request's own counts
             # (current: they change every step), worth at most request_rows rows: an arm that
             # matches nothing in this request is priced by that.
-            rn, rs, rss = self.request
+            rn, rs, rss = self._own()
             weight = np.minimum(self.request_rows, rows)
             spread = np.maximum(rss - rs * rs / np.maximum(rn, 1.0), 0.0)
             mean = (rs + weight * mean) / (rn + weight)
@@ -1007,6 +1029,11 @@ class Factored:
         widths = np.arange(1.0, float(tops[closed].max()) + 1.0)  # [W]
         wx = np.stack([np.ones_like(widths), np.full_like(widths, rows), rows * widths], 1)  # [W, 3]
         prior = chain_acceptance_prior(widths, self.rows if self.static_batch else 1)  # [W]
+        # Optimism about acceptance, none about cost: a drafted token costs an unseen arm at least
+        # token_cost of the fastest step seen. Fitted on steps at one batch size (or on plain steps
+        # only) the width slope can come out 0 or below, and every unseen arm would open at 32 rows.
+        mean = mean.copy()
+        mean[:, 2] = np.maximum(mean[:, 2], self.token_cost * self.fastest)
         value = predicted_throughput(self.rows, prior, np.maximum(mean @ wx.T, floor))  # [K, W]
         value = np.where(widths <= tops[:, None], value, -np.inf).max(1)  # [K] each arm's best width
         opens[closed] = value[closed] > known[costed].max()
@@ -1033,6 +1060,9 @@ class Factored:
             self.request[0, arm] += len(counts)
             self.request[1, arm] += sum(counts)
             self.request[2, arm] += sum(c * c for c in counts)
+            if self.ids is not None and len(self.ids) == len(counts):
+                own = np.asarray(counts, dtype=np.float64)
+                self.by_row[:, list(self.ids), arm] += np.stack([np.ones_like(own), own, own * own])
         top = max(counts, default=0)
         if top == 0:  # every row accepted nothing (plain decoding's every step): no histogram to build
             self.counts[arm, 0] += len(counts)

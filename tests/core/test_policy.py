@@ -539,3 +539,35 @@ def test_observes_steps_is_told_apart_by_class() -> None:
 
     for _ in range(2):  # the second answer comes from the per-class cache
         assert not observes_steps(Plain()) and observes_steps(Watching())
+
+
+def test_a_selector_that_sees_row_ids_is_told_the_rows_of_each_choice_and_observation() -> None:
+    class Rows:
+        num_arms = 2
+
+        def __init__(self) -> None:
+            self.calls: list[tuple[Any, ...]] = []
+            self.ids: tuple[int, ...] = ()
+
+        def select(self) -> int:
+            return 1
+
+        def update(self, arm: int, reward: float) -> None:
+            pass
+
+        def see_row_ids(self, rows: Sequence[int]) -> None:
+            self.ids = tuple(rows)
+
+        def see_rows(self, rows: int) -> None:
+            self.calls.append(("see_rows", self.ids, rows))
+
+        def observe(self, arm: int, rows: int, width: int, accepted: list[int], step_s: float) -> None:
+            self.calls.append(("observe", self.ids, list(accepted)))
+
+    arms = [Arm("none", NoDraft(), 0), Arm("d", NoDraft(), 3)]
+    selector = Rows()
+    policy = StepPolicy(arms, selector, make_reward("throughput"), PolicySettings(draw_ahead=False))
+    policy.begin(3)
+    plan = policy.choose([0, 2])  # row 1 finished
+    policy.learn(plan, 3, [3, 0], 1e-3)
+    assert selector.calls == [("see_rows", (0, 2), 2), ("observe", (0, 2), [3, 0])]

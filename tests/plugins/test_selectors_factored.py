@@ -575,3 +575,56 @@ def test_a_lone_played_arm_is_chosen_without_a_draw() -> None:
     assert selector.rng.bit_generator.state == state
     selector.see_rows(1)  # one row: a draft may pay, so it opens
     assert selector.select() in (1, 2)
+
+
+def _row_one_left(told: bool, seed: int) -> Factored:
+    # A static batch of two rows drafted twenty steps: row 0 accepted 4 a step and finished, row 1
+    # accepted nothing. Plain steps cost 1 ms, draft steps 2.5 ms at any rows.
+    selector = Factored(FactoredConfig(seed=seed, request_rows=8.0, outlier=0), 2)
+    selector.see_widths([0, 4])
+    selector.begin_request(1)  # an earlier request of one row, so the costs are known at one row too
+    for _ in range(5):
+        selector.observe(0, 1, 0, [0], 1e-3)
+        selector.observe(1, 1, 4, [2], 2.5e-3)
+    selector.begin_request(2)
+    for _ in range(3):
+        selector.observe(0, 2, 0, [0, 0], 1e-3)
+    for _ in range(20):
+        if told:
+            selector.see_row_ids([0, 1])
+        selector.observe(1, 2, 4, [4, 0], 2.5e-3)
+    if told:
+        selector.see_row_ids([1])
+    selector.see_rows(1)
+    return selector
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_static_batch_prices_a_draft_by_the_rows_still_live(seed: int) -> None:
+    # By the request's mean (2 tokens a row) the draft pays at one row, 3 tokens in 2.5 ms; the
+    # row still live accepted nothing, and by its own counts (and 8 pooled rows) plain decoding wins.
+    untold_selector, told_selector = _row_one_left(False, seed), _row_one_left(True, seed)
+    untold = [untold_selector.select() for _ in range(200)]
+    told = [told_selector.select() for _ in range(200)]
+    assert untold.count(1) > 150
+    assert told.count(0) > 190
+
+
+def test_row_ids_must_ascend() -> None:
+    selector = Factored(FactoredConfig(seed=0), 2)
+    with pytest.raises(ValueError, match="ascending"):
+        selector.see_row_ids([2, 1])
+
+
+def test_an_unseen_draft_stays_closed_at_32_rows_after_plain_steps_at_one_batch_size() -> None:
+    # Plain steps at 31 and 32 rows only: extrapolated to one row the step would take less than
+    # nothing, so token_cost's scale there is 0, and the width slope no step tells is 0 with it.
+    selector = Factored(FactoredConfig(seed=0), 2)
+    selector.see_widths([0, 3])
+    for _ in range(20):
+        for rows, step_s in ((31, 2.16e-3), (32, 2.26e-3)):
+            selector.observe(0, rows, 0, [0] * rows, step_s)
+    selector.see_rows(32)
+    assert [selector.select() for _ in range(50)] == [0] * 50
+    selector.see_rows(1)  # at one row a chain of three may pay
+    assert selector.select() == 1
