@@ -10,7 +10,9 @@ names and config classes, :class:`~flashspec_core.config.ComponentKeys`, importi
 torch; an entry point's under its name in the group ``flashspec.keys``), so that the
 command line checks a config's component names and keys before torch is imported. A keys
 module that fails to import, and a name two keys modules list, are then a :class:`PluginError`
-already, as the plugins themselves would be once imported.
+already, as the plugins themselves would be once imported. So is an entry point's plugin module
+that is missing, does not parse, or imports at its top level a module that is not installed
+(:func:`plugin_module_problem`: found and read, never run, since a plugin module imports torch).
 
 Every hook implementation must match a hookspec: a misspelled ``@hookimpl`` is an
 error naming its plugin when the registry is built, not a hook silently never called.
@@ -24,8 +26,11 @@ they differ).
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import importlib.machinery
 import importlib.metadata as md
+import importlib.util
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -268,6 +273,8 @@ def build_catalogue(autoload: bool | None = None) -> Catalogue:
         declared = {ep.name: ep.value.partition(":")[0] for ep in md.entry_points(group=KEYS_GROUP)}
         for ep in md.entry_points(group=ENTRY_POINT_GROUP):
             dist, version = (ep.dist.name, ep.dist.version) if ep.dist is not None else ("unknown", "unknown")
+            if (problem := plugin_module_problem(ep.value.partition(":")[0].strip())) is not None:
+                raise PluginError(f"cannot load flashspec plugin {ep.name!r} ({ep.value}, {dist} {version}): {problem}")
             listed.append(_Listed(ep.name, dist, version, declared.get(ep.name)))
     components: dict[tuple[str, str], ComponentKeys] = {}
     provider: dict[tuple[str, str], _Listed] = {}
@@ -280,6 +287,47 @@ def build_catalogue(autoload: bool | None = None) -> Catalogue:
                                   f"{other.plugin!r} ({other.distribution}) and {item.plugin!r} ({item.distribution})")
             components[at], provider[at] = keys, item
     return Catalogue(components, all(item.keys is not None for item in listed))
+
+
+def plugin_module_problem(modname: str) -> str | None:
+    """Why importing the module ``modname`` would fail, found without running it; None if
+    nothing is seen. The module is located (its parent packages are not imported), compiled, and
+    each module its top-level ``import`` statements name is looked up (``find_spec`` of a
+    top-level name runs nothing). Imports nested in ``try``, ``if`` or functions may be guarded,
+    so they are not checked; what is left is reported when the plugin is imported.
+    """
+    spec = _find_unrun(modname)
+    if spec is None:
+        return f"ModuleNotFoundError: No module named {modname!r}"
+    if spec.origin is None or not spec.origin.endswith(".py"):
+        return None  # a namespace package, an extension module: nothing to read
+    try:
+        tree = ast.parse(Path(spec.origin).read_bytes(), filename=spec.origin)
+    except (OSError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    except SyntaxError as exc:
+        return f"SyntaxError: {exc.msg} ({exc.filename}, line {exc.lineno})"
+    for node in tree.body:
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+        for name in names:
+            top = name.partition(".")[0]
+            if top not in sys.modules and _find_unrun(top) is None:
+                return f"ModuleNotFoundError: No module named {top!r}"
+    return None
+
+
+def _find_unrun(modname: str) -> importlib.machinery.ModuleSpec | None:
+    """The spec of ``modname``, found along sys.path package by package without importing the packages."""
+    if modname in sys.modules:
+        return getattr(sys.modules[modname], "__spec__", None) or importlib.machinery.ModuleSpec(modname, None)
+    parts = modname.split(".")
+    spec = importlib.util.find_spec(parts[0]) if parts[0] not in sys.modules else sys.modules[parts[0]].__spec__
+    for i in range(1, len(parts)):
+        if spec is None or spec.submodule_search_locations is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), list(spec.submodule_search_locations))
+    return spec
 
 
 def _listed_keys(item: _Listed) -> list[ComponentKeys]:
