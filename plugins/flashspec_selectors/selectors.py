@@ -233,6 +233,38 @@ def shared_slopes_fit(xtx: np.ndarray, xty: np.ndarray, token_cost: float = 0.0)
     return np.column_stack([intercepts, np.broadcast_to(solution[k:], (k, 2))])
 
 
+def width_slope_information(xtx: np.ndarray) -> float:
+    """What the steps ``X^T X [K, 3, 3]`` (on :func:`cost_features`) tell of the shared slope in
+    ``rows * width`` in :func:`shared_slopes_fit`'s model: its precision over the noise variance,
+    once each arm's intercept and the shared slope in ``rows`` are solved for (a Schur
+    complement). 0 where no step tells it: no draft played, or each arm's drafted steps at one
+    row count and width only, so the arm's own intercept absorbs their cost."""
+    x = xtx[xtx[:, 0, 0] > 0]  # the played arms
+    if not len(x):
+        return 0.0
+    m = (x[:, 1:, 1:] - x[:, 1:, :1] * x[:, :1, 1:] / x[:, :1, :1]).sum(0)  # [2, 2] intercepts solved for
+    if m[0, 0] <= 1e-12 * max(abs(m[1, 1]), 1e-300):  # no arm's rows vary: the width slope stands alone
+        return float(max(m[1, 1], 0.0))
+    return float(max(m[1, 1] - m[1, 0] * m[0, 1] / m[0, 0], 0.0))
+
+
+def request_prior_rows(between: np.ndarray, cap: float) -> np.ndarray:
+    """Rows' worth of an arm's pooled acceptance in a request's own posterior (``[K] float64``),
+    from sums over finished requests ``between [6, K]``: requests that played the arm, their
+    rows ``N``, ``sum n_i^2``, ``sum s_i^2 / n_i``, the squares within requests and ``sum s_i``
+    (``n_i`` rows accepting ``s_i`` tokens in request ``i``). Empirical Bayes for a normal
+    mean per request: ``sigma^2 / tau^2``, the variance of a row within a request over that of
+    a request's mean, ``tau^2`` the one-way random-effects moment estimate for unequal sizes
+    (DerSimonian & Laird 1986). Clipped to ``[1, cap]``, and ``cap`` until two requests played
+    the arm or where requests differ no more than their rows do (``tau^2 <= 0``)."""
+    m, n, n2, s2n, within, s = between
+    sigma2 = within / np.maximum(n - m, 1.0)
+    q = s2n - s * s / np.maximum(n, 1.0)  # rows-weighted squares of the request means about the mean
+    tau2 = (q - (m - 1.0) * sigma2) / np.maximum(n - n2 / np.maximum(n, 1.0), 1e-12)
+    known = (m >= 2) & (n > m) & (tau2 > 0)
+    return np.where(known, np.clip(sigma2 / np.where(known, tau2, 1.0), min(1.0, cap), cap), cap)
+
+
 def chain_acceptance_prior(width: Any, rows: int = 1) -> Any:
     """The mean accepted count of a chain of ``width`` drafted tokens before any is seen:
     ``sum_{i=1..width} 1 / (i + 1)``, the expected ``sum_i alpha^i`` (Leviathan, Kalman &
@@ -415,8 +447,10 @@ class FactoredConfig:
     prior cost of one drafted token of a row, as a share of a one-row step of the
     cheapest arm, used while no step has drafted (:func:`shared_slopes_fit`): with the
     plain arm played first, it is what keeps an unseen draft from looking free at 32
-    rows; ``request_rows``: rows' worth of an arm's pooled acceptance as the prior of the live
-    request's own counts (0: pooled only; a request is what
+    rows; ``request_rows``: rows' worth, at most, of an arm's pooled acceptance as the prior of
+    the live request's own counts, fewer where finished requests show that the arm's acceptance
+    differs between requests more than between a request's rows (:func:`request_prior_rows`)
+    (0: pooled only; a request is what
     :meth:`~flashspec_core.contracts.RequestAware.begin_request` starts, in a static batch the
     batch's rows together): acceptance differs more between requests than between steps of one
     request, and a pooled mean dominated by earlier domains keeps a lookup arm played on prompts
@@ -792,6 +826,10 @@ class Factored:
         self.request_rows = float(config.request_rows)
         self.request = np.zeros((3, self.num_arms))  # [3, K] as acc, over the current request's steps
         self.by_row = np.zeros((3, 1, self.num_arms))  # [3, B, K] as acc, per row of the request (see_row_ids)
+        # [6, K] over finished requests that played each arm (request_prior_rows): requests, rows,
+        # sum of rows^2, sum of (accepted sum)^2 / rows, squares within requests, accepted sum
+        self.between = np.zeros((6, self.num_arms))
+        self.request_weight = np.full(self.num_arms, self.request_rows)  # [K] request_prior_rows of them
         self.ids: tuple[int, ...] | None = None  # the rows of the step to choose for or observe; None: not told
         self.refit = float(config.refit)
         self.gammas: np.ndarray | None = None  # [K] each arm's widest proposal (see_widths); None: not told
@@ -816,6 +854,7 @@ class Factored:
         # A draw the policy drops (at a request's end) stays counted: one opening play fewer.
         self.outstanding = np.zeros(self.num_arms)  # [K]
         self._cache: tuple[np.ndarray, np.ndarray] | None = None  # the cost posterior of every step (_posterior)
+        self._noise = 0.05**2  # its relative noise variance (sigma^2 of _posterior)
         self._fit: tuple[np.ndarray, np.ndarray] | None = None  # the cost posterior at the last refit
         self._views: dict[tuple[int, bool], _View] = {}  # (rows, static batch) -> what select reads there
         self._stale = True  # a refit is due before the next view
@@ -834,7 +873,12 @@ class Factored:
 
     def begin_request(self, rows: int) -> None:
         """A new request (:class:`~flashspec_core.contracts.RequestAware`): its own acceptance
-        counts start empty."""
+        counts start empty, and the one before it, finished, joins the spread between requests."""
+        n, s, ss = self.request
+        if n.any():
+            per = np.maximum(n, 1.0)  # [K] rows, at least 1 where an arm was not played
+            self.between += np.stack([n > 0, n, n * n, s * s / per, np.maximum(ss - s * s / per, 0.0), s])
+            self.request_weight = request_prior_rows(self.between, self.request_rows)
         self.request[:] = 0.0
         self.by_row = np.zeros((3, max(int(rows), 1), self.num_arms))
         self.ids = None
@@ -896,6 +940,7 @@ class Factored:
             rhs = self.ridge * prior @ design.T + self.xty  # [K, 3]
             mean = np.linalg.solve(precision, rhs[..., None])[..., 0]
             self._cache = mean, sigma2 * np.linalg.inv(precision)
+            self._noise = sigma2
         return self._cache
 
     def cost_coefficients(self, arm: int) -> np.ndarray:
@@ -967,10 +1012,11 @@ class Factored:
         mean, var, rows = view.acc_mean, view.acc_var, view.df
         if self.request_rows > 0:
             # The pooled posterior (as of the last refit) is the prior of this request's own counts
-            # (current: they change every step), worth at most request_rows rows: an arm that
-            # matches nothing in this request is priced by that.
+            # (current: they change every step), worth at most request_rows rows, fewer where finished
+            # requests differ (request_prior_rows): an arm that matches nothing in this request is
+            # priced by that after a try or two.
             rn, rs, rss = self._own()
-            weight = np.minimum(self.request_rows, rows)
+            weight = np.minimum(self.request_weight, rows)
             spread = np.maximum(rss - rs * rs / np.maximum(rn, 1.0), 0.0)
             mean = (rs + weight * mean) / (rn + weight)
             var = (spread + weight * var) / (rn + weight)
@@ -1030,10 +1076,17 @@ class Factored:
         wx = np.stack([np.ones_like(widths), np.full_like(widths, rows), rows * widths], 1)  # [W, 3]
         prior = chain_acceptance_prior(widths, self.rows if self.static_batch else 1)  # [W]
         # Optimism about acceptance, none about cost: a drafted token costs an unseen arm at least
-        # token_cost of the fastest step seen. Fitted on steps at one batch size (or on plain steps
-        # only) the width slope can come out 0 or below, and every unseen arm would open at 32 rows.
+        # token_cost of the fastest step seen while no step tells the width slope. Fitted on steps
+        # at one batch size (or on plain steps only) it can come out 0 or below, and every unseen
+        # arm would open at 32 rows.
+        # Where the steps pin the slope down to within the floor (its standard error below it),
+        # the fit is the better price: a floor above the measured slope holds back wide drafts that
+        # pay (docs/benchmarks/bandit-replay.json, batch 8).
         mean = mean.copy()
-        mean[:, 2] = np.maximum(mean[:, 2], self.token_cost * self.fastest)
+        least_cost = self.token_cost * self.fastest
+        information = width_slope_information(self.xtx)
+        if information <= 0 or self._noise > information * least_cost * least_cost:
+            mean[:, 2] = np.maximum(mean[:, 2], least_cost)
         value = predicted_throughput(self.rows, prior, np.maximum(mean @ wx.T, floor))  # [K, W]
         value = np.where(widths <= tops[:, None], value, -np.inf).max(1)  # [K] each arm's best width
         opens[closed] = value[closed] > known[costed].max()

@@ -25,7 +25,9 @@ from flashspec_selectors.selectors import (
     cost_features,
     expected_least,
     predicted_throughput,
+    request_prior_rows,
     shared_slopes_fit,
+    width_slope_information,
 )
 
 PLANTED = np.array([2e-3, 5e-5, 2e-5])  # seconds: per step, per row, per drafted token of a row
@@ -458,7 +460,76 @@ def test_a_new_request_prices_every_arm_by_the_pooled_counts_again() -> None:
     selector.begin_request(1)
     assert not selector.request.any()
     assert selector.acc[0].tolist() == [100.0, 140.0, 100.0]  # the pooled counts keep every request
-    assert [selector.select() for _ in range(200)].count(1) > 190
+    # The lookup accepted 5 in one request and 0 in the other: a new request's price is the
+    # pooled mean with the whole spread between requests, worth one row (request_prior_rows).
+    assert selector.request_weight.tolist() == [8.0, 1.0, 8.0]
+    assert [selector.select() for _ in range(200)].count(1) > 120
+
+
+def _dl_rows(requests: list[list[int]], cap: float) -> float:
+    """request_prior_rows for one arm, from its rows' accepted counts per request, written out
+    as the one-way random-effects moment estimate."""
+    means = np.array([np.mean(r) for r in requests])
+    sizes = np.array([len(r) for r in requests], dtype=float)
+    total = sizes.sum()
+    within = sum(float(np.sum((np.array(r) - np.mean(r)) ** 2)) for r in requests) / (total - len(requests))
+    grand = float(sizes @ means) / total
+    between = float(sizes @ (means - grand) ** 2)
+    tau2 = (between - (len(requests) - 1) * within) / (total - float(sizes @ sizes) / total)
+    return cap if tau2 <= 0 else float(np.clip(within / tau2, 1.0, cap))
+
+
+def _between(requests: list[list[int]]) -> np.ndarray:
+    selector = Factored(FactoredConfig(seed=0, request_rows=8.0), 1)
+    for rows in requests:
+        selector.begin_request(len(rows))
+        selector.observe(0, len(rows), 6, rows, 2e-3)
+    selector.begin_request(1)
+    return selector.between
+
+
+@pytest.mark.parametrize("requests", [
+    [[5, 6, 4, 5], [0, 1, 0, 0, 1, 0, 0, 0], [3, 2]],  # requests that differ: a few rows' worth
+    [[5, 6, 4, 5], [6, 5, 4, 6, 5, 4, 5, 6], [5, 4]],  # alike: the cap
+    [[1, 3, 0, 2], [2, 0, 3, 1, 2, 2, 1, 3], [3, 0]],
+])
+def test_request_prior_rows_is_the_moment_estimate_of_within_over_between_spread(requests: list[list[int]]) -> None:
+    got = request_prior_rows(_between(requests), 8.0)
+    assert got.tolist() == pytest.approx([_dl_rows(requests, 8.0)])
+    assert request_prior_rows(_between(requests[:1]), 8.0).tolist() == [8.0]  # one request: the cap
+
+
+def _alternating_requests(request_rows: float, seed: int) -> Factored:
+    """Plain decoding (2 ms) and a draft of width 3 that accepts 2 at 3 ms, each request; a lookup
+    of width 6 at plain cost whose rows accept 4 to 6 in every other request and 0 or 1 in the
+    rest; then a request where the lookup's first 8 tries accepted nothing."""
+    rng = np.random.default_rng(seed)
+    selector = Factored(FactoredConfig(seed=seed, warmup=0, request_rows=request_rows), 3)
+    selector.see_widths([0, 6, 3])
+    for request in range(10):
+        selector.begin_request(1)
+        for _ in range(20):
+            feed(selector, 0, 1, 0, 0, 2e-3)
+            feed(selector, 1, 1, 6, int(rng.integers(4, 7)) if request % 2 else int(rng.integers(2)), 2e-3)
+            feed(selector, 2, 1, 3, 2, 3e-3)
+    selector.begin_request(1)
+    for _ in range(8):
+        feed(selector, 1, 1, 6, 0, 2e-3)
+    return selector
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_where_requests_differ_a_request_drops_an_arm_after_a_few_empty_tries(seed: int) -> None:
+    # Worth 8 rows, the pooled 2.7 tokens a step still outweigh 8 empty tries (1.4 expected); worth
+    # what the spread between requests says (about one row), the request's own zeros decide.
+    fixed = _alternating_requests(8.0, seed)
+    fixed.request_weight[:] = 8.0  # request_rows as a fixed weight
+    kept = [fixed.select() for _ in range(200)]
+    learnt = _alternating_requests(8.0, seed)
+    assert learnt.request_weight[1] < 2.0
+    dropped = [learnt.select() for _ in range(200)]
+    assert kept.count(1) > 120
+    assert dropped.count(2) > 170
 
 
 @pytest.mark.parametrize("request_rows", [0.0, 8.0])
@@ -614,6 +685,25 @@ def test_row_ids_must_ascend() -> None:
     selector = Factored(FactoredConfig(seed=0), 2)
     with pytest.raises(ValueError, match="ascending"):
         selector.see_row_ids([2, 1])
+
+
+@pytest.mark.parametrize(("draft_rows", "opened"), [((16,), False), (tuple(range(1, 17)), True)])
+def test_the_cost_floor_holds_only_where_no_step_tells_the_width_slope(draft_rows: tuple[int, ...], opened: bool) -> None:
+    # A drafted token of a row costs 2 us, a tenth of token_cost's floor. Drafted at 1 to 16 rows,
+    # the steps pin that down and an unseen arm opens at 16 rows on its prior (a chain of one
+    # whose least row expects 1/17 token, for 32 us more a step); drafted at 16 rows only, the
+    # draft's intercept absorbs its width, the floor holds (320 us) and the arm stays closed.
+    cost = np.array([2e-3, 1e-5, 2e-6])
+    selector = Factored(FactoredConfig(seed=0), 3)
+    selector.see_widths([0, 3, 8])
+    for _ in range(5):
+        for rows in range(1, 17):
+            selector.observe(0, rows, 0, [0] * rows, planted_time(rows, 0, cost))
+        for rows in draft_rows:
+            selector.observe(1, rows, 3, [0] * rows, planted_time(rows, 3, cost) + 1.5e-3)
+    assert (width_slope_information(selector.xtx) > 0) == opened
+    selector.see_rows(16)
+    assert (selector.select() == 2) == opened
 
 
 def test_an_unseen_draft_stays_closed_at_32_rows_after_plain_steps_at_one_batch_size() -> None:
