@@ -479,31 +479,28 @@ def _checked(draft: Draft, arm: Arm) -> Draft:
     return draft
 
 
-_OBSERVES: dict[type, bool] = {}  # selector class -> whether it has ObservesSteps' hooks
+_CAPABLE: dict[tuple[type, type], bool] = {}  # (selector class, capability) -> whether it has the hooks
+
+
+def _has(selector: object, capability: type) -> bool:
+    """Whether ``selector`` has ``capability``'s hooks, decided once per class: a Protocol
+    ``isinstance`` walks the protocol's members (30-60 us on Python 3.11 on the CPU of
+    docs/benchmarks/bandit-host-cost-cpu.json), and the policy asks several times per step."""
+    key = (type(selector), capability)
+    known = _CAPABLE.get(key)
+    if known is None:
+        known = _CAPABLE[key] = isinstance(selector, capability)
+    return known
 
 
 def observes_steps(selector: ArmSelector) -> TypeGuard[ObservesSteps]:
-    """Whether ``selector`` has :class:`ObservesSteps`' hooks, decided once per class: a
-    Protocol ``isinstance`` walks the protocol's members (30-60 us on Python 3.11 on the CPU
-    of docs/benchmarks/bandit-host-cost-cpu.json), and the policy asks twice per step."""
-    kind = type(selector)
-    known = _OBSERVES.get(kind)
-    if known is None:
-        known = _OBSERVES[kind] = isinstance(selector, ObservesSteps)
-    return known
-
-
-_ROW_IDS: dict[type, bool] = {}  # selector class -> whether it has SeesRowIds' hook
+    """Whether ``selector`` has :class:`ObservesSteps`' hooks (decided once per class)."""
+    return _has(selector, ObservesSteps)
 
 
 def sees_row_ids(selector: object) -> TypeGuard[SeesRowIds]:
-    """Whether ``selector`` has :class:`SeesRowIds`' hook, decided once per class (as
-    :func:`observes_steps`)."""
-    kind = type(selector)
-    known = _ROW_IDS.get(kind)
-    if known is None:
-        known = _ROW_IDS[kind] = isinstance(selector, SeesRowIds)
-    return known
+    """Whether ``selector`` has :class:`SeesRowIds`' hook (decided once per class)."""
+    return _has(selector, SeesRowIds)
 
 
 def proposes_trees(provider: DraftProvider) -> bool:
