@@ -259,6 +259,7 @@ class Pipeline:
         steps: list[StepRecord] = []
         while any(active):
             record, emitted = self.step(tokens, lengths, active, sampling, generator)
+            where: tuple[list[int], list[int], list[int]] = ([], [], [])  # rows, columns, ids: one write per step
             for b, new in enumerate(emitted):
                 if not active[b]:
                     continue
@@ -266,14 +267,19 @@ class Pipeline:
                 stop = next((i for i, t in enumerate(new) if t in eos), None)
                 if stop is not None:
                     new = new[: stop + 1]
-                tokens[b, lengths[b] : lengths[b] + len(new)] = torch.tensor(new, dtype=torch.long)
+                where[0].extend([b] * len(new))
+                where[1].extend(range(lengths[b], lengths[b] + len(new)))
+                where[2].extend(new)
                 lengths[b] += len(new)
                 out[b].extend(new)
                 if on_tokens is not None and new:
                     on_tokens(b, new)
                 if stop is not None or len(out[b]) >= max_new:
                     active[b] = False
+            if where[0]:
+                tokens[where[0], where[1]] = torch.tensor(where[2], dtype=torch.long)
             steps.append(record)
+        self.policy.settle()  # the selector has seen every step once generate returns
         return out, steps
 
     def check_context(self, prompt_len: int, max_new: int) -> None:
@@ -324,7 +330,8 @@ class Pipeline:
         verdict, path = self._verify(logits, draft, sampling, generator, names)
         clock.mark()
         captured = self._captures() != captures  # captures run on the host, so they are all counted by now
-        self.policy.draw_next()  # while the device runs this step
+        self.policy.settle()  # the last step's selector update (learn(defer=True)), while the device runs this step
+        self.policy.draw_next()  # likewise
         check_shapes(draft, logits, verdict, names)
         flags = step_flags(draft, logits, verdict, path if draft.parents is not None else None)
         host = torch.cat([verdict.num_accepted[:, None], verdict.tokens, path, flags[:, None]], dim=1)
@@ -335,7 +342,10 @@ class Pipeline:
         paths = host[:, 1 + verdict.tokens.shape[1] : -1] if draft.parents is not None else None
         self._commit(accepted, paths)
         width = int(draft.tokens.shape[1])  # the arm's gamma, or fewer (a lookup without a match)
-        reward = self.policy.commit(plan, accepted, step_s, drafter, width, paths, captured=captured)
+        # The selector's update waits for the next step's settle (above, one step later), which runs
+        # while the device computes that step: at 32 rows its observe costs a few hundred
+        # microseconds of host time that would otherwise separate two steps.
+        reward = self.policy.commit(plan, accepted, step_s, drafter, width, paths, captured=captured, defer=True)
         acc = tuple(accepted[b] for b in rows)
         record = StepRecord(
             step=self._step,
@@ -354,7 +364,8 @@ class Pipeline:
         )
         self._step += 1
         self._observe(record, self.policy.settings.batch_buckets[plan.bucket])
-        return record, [host[b, 1 : 2 + n].tolist() for b, n in enumerate(accepted)]
+        ids = host[:, 1 : 2 + max(accepted, default=0)].tolist()  # one read of the emitted ids, sliced per row
+        return record, [row[: n + 1] for row, n in zip(ids, accepted, strict=True)]
 
     def _captures(self) -> int:
         """CUDA graphs the target, the verifier and the arms' providers have captured so far

@@ -55,7 +55,10 @@ Vocabulary:
   reward (feedback one step late), and is dropped unused where the first arm proposes,
   a request ends or the next step's rows fall into another bucket (the draw comes from
   this step's bucket; rows only finish, so the next step's bucket is not known yet);
-  every played choice is still updated once, by the bucket it was drawn from.
+  every played choice is still updated once, by the bucket it was drawn from. The
+  pipeline also defers the selector's update of a step (``learn(defer=True)``) to the next
+  step's :meth:`StepPolicy.settle`, run while the device computes that step and always before
+  the selector is asked again, so each draw sees the same past steps as without deferring.
 * *reward* -- a number in ``[0, 1]`` from :mod:`flashspec_core.rewards`, computed after
   the step from its width, accepted counts, emitted tokens and step time.
 """
@@ -226,6 +229,9 @@ class StepPolicy:
         self._due: int | None = None  # the bucket whose draw ahead is due for the step in flight
         self._rows = 1  # live rows of the step last chosen: a draw ahead's best guess of the next
         self._ids: tuple[int, ...] = (0,)  # which rows those are (SeesRowIds)
+        # A step's selector update held back by learn(defer=True): (selector, choice, rows, width, accepted,
+        # step seconds, reward), applied by settle() before the selector is next asked or a request begins.
+        self._pending: tuple[ArmSelector, int, tuple[int, ...], int, tuple[int, ...], float, float] | None = None
 
     @property
     def selector(self) -> ArmSelector:
@@ -290,6 +296,7 @@ class StepPolicy:
         told its arms' widths (here, since arms may be swapped between requests), and a
         :class:`RequestAware` selector is told (before its first ``select()``, so it may
         keep per-request stats)."""
+        self.settle()  # the last step of the request before belongs to it
         for arm in self.arms:
             arm.provider.reset()
         self._ahead, self._due = None, None
@@ -357,7 +364,9 @@ class StepPolicy:
             self._ahead = (bucket, self._ask(bucket, self._rows if rows is None else rows))
 
     def _ask(self, bucket: int, rows: int) -> int:
-        """The choice of the bucket's selector for a step over ``rows`` live rows."""
+        """The choice of the bucket's selector for a step over ``rows`` live rows (after any
+        update held back, so a choice sees every step that it would have seen without deferring)."""
+        self.settle()
         selector = self.selectors[bucket]
         if observes_steps(selector):
             if sees_row_ids(selector):  # a count other than the last step's (a replay's draw ahead): its first rows
@@ -366,8 +375,14 @@ class StepPolicy:
         return selector.select()
 
     def learn(self, plan: Plan, width: int, accepted: Sequence[int], step_s: float,
-              emitted: int | None = None, captured: bool = False) -> float:
+              emitted: int | None = None, captured: bool = False, defer: bool = False) -> float:
         """Score a finished step and update the selector where it chose; returns the reward.
+
+        With ``defer`` the selector's update (its ``observe`` and ``update``, the costly part at
+        many rows) is held back until :meth:`settle`, which runs before the selector is next
+        asked for a choice (:meth:`draw_next`, :meth:`choose`) or a request begins: the pipeline
+        defers it so that it runs while the device computes the next step instead of between two
+        steps. Every choice still sees the same past steps as without deferring.
 
         :param width: tokens the step proposed per row (the drafter's gamma, or fewer).
         :param accepted: accepted draft tokens per live row (``plan.rows``' order).
@@ -384,13 +399,23 @@ class StepPolicy:
         scorer = (self.first_rewards if plan.by_first else self.rewards)[plan.bucket]
         reward = scorer(width, acc, emitted, max(step_s, 1e-9))
         if plan.choice is not None and not captured:
-            selector = self.selectors[plan.bucket]
-            if observes_steps(selector):
-                if sees_row_ids(selector):
-                    selector.see_row_ids(plan.rows)
-                selector.observe(plan.choice, len(acc), width, acc, max(step_s, 1e-9))
-            selector.update(plan.choice, reward)
+            self.settle()
+            self._pending = (self.selectors[plan.bucket], plan.choice, tuple(plan.rows), width, acc,
+                             max(step_s, 1e-9), reward)
+            if not defer:
+                self.settle()
         return reward
+
+    def settle(self) -> None:
+        """Apply the selector update that :meth:`learn` held back, if any."""
+        if self._pending is None:
+            return
+        (selector, choice, rows, width, acc, step_s, reward), self._pending = self._pending, None
+        if observes_steps(selector):
+            if sees_row_ids(selector):
+                selector.see_row_ids(rows)
+            selector.observe(choice, len(acc), width, acc, step_s)
+        selector.update(choice, reward)
 
     # ------------------------------------------------------------------ the half with providers
 
@@ -423,7 +448,7 @@ class StepPolicy:
         return _checked(draft, drafter), drafter
 
     def commit(self, plan: Plan, accepted: Sequence[int], step_s: float, drafter: Arm, width: int,
-               paths: torch.Tensor | None = None, captured: bool = False) -> float:
+               paths: torch.Tensor | None = None, captured: bool = False, defer: bool = False) -> float:
         """Roll the draft providers back to the accepted tokens, then :meth:`learn`.
 
         :param accepted: accepted draft tokens of every row of the batch (B ints; finished rows too).
@@ -431,6 +456,7 @@ class StepPolicy:
         :param paths: after a tree proposal, the accepted nodes ([B, D] int64 CPU, -1 padded):
             the drafter learns them through :meth:`~flashspec_core.contracts.ProposesTrees.rollback_path`.
         :param captured: the step captured a CUDA graph (see :meth:`learn`).
+        :param defer: hold the selector's update back until :meth:`settle` (see :meth:`learn`).
         """
         arm = self.played(plan)
         if paths is not None and isinstance(drafter.provider, ProposesTrees):
@@ -439,7 +465,7 @@ class StepPolicy:
             drafter.provider.rollback(accepted)
         if drafter.provider is not arm.provider:  # the arm proposed nothing: none of its tokens entered the sequences
             arm.provider.rollback([0] * len(accepted))
-        return self.learn(plan, width, [accepted[b] for b in plan.rows], step_s, captured=captured)
+        return self.learn(plan, width, [accepted[b] for b in plan.rows], step_s, captured=captured, defer=defer)
 
     def _first_proposal(self, first: int, tokens: torch.Tensor, lengths: Sequence[int], sampling: SamplingParams,
                         generator: torch.Generator) -> Draft:

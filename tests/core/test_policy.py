@@ -186,21 +186,26 @@ def test_an_empty_proposal_falls_back_and_both_providers_are_rolled_back() -> No
     assert _kinds(log, "propose", "rollback") == [("propose", "lookup", 3), ("rollback", "lookup", [2, 2, 1])]
 
 
-@pytest.mark.parametrize("early", [True, False])
-def test_draw_ahead_feeds_back_one_step_late(early: bool) -> None:
+@pytest.mark.parametrize("mode", ["late", "early", "deferred"])
+def test_draw_ahead_feeds_back_one_step_late(mode: str) -> None:
     """Model-free: select() for step t + 1 comes before update() for step t, and every played
-    choice is the draw made one step earlier; drawn early (as the pipeline does, before its
-    sync) or left to learn() (a replay), the selector hears the same calls."""
+    choice is the draw made one step earlier; drawn early (before the sync), left to learn()
+    (a replay), or with the update deferred to the next step's settle() (as the pipeline does,
+    while the device runs that step), the selector hears the same calls in the same order."""
     log: list[tuple[Any, ...]] = []
     arms = [Arm(n, FakeProvider(n, log), 3) for n in ("a", "b", "c")]
     policy = _policy(log, arms, picks=[0, 1, 2, 1], draw_ahead=True)
     played = []
     for _ in range(4):
         plan = policy.choose([0])
-        if early:
+        if mode != "late":
+            policy.settle()
             policy.draw_next()
-        policy.learn(plan, 3, [1], 0.01)
+        heard = len(_kinds(log, "update"))
+        policy.learn(plan, 3, [1], 0.01, defer=mode == "deferred")
+        assert len(_kinds(log, "update")) == heard + (mode != "deferred")  # deferred: held back until settle()
         played.append(plan.choice)
+    policy.settle()
     calls = _kinds(log, "select", "update")
     assert [c[:2] for c in calls] == [("select", 0), ("select", 1), ("update", 0), ("select", 2), ("update", 1),
                                       ("select", 1), ("update", 2), ("select", 0), ("update", 1)]
@@ -216,6 +221,19 @@ def test_without_draw_ahead_each_reward_comes_before_the_next_draw() -> None:
         policy.learn(plan, 3, [1, 2], 0.01)
     assert [c[:2] for c in _kinds(log, "select", "update")] == [("select", 0), ("update", 0), ("select", 1),
                                                                 ("update", 1), ("select", 0), ("update", 0)]
+
+
+def test_a_deferred_update_reaches_the_selector_before_its_next_choice_or_request() -> None:
+    """learn(defer=True) holds the selector's update back; a choice asked fresh (no draw ahead)
+    and a new request both apply it first, so every choice sees what it would have seen."""
+    log: list[tuple[Any, ...]] = []
+    policy = _policy(log, [Arm(n, FakeProvider(n, log), 3) for n in ("a", "b")], picks=[0, 1], draw_ahead=False)
+    for _ in range(2):
+        plan = policy.choose([0, 1])
+        policy.learn(plan, 3, [1, 2], 0.01, defer=True)
+    assert [c[:2] for c in _kinds(log, "select", "update")] == [("select", 0), ("update", 0), ("select", 1)]
+    policy.begin(2)
+    assert [c[:2] for c in _kinds(log, "select", "update")][-1] == ("update", 1)
 
 
 def test_a_drawn_choice_is_dropped_where_the_first_arm_proposes_or_a_request_begins() -> None:
