@@ -108,6 +108,32 @@ def catch_up_width(need: int, scratch: int) -> int:
     return min(bucket(need), scratch)
 
 
+PREFILL_MERGE = 512  # token positions of padding worth one more eager forward's fixed cost (prefill_groups)
+
+
+def prefill_groups(stops: Sequence[int], scratch: int, merge_below: int = PREFILL_MERGE) -> list[tuple[int, list[int]]]:
+    """Rows to prefill (``stops[b] > 0`` tokens each) grouped by the forward width that feeds them
+    (:func:`catch_up_width`), narrowest first, as ``(width, rows)``. One forward right-aligns every
+    row to the longest prompt's width: at 32 rows one prompt of 300 tokens among prompts of 50
+    made the forward 32 x 512 positions, most of them padding. A group joins the next wider one
+    where the padding that adds is under ``merge_below`` token positions (not worth a forward)."""
+    by: dict[int, list[int]] = {}
+    for b, n in enumerate(stops):
+        if n > 0:
+            by.setdefault(catch_up_width(n, scratch), []).append(b)
+    widths = sorted(by)
+    groups: list[tuple[int, list[int]]] = []
+    carried: list[int] = []
+    for i, width in enumerate(widths):
+        rows = carried + by[width]
+        if i + 1 < len(widths) and len(rows) * (widths[i + 1] - width) < merge_below:
+            carried = rows
+            continue
+        groups.append((width, sorted(rows)))
+        carried = []
+    return groups
+
+
 def tree_inputs(parents: Sequence[int]) -> torch.Tensor:
     """[2, N + 1] int64: each query's depth (0 for the root, the last committed token) and its
     ancestor bits over the tree block (0 for the root): a tree forward's per-shape inputs."""
@@ -220,13 +246,30 @@ class FastTarget:
         return decode_ids(self.tokenizer, ids)
 
     def prefill(self, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
-        """Write every prompt but its last token into the cache (eager, ragged)."""
+        """Write every prompt but its last token into the cache (ragged): one forward (a graph per
+        shape) where the prompts need about one width, else one eager forward per group of rows of
+        about one length (:func:`prefill_groups`), so short prompts are not padded to the longest."""
         self.fit(len(lengths))
         check_room(self.model, max(lengths), "prefill")
         self.cached = []
-        ragged_forward(self.model, tokens, [0] * len(lengths), [n - 1 for n in lengths], self._stage, self.graphs)
-        self.cached = [n - 1 for n in lengths]
+        stops = [n - 1 for n in lengths]
+        groups = prefill_groups(stops, self.model.scratch, PREFILL_MERGE)
+        if len(groups) <= 1:
+            ragged_forward(self.model, tokens, [0] * len(lengths), stops, self._stage, self.graphs)
+        else:
+            for width, rows in groups:
+                self._forward_rows(tokens, stops, rows, width)
+        self.cached = stops
         self.prefills += 1
+
+    def _forward_rows(self, tokens: torch.Tensor, stops: Sequence[int], picked: list[int], width: int) -> None:
+        """Feed ``tokens[b, : stops[b]]`` of the rows ``picked`` into their own slots, in one eager
+        forward ``width`` wide (no other row's slot is written)."""
+        host = ragged_inputs(tokens[picked], [0] * len(picked), [stops[b] for b in picked], width, self.model.scratch)
+        dev = self._stage(host)
+        index = torch.tensor(picked, dtype=torch.long).to(self.device)
+        span = self.model.span_for(max(stops[b] for b in picked))
+        self.model.forward(dev[0], dev[1], dev[2], last_only=True, span=span, rows=index)
 
     def prefill_rows(self, tokens: torch.Tensor, lengths: Sequence[int], rows: Sequence[int]) -> None:
         """Write the sequences of ``rows`` but their last tokens into those rows' slots
@@ -238,11 +281,10 @@ class FastTarget:
         check_room(self.model, max(stops) + 1, "prefill_rows")
         need = max(stops)
         if need > 0:
-            scratch = self.model.scratch
-            host = ragged_inputs(tokens[picked], [0] * len(picked), stops, catch_up_width(need, scratch), scratch)
-            dev = self._stage(host)
-            index = torch.tensor(picked, dtype=torch.long).to(self.device)
-            self.model.forward(dev[0], dev[1], dev[2], last_only=True, span=self.model.span_for(need), rows=index)
+            full = [0] * (max(picked) + 1)
+            for b, stop in zip(picked, stops, strict=True):
+                full[b] = stop
+            self._forward_rows(tokens, full, list(picked), catch_up_width(need, self.model.scratch))
         for b, stop in zip(picked, stops, strict=True):
             self.cached[b] = stop
 

@@ -1,0 +1,54 @@
+"""The fast target's prefill: rows of very different prompt lengths are fed in groups of about
+one width (not all padded to the longest), and score exactly as after one forward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import flashspec_fast.target as fast_target
+from flashspec_core.build import build_pipeline
+from flashspec_core.testing.tiny import one_arm_dict, tiny_lm
+from flashspec_fast.target import prefill_groups
+
+
+def test_rows_are_grouped_by_width_and_small_groups_join_the_next() -> None:
+    stops = [3, 50, 0, 60, 200, 2]
+    # widths 4 (rows 0 and 5), 64 (rows 1 and 3) and the scratch slot's 127 (row 4: 256 would reach it)
+    assert prefill_groups(stops, 127, merge_below=0) == [(4, [0, 5]), (64, [1, 3]), (127, [4])]
+    # rows 0 and 5 padded to 64 add 2 x 60 = 120 positions: under 121 they join the 64-wide forward
+    assert prefill_groups(stops, 127, merge_below=121) == [(64, [0, 1, 3, 5]), (127, [4])]
+    assert prefill_groups(stops, 127, merge_below=10**6) == [(127, [0, 1, 3, 4, 5])]
+    assert prefill_groups([0, 0], 127) == []
+
+
+@pytest.fixture(scope="module")
+def target_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_lm(tmp_path_factory.mktemp("prefill") / "t", vocab=32, seed=3, dtype=torch.float32)
+
+
+def _scores(path: Path, merge: int, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.Tensor, list[int]]:
+    monkeypatch.setattr(fast_target, "PREFILL_MERGE", merge)
+    config = one_arm_dict(path, {"use": "none"})
+    config["target"] |= {"use": "fast", "device": "cpu", "max_len": 128, "compile": False}
+    target: Any = build_pipeline(config).target
+    grouped: list[int] = []
+    forward_rows = target._forward_rows
+    monkeypatch.setattr(target, "_forward_rows", lambda *a: (grouped.append(len(a[2])), forward_rows(*a)))
+    g = torch.Generator().manual_seed(0)
+    lengths = [3, 40, 5, 70, 1]
+    tokens = torch.zeros((len(lengths), 96), dtype=torch.long)
+    for b, n in enumerate(lengths):
+        tokens[b, :n] = torch.randint(1, 31, (n,), generator=g)
+    target.prefill(tokens, lengths)
+    return target.score(tokens, lengths, torch.randint(1, 31, (len(lengths), 3), generator=g)), grouped
+
+
+def test_grouped_prefill_scores_as_one_forward(target_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    one, none_grouped = _scores(target_path, 10**6, monkeypatch)
+    split, grouped = _scores(target_path, 0, monkeypatch)
+    assert none_grouped == [] and grouped == [2, 1, 1]  # widths 4 (rows 0, 2), 64 (row 1), the widest (row 3)
+    torch.testing.assert_close(split, one, atol=1e-5, rtol=0)
