@@ -258,18 +258,17 @@ class FastTarget:
             ragged_forward(self.model, tokens, [0] * len(lengths), stops, self._stage, self.graphs)
         else:
             for width, rows in groups:
-                self._forward_rows(tokens, stops, rows, width)
+                self._forward_rows(tokens, rows, [stops[b] for b in rows], width)
         self.cached = stops
         self.prefills += 1
 
-    def _forward_rows(self, tokens: torch.Tensor, stops: Sequence[int], picked: list[int], width: int) -> None:
-        """Feed ``tokens[b, : stops[b]]`` of the rows ``picked`` into their own slots, in one eager
-        forward ``width`` wide (no other row's slot is written)."""
-        host = ragged_inputs(tokens[picked], [0] * len(picked), [stops[b] for b in picked], width, self.model.scratch)
+    def _forward_rows(self, tokens: torch.Tensor, picked: list[int], stops: Sequence[int], width: int) -> None:
+        """Feed the first ``stops[i]`` tokens of each row ``picked[i]`` into its own slots, in one
+        eager forward ``width`` wide (no other row's slot is written)."""
+        host = ragged_inputs(tokens[picked], [0] * len(picked), stops, width, self.model.scratch)
         dev = self._stage(host)
         index = torch.tensor(picked, dtype=torch.long).to(self.device)
-        span = self.model.span_for(max(stops[b] for b in picked))
-        self.model.forward(dev[0], dev[1], dev[2], last_only=True, span=span, rows=index)
+        self.model.forward(dev[0], dev[1], dev[2], last_only=True, span=self.model.span_for(max(stops)), rows=index)
 
     def prefill_rows(self, tokens: torch.Tensor, lengths: Sequence[int], rows: Sequence[int]) -> None:
         """Write the sequences of ``rows`` but their last tokens into those rows' slots
@@ -281,10 +280,7 @@ class FastTarget:
         check_room(self.model, max(stops) + 1, "prefill_rows")
         need = max(stops)
         if need > 0:
-            full = [0] * (max(picked) + 1)
-            for b, stop in zip(picked, stops, strict=True):
-                full[b] = stop
-            self._forward_rows(tokens, full, list(picked), catch_up_width(need, self.model.scratch))
+            self._forward_rows(tokens, picked, stops, catch_up_width(need, self.model.scratch))
         for b, stop in zip(picked, stops, strict=True):
             self.cached[b] = stop
 

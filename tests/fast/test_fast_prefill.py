@@ -37,7 +37,7 @@ def _scores(path: Path, merge: int, monkeypatch: pytest.MonkeyPatch) -> tuple[to
     target: Any = build_pipeline(config).target
     grouped: list[int] = []
     forward_rows = target._forward_rows
-    monkeypatch.setattr(target, "_forward_rows", lambda *a: (grouped.append(len(a[2])), forward_rows(*a)))
+    monkeypatch.setattr(target, "_forward_rows", lambda *a: (grouped.append(len(a[1])), forward_rows(*a)))
     g = torch.Generator().manual_seed(0)
     lengths = [3, 40, 5, 70, 1]
     tokens = torch.zeros((len(lengths), 96), dtype=torch.long)
