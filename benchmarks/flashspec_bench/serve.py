@@ -582,10 +582,14 @@ def scrape(url: str) -> dict[str, float]:
     step-time histogram's sum and count)."""
     import urllib.request
 
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
+        return parse_metrics(response.read().decode())
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus exposition ``text`` as ``{sample name with labels: value}``."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
-        text = response.read().decode()
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -596,8 +600,10 @@ def scrape(url: str) -> dict[str, float]:
 
 def server_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
     """What the server counted between two scrapes: steps per arm, decode steps, mean step
-    time (ms) and graphs captured while serving, so a level's tokens/s can be read against the
-    arms the selector played."""
+    time (ms) and their sum (s: the rest of a level's wall time is the host's, admission and
+    prefill included), draft tokens proposed and accepted, batch rebuilds and rows prefilled
+    alone, and graphs captured while serving, so a level's tokens/s can be read against the
+    arms the selector played and what they accepted."""
     def grew(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
 
@@ -607,6 +613,11 @@ def server_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
     captures = sum(grew(key) for key in after if key.startswith("flashspec:graph_captures_while_serving_total"))
     return {"arm_steps": {a: n for a, n in arms.items() if n}, "steps": int(steps),
             "step_ms_mean": round(1000 * seconds / steps, 3) if steps else None,
+            "step_s_total": round(seconds, 4),
+            "draft_tokens": int(grew("flashspec:spec_decode_num_draft_tokens_total")),
+            "accepted_tokens": int(grew("flashspec:spec_decode_num_accepted_tokens_total")),
+            "rebuilds": int(grew("flashspec:batch_rebuilds_total")),
+            "row_prefills": int(grew("flashspec:batch_row_prefills_total")),
             "graph_captures_while_serving": int(captures)}
 
 

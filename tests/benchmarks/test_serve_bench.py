@@ -357,3 +357,28 @@ def test_the_lease_bounds_the_serve_stage_so_its_results_are_copied_out() -> Non
     stage = stage[:stage.index(";;")]
     assert "timeout -k 10" in stage and "--deadline" in stage
     assert stage.index("serve_bench.py") < stage.index("cp $RES/serve-h200.json")
+
+
+def test_server_delta_reads_what_the_servers_counters_grew_by() -> None:
+    from prometheus_client import generate_latest
+
+    from flashspec_serve.metrics import Metrics
+
+    metrics = Metrics()
+
+    def scrape() -> dict[str, float]:
+        return sb.parse_metrics(generate_latest(metrics.registry).decode())
+
+    metrics.num_draft_tokens.inc(100)  # before the level: not counted
+    before = scrape()
+    metrics.num_draft_tokens.inc(6)
+    metrics.num_accepted_tokens.inc(4)
+    metrics.arm_selections.labels(arm="draft-g3").inc(2)
+    metrics.rebuilds.inc()
+    metrics.row_prefills.inc(3)
+    metrics.step_time.observe(0.01)
+    metrics.step_time.observe(0.03)
+    got = sb.server_delta(before, scrape())
+    assert got == {"arm_steps": {"draft-g3": 2}, "steps": 2, "step_ms_mean": 20.0, "step_s_total": 0.04,
+                   "draft_tokens": 6, "accepted_tokens": 4, "rebuilds": 1, "row_prefills": 3,
+                   "graph_captures_while_serving": 0}
