@@ -599,7 +599,8 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 def server_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
-    """What the server counted between two scrapes: steps per arm, decode steps, mean step
+    """What the server counted between two scrapes: steps per arm and, per arm, its mean step
+    time, live rows, tokens per row-step and tokens per millisecond of step; decode steps, mean step
     time (ms) and their sum (s: the rest of a level's wall time is the host's, admission and
     prefill included), draft tokens proposed and accepted, batch rebuilds and rows prefilled
     alone, and graphs captured while serving, so a level's tokens/s can be read against the
@@ -609,9 +610,18 @@ def server_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
 
     arms = {key.split("arm=", 1)[1].rstrip("}"): int(grew(key)) for key in after
             if key.startswith("flashspec:spec_decode_arm_selections_total{")}
+    per_arm = {}
+    for arm, n in arms.items():
+        if n:
+            label = f'{{arm={arm}}}'
+            seconds, rows = grew(f"flashspec:arm_step_seconds_total{label}"), grew(f"flashspec:arm_row_steps_total{label}")
+            emitted = grew(f"flashspec:arm_emitted_tokens_total{label}")
+            per_arm[arm] = {"step_ms_mean": round(1000 * seconds / n, 3), "rows_mean": round(rows / n, 2),
+                            "tokens_per_row_step": round(emitted / rows, 3) if rows else None,
+                            "tokens_per_step_ms": round(emitted / (1000 * seconds), 3) if seconds else None}
     steps, seconds = grew("flashspec:step_time_seconds_count"), grew("flashspec:step_time_seconds_sum")
     captures = sum(grew(key) for key in after if key.startswith("flashspec:graph_captures_while_serving_total"))
-    return {"arm_steps": {a: n for a, n in arms.items() if n}, "steps": int(steps),
+    return {"arm_steps": {a: n for a, n in arms.items() if n}, "arms": per_arm, "steps": int(steps),
             "step_ms_mean": round(1000 * seconds / steps, 3) if steps else None,
             "step_s_total": round(seconds, 4),
             "draft_tokens": int(grew("flashspec:spec_decode_num_draft_tokens_total")),

@@ -29,6 +29,15 @@ class Metrics:
                                         registry=r)
         self.arm_selections = Counter("flashspec:spec_decode_arm_selections", "Steps played by each arm", ["arm"],
                                       registry=r)
+        # Per arm, what its steps cost and brought: an operator reads each arm's tokens per second of
+        # step (emitted / seconds) and per row (emitted / row_steps) against the selector's choices.
+        self.arm_seconds = Counter("flashspec:arm_step_seconds", "Wall time of the steps each arm played", ["arm"],
+                                   registry=r)
+        self.arm_row_steps = Counter("flashspec:arm_row_steps", "Live rows summed over the steps each arm played",
+                                     ["arm"], registry=r)
+        self.arm_emitted = Counter("flashspec:arm_emitted_tokens",
+                                   "Tokens emitted by the steps each arm played (accepted drafts and one per row)",
+                                   ["arm"], registry=r)
         self.running = Gauge("flashspec:num_requests_running", "Requests in the running batch", registry=r)
         self.waiting = Gauge("flashspec:num_requests_waiting", "Requests waiting to join the batch", registry=r)
         self.prompt_tokens = Counter("flashspec:prompt_tokens", "Prompt tokens of admitted requests", registry=r)
@@ -52,16 +61,21 @@ class Metrics:
                              buckets=_LATENCY_BUCKETS, registry=r)
         self.step_time = Histogram("flashspec:step_time_seconds", "Wall time of one decode step",
                                    buckets=_LATENCY_BUCKETS, registry=r)
-        self._arms: dict[str, Any] = {}  # arm name -> its arm_selections child
+        self._arms: dict[str, tuple[Any, ...]] = {}  # arm name -> its children of the per-arm counters
         self._positions: list[Any] = []  # draft position -> its accepted_per_pos child
 
     def step(self, arm: str, width: int, accepted: Sequence[int], step_s: float) -> None:
         """One decode step: ``accepted`` holds the accepted draft tokens of each live row."""
         # A labelled child is looked up once: labels() takes a lock and builds a key each call.
-        child = self._arms.get(arm)
-        if child is None:
-            child = self._arms[arm] = self.arm_selections.labels(arm=arm)
-        child.inc()
+        children = self._arms.get(arm)
+        if children is None:
+            children = self._arms[arm] = tuple(c.labels(arm=arm) for c in (
+                self.arm_selections, self.arm_seconds, self.arm_row_steps, self.arm_emitted))
+        steps, seconds, row_steps, emitted = children
+        steps.inc()
+        seconds.inc(step_s)
+        row_steps.inc(len(accepted))
+        emitted.inc(sum(accepted) + len(accepted))
         self.step_time.observe(step_s)
         if width == 0:
             return

@@ -371,14 +371,14 @@ def test_server_delta_reads_what_the_servers_counters_grew_by() -> None:
 
     metrics.num_draft_tokens.inc(100)  # before the level: not counted
     before = scrape()
-    metrics.num_draft_tokens.inc(6)
-    metrics.num_accepted_tokens.inc(4)
-    metrics.arm_selections.labels(arm="draft-g3").inc(2)
+    metrics.step("draft-g3", 3, [2, 0], 0.01)  # 4 tokens over 2 rows in 10 ms, then 6 over 4 rows in 30 ms
+    metrics.step("draft-g3", 3, [1, 0, 0, 1], 0.03)
     metrics.rebuilds.inc()
     metrics.row_prefills.inc(3)
-    metrics.step_time.observe(0.01)
-    metrics.step_time.observe(0.03)
     got = sb.server_delta(before, scrape())
+    arm = got.pop("arms")["draft-g3"]
     assert got == {"arm_steps": {"draft-g3": 2}, "steps": 2, "step_ms_mean": 20.0, "step_s_total": 0.04,
-                   "draft_tokens": 6, "accepted_tokens": 4, "rebuilds": 1, "row_prefills": 3,
+                   "draft_tokens": 18, "accepted_tokens": 4, "rebuilds": 1, "row_prefills": 3,
                    "graph_captures_while_serving": 0}
+    assert arm == {"step_ms_mean": 20.0, "rows_mean": 3.0, "tokens_per_row_step": pytest.approx(10 / 6, abs=1e-3),
+                   "tokens_per_step_ms": 0.25}

@@ -102,6 +102,10 @@ def test_step_metrics_reuse_their_labelled_children() -> None:
 
     assert value('flashspec:spec_decode_arm_selections_total{arm="d0"}') == 3
     assert value('flashspec:spec_decode_arm_selections_total{arm="lookup"}') == 1
+    assert value('flashspec:arm_step_seconds_total{arm="d0"}') == pytest.approx(0.003)
+    assert value('flashspec:arm_row_steps_total{arm="d0"}') == 6
+    assert value('flashspec:arm_emitted_tokens_total{arm="d0"}') == 12  # 6 accepted and one per row
+    assert value('flashspec:arm_emitted_tokens_total{arm="lookup"}') == 0
     per_pos = [value(f'flashspec:spec_decode_num_accepted_tokens_per_pos_total{{position="{p}"}}') for p in range(3)]
     assert per_pos == [3, 2, 1]
     assert value("flashspec:spec_decode_num_drafts_total") == 6
