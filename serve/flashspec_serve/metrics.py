@@ -72,16 +72,17 @@ class Metrics:
             children = self._arms[arm] = tuple(c.labels(arm=arm) for c in (
                 self.arm_selections, self.arm_seconds, self.arm_row_steps, self.arm_emitted))
         steps, seconds, row_steps, emitted = children
+        rows, got = len(accepted), sum(accepted)
         steps.inc()
         seconds.inc(step_s)
-        row_steps.inc(len(accepted))
-        emitted.inc(sum(accepted) + len(accepted))
+        row_steps.inc(rows)
+        emitted.inc(got + rows)
         self.step_time.observe(step_s)
         if width == 0:
             return
-        self.num_drafts.inc(len(accepted))
-        self.num_draft_tokens.inc(width * len(accepted))
-        self.num_accepted_tokens.inc(sum(accepted))
+        self.num_drafts.inc(rows)
+        self.num_draft_tokens.inc(width * rows)
+        self.num_accepted_tokens.inc(got)
         for pos in range(max(accepted, default=0)):
             while len(self._positions) <= pos:
                 self._positions.append(self.accepted_per_pos.labels(position=str(len(self._positions))))
