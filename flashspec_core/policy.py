@@ -170,34 +170,49 @@ class FirstGate:
 
     A matched lookup pays at batch 1, where a verify forward of nine positions costs about
     one of one position, but over many rows one matched row widens the whole batch's verify
-    forward while the other rows gain nothing. The gate compares, in its bucket, the emitted
-    tokens per second of the steps where the first arm proposed and played against those
-    where it proposed and the selector chose instead, and prefers the faster; one of every
+    forward while the other rows gain nothing. The gate compares the emitted tokens per
+    second of the steps where the first arm proposed and played against those where it
+    proposed and the selector chose instead, and prefers the faster; one of every
     ``explore`` proposals goes the other way, so both means stay current, and until each
     side has ``least`` steps the first arm plays (as with no gate) but for those explorations.
-    The decision reads past steps only (counts, emitted tokens, step times), so the output
-    law stays the target's."""
+    It keeps both sides per class of live rows (1, 2-3, 4-7, 8-15, ...): a step over 32 rows
+    emits many times the tokens per second of one over a single row, so means pooled across
+    batch sizes would compare the batch mix of each side, not the arms (a bucket of the
+    selector may span every batch size). The decision reads past steps only (counts, emitted
+    tokens, step times), so the output law stays the target's."""
 
     explore: int = 8
     least: int = 8
-    played: list[float] = attrs.field(factory=lambda: [0, 0.0])  # steps, summed tokens/s
-    skipped: list[float] = attrs.field(factory=lambda: [0, 0.0])
-    seen: int = 0  # non-empty proposals so far
+    # row class -> [steps, summed tokens/s]; the class of r live rows is r.bit_length() - 1
+    played: dict[int, list[float]] = attrs.field(factory=dict)
+    skipped: dict[int, list[float]] = attrs.field(factory=dict)
+    seen: dict[int, int] = attrs.field(factory=dict)  # non-empty proposals so far, per row class
 
-    def plays(self) -> bool:
-        """Whether the next non-empty proposal plays (counts it)."""
+    @staticmethod
+    def row_class(rows: int) -> int:
+        """The class of ``rows`` live rows: 0 for one, 1 for 2-3, 2 for 4-7, ..."""
+        return max(rows, 1).bit_length() - 1
+
+    def plays(self, rows: int = 1) -> bool:
+        """Whether the next non-empty proposal over ``rows`` live rows plays (counts it)."""
         if self.explore <= 0:
             return True
-        self.seen += 1
-        other_way = self.seen % self.explore == 0
-        known = self.played[0] >= self.least and self.skipped[0] >= self.least
-        prefer = not known or self.played[1] / self.played[0] >= self.skipped[1] / self.skipped[0]
+        rc = self.row_class(rows)
+        self.seen[rc] = self.seen.get(rc, 0) + 1
+        other_way = self.seen[rc] % self.explore == 0
+        played, skipped = self.played.get(rc, [0, 0.0]), self.skipped.get(rc, [0, 0.0])
+        known = played[0] >= self.least and skipped[0] >= self.least
+        prefer = not known or played[1] / played[0] >= skipped[1] / skipped[0]
         return prefer != other_way
 
-    def observe(self, played: bool, tokens_per_s: float) -> None:
-        side = self.played if played else self.skipped
+    def observe(self, played: bool, tokens_per_s: float, rows: int = 1) -> None:
+        side = (self.played if played else self.skipped).setdefault(self.row_class(rows), [0, 0.0])
         side[0] += 1
         side[1] += tokens_per_s
+
+    def steps(self, played: bool) -> int:
+        """Steps observed on one side, over every row class."""
+        return int(sum(n for n, _ in (self.played if played else self.skipped).values()))
 
 
 class StepPolicy:
@@ -395,7 +410,7 @@ class StepPolicy:
         acc = tuple(accepted)
         emitted = sum(n + 1 for n in acc) if emitted is None else emitted
         if (plan.by_first or plan.first_skipped) and not captured:
-            self.first_gates[plan.bucket].observe(plan.by_first, emitted / max(step_s, 1e-9))
+            self.first_gates[plan.bucket].observe(plan.by_first, emitted / max(step_s, 1e-9), len(plan.rows))
         scorer = (self.first_rewards if plan.by_first else self.rewards)[plan.bucket]
         reward = scorer(width, acc, emitted, max(step_s, 1e-9))
         if plan.choice is not None and not captured:
@@ -426,7 +441,7 @@ class StepPolicy:
         if first is None or self.limited(len(rows)):
             return self.choose(rows)
         draft = self._first_proposal(first, tokens, lengths, sampling, generator)
-        if not _empty(draft) and not self.first_gates[self.settings.bucket(len(rows))].plays():
+        if not _empty(draft) and not self.first_gates[self.settings.bucket(len(rows))].plays(len(rows)):
             # the gate prefers the selector here: nothing of the proposal enters the sequences
             self.arms[first].provider.rollback([0] * len(lengths))
             return attrs.evolve(self.choose(rows), first_skipped=True)

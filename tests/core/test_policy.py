@@ -511,6 +511,26 @@ def test_first_gate_plays_until_both_sides_are_known_then_prefers_the_faster_exp
     assert all(FirstGate(explore=0).plays() for _ in range(20))  # 0: the gate is off
 
 
+def test_first_gate_keeps_each_class_of_live_rows_apart() -> None:
+    """Lookup steps over one row are slower in tokens/s than skipped steps over 32 rows only
+    because they serve fewer rows: pooled, the gate would skip lookup at batch 1 too. Per row
+    class, lookup keeps playing at one row and is skipped at 32, where it is the slower side."""
+    from flashspec_core.policy import FirstGate
+
+    gate = FirstGate(explore=4, least=2)
+    for _ in range(3):
+        gate.observe(True, 300.0, rows=1)  # lookup at one row: beats plain's 200 tokens/s there
+        gate.observe(False, 200.0, rows=1)
+        gate.observe(True, 5000.0, rows=32)  # lookup at 32 rows: one matched row widens them all
+        gate.observe(False, 8000.0, rows=32)
+        gate.observe(False, 8000.0, rows=40)  # 40 rows: the same class as 32
+    assert FirstGate.row_class(1) == 0 and FirstGate.row_class(3) == 1 and FirstGate.row_class(32) == FirstGate.row_class(63) == 5
+    assert [gate.plays(1) for _ in range(4)] == [True, True, True, False]
+    assert [gate.plays(32) for _ in range(4)] == [False, False, False, True]
+    assert gate.plays(8)  # a class with no steps yet: the first arm plays
+    assert gate.steps(played=True) == 6 and gate.steps(played=False) == 9
+
+
 def test_a_gated_first_proposal_is_rolled_back_and_the_selector_chooses_and_both_sides_teach_the_gate() -> None:
     """Where the gate skips the first arm, its non-empty proposal is rolled back at once (none of
     its tokens entered the sequences), the selector chooses and learns as usual, and the step's
@@ -525,7 +545,7 @@ def test_a_gated_first_proposal_is_rolled_back_and_the_selector_chooses_and_both
     assert plan.first_skipped and not plan.by_first and plan.arm == 1 and plan.choice == 0 and drafter is arms[1]
     assert log == [("propose", "lookup", 4), ("rollback", "lookup", [0, 0, 0]), ("select", 0), ("propose", "d", 3),
                    ("rollback", "d", [1, 0, 2]), ("main", 3, (1, 0, 2), 6, 0.02), ("update", 0, 0.5)]
-    assert policy.first_gates[0].played == [1, 6 / 0.01] and policy.first_gates[0].skipped == [1, 6 / 0.02]
+    assert policy.first_gates[0].played == {1: [1, 6 / 0.01]} and policy.first_gates[0].skipped == {1: [1, 6 / 0.02]}  # 3 rows: class 1
 
 
 def test_each_bucket_has_a_first_gate_of_its_own() -> None:
@@ -533,11 +553,11 @@ def test_each_bucket_has_a_first_gate_of_its_own() -> None:
     arms = [Arm("lookup", FakeProvider("lookup", log, [2]), 4, selectable=False), Arm("d", FakeProvider("d", log), 3)]
     policy = _policy(log, arms, first=0, draw_ahead=False, batch_buckets=(1, 2))
     _step(policy, [0, 1, 2], [1, 2, 0])
-    assert [g.seen for g in policy.first_gates] == [0, 1] and policy.first_gates[1].played[0] == 1
+    assert [g.seen for g in policy.first_gates] == [{}, {1: 1}] and policy.first_gates[1].steps(played=True) == 1
     _step(policy, [1], [0, 1, 0])  # one live row: bucket 0
-    assert [g.seen for g in policy.first_gates] == [1, 1]
+    assert [g.seen for g in policy.first_gates] == [{0: 1}, {1: 1}]
     policy.settings = attrs.evolve(policy.settings, first_explore=0)  # another gate setting: fresh gates
-    assert [g.seen for g in policy.first_gates] == [0, 0] and policy.first_gates[0].explore == 0
+    assert [g.seen for g in policy.first_gates] == [{}, {}] and policy.first_gates[0].explore == 0
 def test_observes_steps_is_told_apart_by_class() -> None:
     class Plain:
         num_arms = 2

@@ -78,7 +78,7 @@ def test_law_holds_with_a_gated_first_arm(law_setup: dict[str, Any]) -> None:
     assert gate(pipe, law_of(law_setup, sampling), sampling) > ALPHA
     gates = pipe.policy.first_gates
     # each side of the gate ran (the gate's batches are few, wide steps: a dozen or so proposals)
-    assert sum(g.played[0] for g in gates) >= 5 and sum(g.skipped[0] for g in gates) >= 5
+    assert sum(g.steps(played=True) for g in gates) >= 5 and sum(g.steps(played=False) for g in gates) >= 5
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS[1:], ids=["top_k", "top_p"])
