@@ -482,19 +482,22 @@ def server_ids(pipeline: Any, prompt: str) -> list[int]:
 
 def offline(pipeline: Any, prompts: Sequence[str], max_tokens: int, temperature: float
             ) -> tuple[list[tuple[int, float, str]], int]:
-    """``Pipeline.generate`` on each prompt alone, after an untimed pass over every prompt: per
-    prompt the new tokens, the seconds and the text, and the graphs the timed pass captured
-    (0 where the untimed pass warmed every shape). The untimed pass captures the graphs of
-    every prompt's lengths, as the server's warm-up and warm-up requests do before its timed
-    loads (one warm-up prompt left the other prompts' captures in the timed runs: offline
-    measured 0.51x the streaming server on the H200). It runs in a worker thread, as the
+    """``Pipeline.generate`` on each prompt alone, after the server's own warm-up at one row
+    and an untimed pass over every prompt: per prompt the new tokens, the seconds and the
+    text, and the graphs the timed pass captured (0 where the warm-ups met every shape). The
+    server warms every arm at every draft width before its timed loads, so offline does too:
+    with the untimed pass alone an arm the selector first played in the timed pass captured
+    its graphs there (2 captures, offline at 0.61x the streaming server on the H100; with one
+    warm-up prompt, 0.51x on the H200). It runs in a worker thread, as the
     server's engine does: on a busy CPU, torch's intra-op threads make the main thread's
     decoding many times slower than a worker thread's, which would credit the server with the
     difference."""
-    from flashspec_serve.warmup import graph_captures, graph_counters
+    from flashspec_serve.engine import context_length
+    from flashspec_serve.warmup import graph_captures, graph_counters, warm_up
 
     def work() -> tuple[list[tuple[int, float, str]], int]:
         encoded = [server_ids(pipeline, prompt) for prompt in prompts]
+        warm_up(pipeline, [1], context_length(pipeline), per_row=False, level="basic")
         for ids in encoded:
             pipeline.generate([ids], max_new_tokens=max_tokens, temperature=temperature)
         before = graph_captures(graph_counters(pipeline))
