@@ -290,8 +290,7 @@ async def _collect(request: Request, handle: Handle, reply: _Reply) -> dict[str,
     checked = time.monotonic()
     while True:
         try:  # wait_for makes a task per call: only where no event is there yet
-            event = handle.queue.get_nowait() if not handle.queue.empty() else await asyncio.wait_for(
-                handle.queue.get(), DISCONNECT_POLL_S)
+            event = handle.get_nowait() or await asyncio.wait_for(handle.get(), DISCONNECT_POLL_S)
         except TimeoutError:
             event = None
         except asyncio.CancelledError:

@@ -113,13 +113,28 @@ class Event:
     speculation: Speculation | None = None
     error: str | None = None
 
+    def joined(self, later: Event) -> Event:
+        """This event and the ``later`` one as one: the texts and tokens in order, the rest the later's."""
+        return Event(self.text + later.text, self.token_ids + later.token_ids, later.finish, later.completion_tokens,
+                     later.speculation, later.error)
+
+
+FAILED = ("abort", "error")  # the finishes whose event carries a failure, never joined to text before it
+
 
 class Handle:
-    """The app's side of one request: its events, and a way to cancel it."""
+    """The app's side of one request: its events, and a way to cancel it.
+
+    Events the request's coroutine has not taken yet are joined into one (:meth:`Event.joined`),
+    as vLLM's output collector merges a request's outputs while its consumer lags: where the
+    event loop falls behind the steps (many streaming clients), each request then costs it one
+    wake-up, one chunk and one socket write per loop turn instead of one per step. A failed
+    request's last event is kept apart, so the text before it still reaches the client."""
 
     def __init__(self, job: Job, loop: asyncio.AbstractEventLoop) -> None:
         self.job, self.loop = job, loop
-        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._events: collections.deque[Event] = collections.deque()
+        self._ready = asyncio.Event()
         self.arrived = time.perf_counter()
         self._cancelled = threading.Event()
 
@@ -135,9 +150,29 @@ class Handle:
         """From the engine thread: hand ``event`` to the request's coroutine."""
         hand_over([(self, event)])
 
+    def deliver(self, event: Event) -> None:
+        """On the event loop's thread: queue ``event``, joined to the one not yet taken if any."""
+        last = self._events[-1] if self._events else None
+        if last is not None and last.finish is None and event.finish not in FAILED:
+            self._events[-1] = last.joined(event)
+        else:
+            self._events.append(event)
+        self._ready.set()
+
+    def get_nowait(self) -> Event | None:
+        """The next event (all queued since the last one, joined); None where there is none yet."""
+        return self._events.popleft() if self._events else None
+
+    async def get(self) -> Event:
+        """The next event, waiting for one."""
+        while not self._events:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._events.popleft()
+
     async def events(self) -> AsyncIterator[Event]:
         while True:
-            event = await self.queue.get()
+            event = await self.get()
             yield event
             if event.finish is not None:
                 return
@@ -159,7 +194,7 @@ def hand_over(events: list[tuple[Handle, Event]]) -> None:
 
 def _put_all(items: list[tuple[Handle, Event]]) -> None:
     for handle, event in items:
-        handle.queue.put_nowait(event)
+        handle.deliver(event)
 
 
 def context_length(pipeline: Pipeline) -> int | None:

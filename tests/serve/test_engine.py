@@ -174,7 +174,7 @@ def _engine_run(pipeline: Pipeline, grace_s: float, max_tokens: int) -> list[Eve
         loop = asyncio.get_running_loop()
         greedy = SamplingParams(temperature=0.0)
         handles = [engine.submit(Job((1, 2, 3), max_tokens, greedy), loop) for _ in range(2)]
-        await handles[0].queue.get()  # decoding has begun
+        await handles[0].get()  # decoding has begun
         stopping = asyncio.create_task(asyncio.to_thread(engine.stop, grace_s))
         lasts = []
         for h in handles:

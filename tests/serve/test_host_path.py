@@ -11,7 +11,7 @@ from conftest import make_pipeline
 
 from flashspec_core.contracts import RowSampling, SamplingParams
 from flashspec_serve import warmup
-from flashspec_serve.engine import Engine, Event, Handle, Job, hand_over
+from flashspec_serve.engine import Engine, Event, Handle, Job, Speculation, hand_over
 from flashspec_serve.metrics import Metrics
 from flashspec_serve.text import TextStream
 
@@ -26,6 +26,32 @@ class _Loop:
 
     def call_soon_threadsafe(self, fn: Any, *args: Any) -> None:
         self.calls.append((fn, args))
+
+
+def test_events_a_lagging_coroutine_has_not_taken_are_joined_but_a_failure_stays_apart() -> None:
+    """While the request's coroutine lags, its events join into one (one chunk and one write
+    per loop turn instead of one per step); the text and tokens stay in order, the finish and
+    statistics are the last event's. A failure is never joined to the text before it, which
+    the client still gets; a taken event starts a new one."""
+    spec = Speculation(draft_tokens=6, accepted_tokens=4, accepted_per_position=(2, 2), steps=3)
+
+    async def run() -> tuple[list[Event], list[Event]]:
+        loop = asyncio.get_running_loop()
+        handle = Handle(Job((1,), 8, SamplingParams()), loop)
+        assert handle.get_nowait() is None
+        handle.deliver(Event("a", (1,)))
+        first = await handle.get()  # taken before the next arrives: alone
+        for event in (Event("b", (2,)), Event("", (3,)), Event("c", (4,)), Event("", (), "length", 4, spec)):
+            handle.deliver(event)
+        ok = [first, *[e async for e in handle.events()]]
+        failing = Handle(Job((1,), 8, SamplingParams()), loop)
+        for event in (Event("x", (5,)), Event("y", (6,)), Event("", (), "error", error="boom")):
+            failing.deliver(event)
+        return ok, [e async for e in failing.events()]
+
+    ok, failed = asyncio.run(run())
+    assert ok == [Event("a", (1,)), Event("bc", (2, 3, 4), "length", 4, spec)]
+    assert failed == [Event("xy", (5, 6)), Event("", (), "error", error="boom")]
 
 
 def test_hand_over_wakes_each_loop_once_with_its_events_in_order() -> None:
