@@ -267,7 +267,10 @@ class FastTarget:
         eager forward ``width`` wide (no other row's slot is written)."""
         host = ragged_inputs(tokens[picked], [0] * len(picked), stops, width, self.model.scratch)
         dev = self._stage(host)
-        index = torch.tensor(picked, dtype=torch.long).to(self.device)
+        index = torch.tensor(picked, dtype=torch.long)
+        if self.device.type == "cuda":  # queued, not waited for: the host indexes prompts (catch_up) meanwhile
+            # a fresh pinned block: the caching host allocator keeps it until the copy has run
+            index = index.pin_memory().to(self.device, non_blocking=True)
         self.model.forward(dev[0], dev[1], dev[2], last_only=True, span=self.model.span_for(max(stops)), rows=index)
 
     def prefill_rows(self, tokens: torch.Tensor, lengths: Sequence[int], rows: Sequence[int]) -> None:
