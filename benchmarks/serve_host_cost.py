@@ -12,15 +12,16 @@ spent outside the steps (the step's own thread time taken out: the serving path'
 without the model's, whose CPU time swings by milliseconds on a shared machine). Modes,
 all greedy:
 
-``generate`` / ``generate8``  ``Pipeline.generate`` on one prompt / eight.
+``generate`` / ``generate8`` / ``generate32``  ``Pipeline.generate`` on one prompt / eight / 32.
 ``engine`` / ``engine8``      the serving engine, one / eight requests, read by a coroutine.
-``http`` / ``http8``          the HTTP server streaming to one / eight clients in a child process.
+``http`` / ``http8`` / ``http32``  the HTTP server streaming to one / eight / 32 clients in a child process.
 ``whole8``                   eight non-streaming clients (``stream: false``) in a child process.
 
 The streaming modes also report ``ttft_ms``, the clients' median time to first token.
-``summary`` gives ``ttft_ms_c1`` / ``ttft_ms_c8`` (``http`` / ``http8``) and
-``extra_cpu_ms_c1`` / ``extra_cpu_ms_c8``: the server's ``host_cpu_ms`` beyond
-``generate``'s (``http - generate``, ``http8 - generate8``), the CPU serving adds per step.
+``summary`` gives ``ttft_ms_c1`` / ``ttft_ms_c8`` / ``ttft_ms_c32`` (``http`` / ``http8`` /
+``http32``) and ``extra_cpu_ms_c1`` / ``extra_cpu_ms_c8`` / ``extra_cpu_ms_c32``: the server's
+``host_cpu_ms`` beyond ``generate``'s (``http - generate``, ``http8 - generate8``,
+``http32 - generate32``), the CPU serving adds per step.
 The clients (in a child process) first send one untimed request each, so a TTFT is the
 server's, not the client process's first use of its HTTP library.
 
@@ -45,8 +46,9 @@ from pathlib import Path
 from typing import Any
 
 PROMPTS = [[1, 2, 3, 4, 5], [3, 4], [7, 8, 9, 1, 2], [5], [2, 2, 6], [9, 8, 7, 6], [11, 3, 5, 1], [4, 12]]
-MODES = ("generate", "engine", "http", "generate8", "engine8", "http8", "whole8")
-STREAMED = ("http", "http8")  # the modes whose clients see a first token before the end
+PROMPTS32 = PROMPTS * 4  # 32 clients: each prompt four times
+MODES = ("generate", "engine", "http", "generate8", "engine8", "http8", "whole8", "generate32", "http32")
+STREAMED = ("http", "http8", "http32")  # the modes whose clients see a first token before the end
 FIELDS = ("step_ms", "loop_ms", "cpu_ms", "host_cpu_ms", "steps", "ttft_ms")
 
 
@@ -103,7 +105,7 @@ def serve(pipeline: Any, loop: str = "auto", http: str = "auto") -> str:
 
     from flashspec_serve.app import ServeSettings, create_app, listening_socket
 
-    app = create_app(pipeline, ServeSettings(model_name="m", max_batch=8, warmup=False))
+    app = create_app(pipeline, ServeSettings(model_name="m", max_batch=32, warmup=False))
     sock = listening_socket("127.0.0.1", 0)  # TCP_NODELAY: no Nagle wait per streamed chunk
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", loop=loop, http=http))
     threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
@@ -124,7 +126,7 @@ def runners(make: Callable[[], Any], tokens: int, loop: str = "auto",
     engine = Engine(engined, max_batch=8)
     engine.start()
     url = serve(served, loop, http)
-    texts = [" ".join(f"t{i}" for i in p) for p in PROMPTS]
+    texts = [" ".join(f"t{i}" for i in p) for p in PROMPTS32]
 
     def timed(pipeline: Any, work: Callable[[], Any], streamed: bool = False) -> dict[str, float]:
         mine = marks[id(pipeline)]
@@ -159,6 +161,8 @@ def runners(make: Callable[[], Any], tokens: int, loop: str = "auto",
         "engine8": lambda: timed(engined, lambda: asyncio.run(engine_run(8))),
         "http": lambda: timed(served, lambda: http_run(1, True), streamed=True),
         "http8": lambda: timed(served, lambda: http_run(8, True), streamed=True),
+        "generate32": lambda: timed(offline, lambda: offline.generate(PROMPTS32, max_new_tokens=tokens)),
+        "http32": lambda: timed(served, lambda: http_run(32, True), streamed=True),
         "whole8": lambda: timed(served, lambda: http_run(8, False)),
     }, engine
 
@@ -214,7 +218,7 @@ def uvicorn_setup(loop: str, http: str) -> dict[str, str | None]:
 
 def summary(rows: dict[str, dict[str, float]]) -> dict[str, float | None]:
     """Time to first token, and the server's CPU per step outside the step beyond generate's,
-    at 1 and 8 clients."""
+    at 1, 8 and 32 clients."""
 
     def get(mode: str, key: str) -> float | None:
         return rows[mode][key] if mode in rows else None
@@ -224,7 +228,9 @@ def summary(rows: dict[str, dict[str, float]]) -> dict[str, float | None]:
         return None if a is None or b is None else round(a - b, 4)
 
     return {"ttft_ms_c1": get("http", "ttft_ms"), "ttft_ms_c8": get("http8", "ttft_ms"),
-            "extra_cpu_ms_c1": extra("http", "generate"), "extra_cpu_ms_c8": extra("http8", "generate8")}
+            "ttft_ms_c32": get("http32", "ttft_ms"),
+            "extra_cpu_ms_c1": extra("http", "generate"), "extra_cpu_ms_c8": extra("http8", "generate8"),
+            "extra_cpu_ms_c32": extra("http32", "generate32")}
 
 
 if __name__ == "__main__":

@@ -518,6 +518,7 @@ class Engine:
         accepted = []
         events: list[tuple[Handle, Event]] = []
         generated = 0
+        ids = self._tokens.numpy()  # a view: a row's writes cost ~0.3 us through it, ~7 us as torch tensors
         for b, row in enumerate(self._rows):
             if row is None or not self._active[b]:
                 continue
@@ -527,7 +528,7 @@ class Engine:
             stop = next((i for i, t in enumerate(new) if t in eos), None)
             if stop is not None:
                 new = new[: stop + 1]
-            self._tokens[b, self._lengths[b] : self._lengths[b] + len(new)] = torch.tensor(new, dtype=torch.long)
+            ids[b, self._lengths[b] : self._lengths[b] + len(new)] = new
             self._lengths[b] += len(new)
             row.out.extend(new)
             self._observe_latency(row, now)
