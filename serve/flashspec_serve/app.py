@@ -243,6 +243,7 @@ class _Reply:
     prompt_tokens: int
     id: str = attrs.field(factory=lambda: f"cmpl-{uuid.uuid4().hex}")
     created: int = attrs.field(factory=lambda: int(time.time()))
+    _around: tuple[str, str] | None = attrs.field(default=None, init=False)  # text_chunk's text goes between
 
     @property
     def chat(self) -> bool:
@@ -267,6 +268,15 @@ class _Reply:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
         obj = {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices, **extra}
         return f"data: {json.dumps(obj)}\n\n"
+
+    def text_chunk(self, text: str) -> str:
+        """``chunk([choice(text, None, delta=True)])``, the same characters, with only ``text``
+        encoded per call: a streamed request sends one such chunk per step."""
+        if self._around is None:
+            marker = "\x00"  # json.dumps writes it as \u0000, which no encoded text contains unescaped
+            head, _, tail = self.chunk([self.choice(marker, None, delta=True)]).rpartition(json.dumps(marker))
+            self._around = (head, tail)
+        return json.dumps(text).join(self._around)
 
 
 def _speculation(spec: Speculation | None) -> dict[str, Any] | None:
@@ -319,16 +329,21 @@ async def _stream(handle: Handle, reply: _Reply, include_usage: bool) -> AsyncIt
         if reply.chat:
             yield reply.chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                 "finish_reason": None}])
-        async for event in handle.events():
+        while True:
+            event = await handle.get()
+            if event.finish is None:  # the common case: new text, encoded alone
+                if event.text:
+                    yield reply.text_chunk(event.text)
+                continue
             failed = _failed(event)
             if failed is not None:
                 yield f"data: {json.dumps(failed.body())}\n\n"
                 break
-            if event.text or event.finish is not None:
-                extra = {"speculation": _speculation(event.speculation)} if event.finish is not None else {}
-                yield reply.chunk([reply.choice(event.text, event.finish, delta=True)], **extra)
-            if event.finish is not None and include_usage:
+            yield reply.chunk([reply.choice(event.text, event.finish, delta=True)],
+                              speculation=_speculation(event.speculation))
+            if include_usage:
                 yield reply.chunk([], usage=reply.usage(event.completion_tokens))
+            break
         done = True
         yield "data: [DONE]\n\n"
     finally:

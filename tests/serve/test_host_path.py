@@ -11,6 +11,7 @@ from conftest import make_pipeline
 
 from flashspec_core.contracts import RowSampling, SamplingParams
 from flashspec_serve import warmup
+from flashspec_serve.app import _Reply
 from flashspec_serve.engine import Engine, Event, Handle, Job, Speculation, hand_over
 from flashspec_serve.metrics import Metrics
 from flashspec_serve.text import TextStream
@@ -53,6 +54,15 @@ def test_events_a_lagging_coroutine_has_not_taken_are_joined_but_a_failure_stays
     assert ok == [Event("a", (1,)), Event("bc", (2, 3, 4), "length", 4, spec)]
     assert failed == [Event("xy", (5, 6)), Event("", (), "error", error="boom")]
 
+
+
+@pytest.mark.parametrize("kind", ["text_completion", "chat.completion"])
+def test_a_text_chunk_is_the_general_chunk_with_only_the_text_encoded(kind: str) -> None:
+    """The per-step chunk, built around the request's fixed JSON, has the general path's very
+    characters for any text: quotes, escapes, NUL (the marker it is built with), non-BMP."""
+    reply = _Reply(kind, 'a "model" \x00', 12)
+    for text in ["", "a", ' "q" \\ \n\t\x00 \u00e9 \u6f22 \U0001f642', "\x00", "\\u0000"]:
+        assert reply.text_chunk(text) == reply.chunk([reply.choice(text, None, delta=True)])
 
 def test_hand_over_wakes_each_loop_once_with_its_events_in_order() -> None:
     a, b = _Loop(), _Loop()
