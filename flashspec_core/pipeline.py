@@ -299,6 +299,7 @@ class Pipeline:
         active: list[bool],
         sampling: SamplingParams | RowSampling,
         generator: torch.Generator,
+        on_queued: Callable[[], None] | None = None,
     ) -> tuple[StepRecord, list[list[int]]]:
         """One decode step (plan, propose, score, verify, commit) over the ``active`` rows.
 
@@ -311,6 +312,9 @@ class Pipeline:
             with room for ``max gamma + 1`` more tokens.
         :param sampling: one setting for every row, or a :class:`RowSampling` (one per row, seeds);
             a mixed one needs a verifier with :class:`VerifiesRows`.
+        :param on_queued: called once the step's device work is queued, before the step waits
+            for it: host work of the caller's (a server hands the last step's text to its clients)
+            that then runs while the device computes. Its time counts in the step's.
         :returns: the step's record, and per row of the batch its emitted tokens (the accepted
             drafts and one more; rows that are not active emit too and are to be ignored).
         """
@@ -332,6 +336,8 @@ class Pipeline:
         captured = self._captures() != captures  # captures run on the host, so they are all counted by now
         self.policy.settle()  # the last step's selector update (learn(defer=True)), while the device runs this step
         self.policy.draw_next()  # likewise
+        if on_queued is not None:
+            on_queued()
         check_shapes(draft, logits, verdict, names)
         flags = step_flags(draft, logits, verdict, path if draft.parents is not None else None)
         host = torch.cat([verdict.num_accepted[:, None], verdict.tokens, path, flags[:, None]], dim=1)

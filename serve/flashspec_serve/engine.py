@@ -249,6 +249,8 @@ class Engine:
         self._rows: list[_Row | None] = []  # the batch's slots: slot b holds row self._rows[b] (None: never filled)
         self._active: list[bool] = []  # slot b's row is decoding (False: a free slot)
         self._joining: list[_Row] = []  # admitted, in the batch from the next build on
+        # settled steps' rows not yet handed their text: (row, new tokens, text where already read, end reason)
+        self._undelivered: list[tuple[_Row, list[int], str | None, str | None]] = []
         self._tokens = torch.zeros((0, 0), dtype=torch.long)
         self._lengths: list[int] = []
         self._sampling: SamplingParams | RowSampling = SamplingParams()
@@ -417,9 +419,12 @@ class Engine:
             self._build()
         self._gauge_running()
         if not any(self._active):
+            self._deliver()
             return
         record, emitted = self._step()
-        self._deliver(record, emitted)
+        self._settle(record, emitted)
+        if not any(self._active):  # no step follows for this one's delivery to overlap
+            self._deliver()
         self._gauge_running()
 
     def _gauge_running(self) -> None:
@@ -510,13 +515,19 @@ class Engine:
     def _step(self) -> tuple[StepRecord, list[list[int]]]:
         # The pipeline's own step (plan -> propose -> score -> verify -> commit), so the engine's
         # steps are logged, observed by flashspec_step_end and counted exactly as generate()'s.
-        return self.pipeline.step(self._tokens, self._lengths, self._active, self._sampling, self._generator)
+        # The last step's tokens are delivered once this step's device work is queued.
+        return self.pipeline.step(self._tokens, self._lengths, self._active, self._sampling, self._generator,
+                                  on_queued=self._deliver)
 
-    def _deliver(self, record: StepRecord, emitted: list[list[int]]) -> None:
+    def _settle(self, record: StepRecord, emitted: list[list[int]]) -> None:
+        """What the next step needs of this one: each live row's new tokens in the sequences, and
+        the rows that ended (EOS, their token budget, a stop string) out of the batch. Their text
+        and events wait for :meth:`_deliver`, which runs while the next step's device work
+        does: the event loop, woken by it, then sends the chunks while the engine thread waits on
+        the device, instead of holding the GIL between two steps. A row with stop strings is
+        detokenized here, since its text decides whether it ends."""
         eos = self.pipeline.target.eos_token_ids
-        now = time.perf_counter()
         accepted = []
-        events: list[tuple[Handle, Event]] = []
         generated = 0
         ids = self._tokens.numpy()  # a view: a row's writes cost ~0.3 us through it, ~7 us as torch tensors
         for b, row in enumerate(self._rows):
@@ -531,16 +542,29 @@ class Engine:
             ids[b, self._lengths[b] : self._lengths[b] + len(new)] = new
             self._lengths[b] += len(new)
             row.out.extend(new)
-            self._observe_latency(row, now)
             generated += len(new)
-            events.append((row.handle, Event(row.text.feed(new), tuple(new))))
+            text = row.text.feed(new) if row.text.stop else None
+            reason = None
             if row.text.stopped or stop is not None or len(row.out) >= row.job.max_tokens:
                 self._active[b] = False
                 reason = "stop" if row.text.stopped or stop is not None else "length"
-                events.append((row.handle, self._last(row, reason)))
-        hand_over(events)
+            self._undelivered.append((row, new, text, reason))
         self.metrics.generation_tokens.inc(generated)
         self.metrics.step(record.arm_name, record.gamma, accepted, record.step_ms / 1e3)
+
+    def _deliver(self) -> None:
+        """Hand the settled steps' text and last events to the requests, in one wake-up of the loop."""
+        pending, self._undelivered = self._undelivered, []
+        if not pending:
+            return
+        now = time.perf_counter()
+        events: list[tuple[Handle, Event]] = []
+        for row, new, text, reason in pending:
+            self._observe_latency(row, now)
+            events.append((row.handle, Event(row.text.feed(new) if text is None else text, tuple(new))))
+            if reason is not None:
+                events.append((row.handle, self._last(row, reason)))
+        hand_over(events)
 
     def _observe_latency(self, row: _Row, now: float) -> None:
         if row.last is None:
@@ -550,6 +574,7 @@ class Engine:
         row.last = now
 
     def _finish(self, row: _Row, reason: str, error: str | None = None) -> None:
+        self._deliver()  # what the row (or another) was given before goes first
         row.handle.put(self._last(row, reason, error))
 
     def _last(self, row: _Row, reason: str, error: str | None = None) -> Event:

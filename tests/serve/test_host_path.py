@@ -108,6 +108,49 @@ def test_one_wake_up_of_the_event_loop_per_step_whatever_the_rows(tiny_models: d
     assert wake_ups == len(steps)
 
 
+
+def test_a_steps_text_reaches_the_loop_while_the_next_step_runs(tiny_models: dict[str, Path],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step's text and last events are handed to the event loop once the next step's device
+    work is queued (the loop sends them while the engine waits on the device), and those of the
+    batch's last step right after it; what every request gets is unchanged."""
+    import flashspec_serve.engine as engine_module
+
+    pipeline = make_pipeline(tiny_models)
+    engine = Engine(pipeline, max_batch=len(PROMPTS))
+    marks: list[str] = []
+    inner, real_hand_over = pipeline.step, engine_module.hand_over
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        marks.append("step")
+        out = inner(*args, **kwargs)
+        marks.append("end")
+        return out
+
+    def hand_over(events: Any) -> None:
+        marks.append("hand")
+        real_hand_over(events)
+
+    pipeline.step = step  # type: ignore[method-assign]
+    monkeypatch.setattr(engine_module, "hand_over", hand_over)
+
+    async def run() -> list[list[Event]]:
+        loop = asyncio.get_running_loop()
+        greedy = SamplingParams(temperature=0.0)
+        handles = [engine.submit(Job(p, n, greedy), loop) for p, n in zip(PROMPTS, (5, 9, 12, 12), strict=True)]
+        engine.start()
+        return [[e async for e in h.events()] for h in handles]
+
+    try:
+        got = asyncio.run(run())
+    finally:
+        engine.stop()
+    assert [len([t for e in events for t in e.token_ids]) for events in got] == [5, 9, 12, 12]
+    assert marks[:2] == ["step", "end"] and marks[-2:] == ["end", "hand"]
+    inside = [marks[i - 1] == "step" and marks[i + 1] == "end" for i, m in enumerate(marks[:-1]) if m == "hand"]
+    assert inside and all(inside)  # every hand-over but the last ran inside the next step
+
+
 def test_a_uniform_batch_hands_the_steps_its_one_setting(tiny_models: dict[str, Path]) -> None:
     """A batch whose rows share one unseeded setting is stepped with that SamplingParams (what
     the pipeline would derive from the RowSampling every step); a seeded row keeps the rows."""
