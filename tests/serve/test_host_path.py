@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,26 @@ def test_hand_over_wakes_each_loop_once_with_its_events_in_order() -> None:
     assert a.calls[0][1][0] == [events[0], events[2], events[3]] and b.calls[0][1][0] == [events[1]]
 
 
+
+def _serve(engine: Engine, budgets: list[int],
+           on_loop: Callable[[asyncio.AbstractEventLoop], None] | None = None) -> list[list[Event]]:
+    """Every request's events: PROMPTS with their token budgets, greedy, all submitted before the
+    engine starts so they join in one batch (``on_loop`` sees the event loop first)."""
+
+    async def run() -> list[list[Event]]:
+        loop = asyncio.get_running_loop()
+        if on_loop is not None:
+            on_loop(loop)
+        greedy = SamplingParams(temperature=0.0)
+        handles = [engine.submit(Job(p, n, greedy), loop) for p, n in zip(PROMPTS, budgets, strict=True)]
+        engine.start()
+        return [[e async for e in h.events()] for h in handles]
+
+    try:
+        return asyncio.run(run())
+    finally:
+        engine.stop()
+
 def test_one_wake_up_of_the_event_loop_per_step_whatever_the_rows(tiny_models: dict[str, Path]) -> None:
     """Four rows decode together: each step's events (their last ones included) reach the
     event loop in one thread-safe call, not one per row."""
@@ -83,9 +104,7 @@ def test_one_wake_up_of_the_event_loop_per_step_whatever_the_rows(tiny_models: d
     engine = Engine(pipeline, max_batch=len(PROMPTS))
     wake_ups = 0
 
-    async def run() -> list[list[Event]]:
-        nonlocal wake_ups
-        loop = asyncio.get_running_loop()
+    def count_wake_ups(loop: asyncio.AbstractEventLoop) -> None:
         threadsafe = loop.call_soon_threadsafe
 
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -94,15 +113,8 @@ def test_one_wake_up_of_the_event_loop_per_step_whatever_the_rows(tiny_models: d
             return threadsafe(*args, **kwargs)
 
         loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
-        # all queued before the engine starts, so they join in one batch
-        handles = [engine.submit(Job(p, 12, SamplingParams(temperature=0.0)), loop) for p in PROMPTS]
-        engine.start()
-        return [[e async for e in h.events()] for h in handles]
 
-    try:
-        got = asyncio.run(run())
-    finally:
-        engine.stop()
+    got = _serve(engine, [12] * len(PROMPTS), count_wake_ups)
     assert all(events[-1].finish in ("stop", "length") for events in got)
     assert all(s.batch_size == len(PROMPTS) for s in steps[:1])  # they did share the steps
     assert wake_ups == len(steps)
@@ -134,17 +146,7 @@ def test_a_steps_text_reaches_the_loop_while_the_next_step_runs(tiny_models: dic
     pipeline.step = step  # type: ignore[method-assign]
     monkeypatch.setattr(engine_module, "hand_over", hand_over)
 
-    async def run() -> list[list[Event]]:
-        loop = asyncio.get_running_loop()
-        greedy = SamplingParams(temperature=0.0)
-        handles = [engine.submit(Job(p, n, greedy), loop) for p, n in zip(PROMPTS, (5, 9, 12, 12), strict=True)]
-        engine.start()
-        return [[e async for e in h.events()] for h in handles]
-
-    try:
-        got = asyncio.run(run())
-    finally:
-        engine.stop()
+    got = _serve(engine, [5, 9, 12, 12])
     assert [len([t for e in events for t in e.token_ids]) for events in got] == [5, 9, 12, 12]
     assert marks[:2] == ["step", "end"] and marks[-2:] == ["end", "hand"]
     inside = [marks[i - 1] == "step" and marks[i + 1] == "end" for i, m in enumerate(marks[:-1]) if m == "hand"]
