@@ -100,6 +100,20 @@ def ragged_forward(
         graphs(("ragged", batch, width, span), run, dev)
 
 
+def forward_rows(model: Transformer, tokens: torch.Tensor, picked: list[int], starts: Sequence[int],
+                 stops: Sequence[int], width: int, stage: HostInputs) -> None:
+    """Feed ``tokens[picked[i], starts[i]:stops[i]]`` into row ``picked[i]``'s own slots, in one
+    eager forward over those rows alone, ``width`` wide: no other row is computed or written, so
+    a few rows catch up without the whole batch padded to their width."""
+    host = ragged_inputs(tokens[picked], starts, stops, width, model.scratch)
+    dev = stage(host)
+    index = torch.tensor(picked, dtype=torch.long)
+    if model.device.type == "cuda":  # queued, not waited for: the host indexes prompts (catch_up) meanwhile
+        # a fresh pinned block: the caching host allocator keeps it until the copy has run
+        index = index.pin_memory().to(model.device, non_blocking=True)
+    model.forward(dev[0], dev[1], dev[2], last_only=True, span=model.span_for(max(stops)), rows=index)
+
+
 def catch_up_width(need: int, scratch: int) -> int:
     """The forward width that feeds ``need`` tokens per row: a :func:`bucket`, or the scratch
     slot's index (the widest forward, padding written to the scratch slot) where the bucket
@@ -263,15 +277,8 @@ class FastTarget:
         self.prefills += 1
 
     def _forward_rows(self, tokens: torch.Tensor, picked: list[int], stops: Sequence[int], width: int) -> None:
-        """Feed the first ``stops[i]`` tokens of each row ``picked[i]`` into its own slots, in one
-        eager forward ``width`` wide (no other row's slot is written)."""
-        host = ragged_inputs(tokens[picked], [0] * len(picked), stops, width, self.model.scratch)
-        dev = self._stage(host)
-        index = torch.tensor(picked, dtype=torch.long)
-        if self.device.type == "cuda":  # queued, not waited for: the host indexes prompts (catch_up) meanwhile
-            # a fresh pinned block: the caching host allocator keeps it until the copy has run
-            index = index.pin_memory().to(self.device, non_blocking=True)
-        self.model.forward(dev[0], dev[1], dev[2], last_only=True, span=self.model.span_for(max(stops)), rows=index)
+        """Feed the first ``stops[i]`` tokens of each row ``picked[i]`` into its own slots (:func:`forward_rows`)."""
+        forward_rows(self.model, tokens, picked, [0] * len(picked), stops, width, self._stage)
 
     def prefill_rows(self, tokens: torch.Tensor, lengths: Sequence[int], rows: Sequence[int]) -> None:
         """Write the sequences of ``rows`` but their last tokens into those rows' slots
