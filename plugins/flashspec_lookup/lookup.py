@@ -172,15 +172,7 @@ class PromptLookupDraft:
         sampling: SamplingParams,
         generator: torch.Generator | None,
     ) -> Draft:
-        if len(self._rows) != len(lengths):
-            self._rows = [NgramIndex(self.config) for _ in lengths]
-        ids = tokens.cpu().numpy()  # a view of the CPU ids: slicing it costs far less host time than the tensor's
-        for b, n in enumerate(lengths):
-            index = self._rows[b]
-            if n < len(index.seq):  # not the sequence this row had: start over
-                index = self._rows[b] = NgramIndex(self.config)
-            if n > len(index.seq):
-                index.extend(ids[b, len(index.seq) : n].tolist())
+        ids = self._catch_up(tokens, lengths)
         if self.proposes_trees:
             branches = [index.propose_branches(gamma) for index in self._rows]
             return fan_draft(branches, [int(ids[b, n - 1]) for b, n in enumerate(lengths)],
@@ -192,6 +184,26 @@ class PromptLookupDraft:
         rows = [r + [r[-1] if r else int(ids[b, lengths[b] - 1])] * (width - len(r)) if len(r) < width else r
                 for b, r in enumerate(rows)]
         return Draft(tokens=torch.tensor(rows, dtype=torch.long), probs=None)
+
+    def catch_up(self, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
+        """Index the prompts while the target prefills (:class:`~flashspec_core.contracts.CatchesUp`):
+        a row's first proposal otherwise indexes its whole prompt inside the step (a row that
+        joins a running batch too)."""
+        self._catch_up(tokens, lengths)
+
+    def _catch_up(self, tokens: torch.Tensor, lengths: Sequence[int]) -> Any:
+        """Feed each row's index the tokens it has not seen (a shorter sequence starts it over);
+        the ids as a numpy view."""
+        if len(self._rows) != len(lengths):
+            self._rows = [NgramIndex(self.config) for _ in lengths]
+        ids = tokens.cpu().numpy()  # a view of the CPU ids: slicing it costs far less host time than the tensor's
+        for b, n in enumerate(lengths):
+            index = self._rows[b]
+            if n < len(index.seq):  # not the sequence this row had: start over
+                index = self._rows[b] = NgramIndex(self.config)
+            if n > len(index.seq):
+                index.extend(ids[b, len(index.seq) : n].tolist())
+        return ids
 
     def rollback(self, num_accepted: Sequence[int]) -> None:
         """Nothing to undo: rejected tokens never enter the sequences it indexes."""

@@ -38,6 +38,19 @@ def test_a_suffix_draft_that_caught_up_proposes_what_one_that_did_not_proposes()
     assert got[0][0] == 6  # the corpus's newest continuation of 1 2 3: the drafts compared are not empty
 
 
+
+def test_a_lookup_draft_that_caught_up_proposes_what_one_that_did_not_proposes() -> None:
+    from flashspec_lookup.lookup import LookupConfig, PromptLookupDraft
+
+    now = [[4, 1, 2, 3, 5, 1, 2, 3], [9, 7, 7, 8, 9, 7], [1]]
+    ahead, lazy = (PromptLookupDraft(LookupConfig(min_ngram=1, fill=False)) for _ in range(2))
+    assert isinstance(ahead, CatchesUp)
+    ahead.catch_up(*_batch(*now))
+    assert [len(row.seq) for row in ahead._rows] == [len(r) for r in now]  # the prompts are in already
+    got = ahead.propose(*_batch(*now), 4, GREEDY, None).tokens.tolist()
+    assert got == lazy.propose(*_batch(*now), 4, GREEDY, None).tokens.tolist()
+    assert got[0][:2] == [5, 1] and got[1][:2] == [7, 8]  # what followed the longest earlier n-gram
+
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("catch_up")
