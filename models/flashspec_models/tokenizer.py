@@ -50,17 +50,17 @@ def decode_ids(tokenizer: Any, ids: Sequence[int]) -> str:
     """Text of ``ids`` without special tokens (the ids themselves without a tokenizer)."""
     if tokenizer is None:
         return " ".join(str(i) for i in ids)
-    backend = _plain_backend(type(tokenizer), tokenizer)
-    if backend is not None:  # what transformers' decode calls, without its per-call Python (a server decodes every row every step)
+    backend = _plain_backend(tokenizer)
+    if backend is not None:  # transformers' decode without its per-call Python: a server decodes every row every step
         return str(backend.decode(list(ids), skip_special_tokens=True))
     return str(tokenizer.decode(list(ids), skip_special_tokens=True))
 
 
-def _plain_backend(cls: type, tokenizer: Any) -> Any:
+def _plain_backend(tokenizer: Any) -> Any:
     """The tokenizers-library tokenizer whose ``decode`` is exactly what ``tokenizer.decode(ids,
     skip_special_tokens=True)`` returns, or None: a transformers fast tokenizer whose class
     keeps the library's ``decode`` and ``_decode`` and that cleans up no spaces after decoding."""
-    if not _keeps_library_decode(cls) or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+    if not _keeps_library_decode(type(tokenizer)) or getattr(tokenizer, "clean_up_tokenization_spaces", True):
         return None
     return getattr(tokenizer, "_tokenizer", None)
 
