@@ -234,10 +234,14 @@ class Engine:
     """Continuous batching over ``pipeline``'s target, policy and verifier (module docstring)."""
 
     def __init__(self, pipeline: Pipeline, metrics: Metrics | None = None, max_batch: int = 32,
-                 max_waiting: int = 256, context: int | None = None) -> None:
+                 max_waiting: int = 256, context: int | None = None, overlap: bool | None = None) -> None:
         if max_batch < 1 or max_waiting < 0:
             raise ValueError(f"max_batch must be >= 1 and max_waiting >= 0, got {max_batch} and {max_waiting}")
         self.pipeline, self.metrics = pipeline, metrics or Metrics()
+        # Deliver a step's text while the next step's device work runs (:meth:`_settle`): on CUDA,
+        # whose work is queued; on the CPU a step's work is done by the time it is queued, so
+        # waiting for it would only hold each token back by a step.
+        self.overlap = pipeline.target.device.type == "cuda" if overlap is None else overlap
         self.max_batch, self.max_waiting = max_batch, max_waiting
         self.context = context if context is not None else context_length(pipeline)
         self.max_gamma = max(a.gamma for a in pipeline.arms)
@@ -423,7 +427,7 @@ class Engine:
             return
         record, emitted = self._step()
         self._settle(record, emitted)
-        if not any(self._active):  # no step follows for this one's delivery to overlap
+        if not (self.overlap and any(self._active)):  # no step follows for this one's delivery to overlap
             self._deliver()
         self._gauge_running()
 
@@ -517,15 +521,15 @@ class Engine:
         # steps are logged, observed by flashspec_step_end and counted exactly as generate()'s.
         # The last step's tokens are delivered once this step's device work is queued.
         return self.pipeline.step(self._tokens, self._lengths, self._active, self._sampling, self._generator,
-                                  on_queued=self._deliver)
+                                  on_queued=self._deliver if self.overlap else None)
 
     def _settle(self, record: StepRecord, emitted: list[list[int]]) -> None:
         """What the next step needs of this one: each live row's new tokens in the sequences, and
         the rows that ended (EOS, their token budget, a stop string) out of the batch. Their text
-        and events wait for :meth:`_deliver`, which runs while the next step's device work
-        does: the event loop, woken by it, then sends the chunks while the engine thread waits on
-        the device, instead of holding the GIL between two steps. A row with stop strings is
-        detokenized here, since its text decides whether it ends."""
+        and events wait for :meth:`_deliver`, which (with ``overlap``) runs while the next step's
+        device work does: the event loop, woken by it, then sends the chunks while the engine
+        thread waits on the device, instead of holding the GIL between two steps. A row with stop
+        strings is detokenized here, since its text decides whether it ends."""
         eos = self.pipeline.target.eos_token_ids
         accepted = []
         generated = 0

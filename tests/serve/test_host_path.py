@@ -129,7 +129,7 @@ def test_a_steps_text_reaches_the_loop_while_the_next_step_runs(tiny_models: dic
     import flashspec_serve.engine as engine_module
 
     pipeline = make_pipeline(tiny_models)
-    engine = Engine(pipeline, max_batch=len(PROMPTS))
+    engine = Engine(pipeline, max_batch=len(PROMPTS), overlap=True)  # the CUDA default, on the CPU
     marks: list[str] = []
     inner, real_hand_over = pipeline.step, engine_module.hand_over
 
@@ -151,6 +151,7 @@ def test_a_steps_text_reaches_the_loop_while_the_next_step_runs(tiny_models: dic
     assert marks[:2] == ["step", "end"] and marks[-2:] == ["end", "hand"]
     inside = [marks[i - 1] == "step" and marks[i + 1] == "end" for i, m in enumerate(marks[:-1]) if m == "hand"]
     assert inside and all(inside)  # every hand-over but the last ran inside the next step
+    assert not Engine(pipeline).overlap  # on the CPU a step's work is done when queued: delivered after it
 
 
 def test_a_uniform_batch_hands_the_steps_its_one_setting(tiny_models: dict[str, Path]) -> None:
