@@ -65,7 +65,6 @@ from flashspec_fast.target import (
     bucket,
     catch_up_width,
     check_room,
-    forward_rows,
     kept_counts,
     move_path,
     ragged_forward,
@@ -153,9 +152,12 @@ class FastDraft:
         behind = [max(n - 2, 0) for n in lengths]
         starts = [min(s, e) for s, e in zip(self.seen, behind, strict=True)]  # first token the cache lacks
         width = bucket(max(n - s for s, n in zip(starts, lengths, strict=True)), least=2)
-        if width > FUSED_CATCH_UP:  # far behind: a forward of its own first
-            starts = self._catch_up(tokens, starts, behind, lengths)
-            width = bucket(max(n - s for s, n in zip(starts, lengths, strict=True)), least=2)
+        if width > FUSED_CATCH_UP:  # far behind: a ragged forward of its own first
+            # over the whole batch, a graph per shape. An eager forward over only the far rows (rows
+            # that joined a running batch) was tried: the server's draft steps at 8-32 clients took
+            # 1.7x as long with it on the H100.
+            ragged_forward(self.model, tokens, starts, behind, self._stage, self.graphs)
+            starts, width = behind, 2
         host = first_inputs(tokens, starts, lengths, width, self.model.scratch)
         if parents:
             return self._propose_tree(host, list(lengths), parents, sampling, generator)
@@ -171,24 +173,6 @@ class FastDraft:
         out_tokens, out_probs = self.graphs(key, loop, self._stage(host), noise)
         self._lengths, self._fed = list(lengths), gamma - 1
         return Draft(tokens=out_tokens, probs=None if sampling.greedy else out_probs)
-
-    def _catch_up(self, tokens: torch.Tensor, starts: list[int], behind: list[int], lengths: Sequence[int]
-                  ) -> list[int]:
-        """Feed the rows more than the first forward can take up to ``behind``; the rows' new starts.
-        Most rows far behind (a new batch): one ragged forward over the batch, a graph per shape.
-        A few (rows that joined a running batch): a forward over those rows alone, since the
-        batch's forward would pad every row to the joiners' prompt width (32 rows of 512
-        positions for one joined prompt of 300 tokens)."""
-        far = [b for b, (s, n) in enumerate(zip(starts, lengths, strict=True))
-               if bucket(n - s, least=2) > FUSED_CATCH_UP]
-        if 2 * len(far) > len(starts):
-            ragged_forward(self.model, tokens, starts, behind, self._stage, self.graphs)
-            return list(behind)
-        need = max(behind[b] - starts[b] for b in far)
-        forward_rows(self.model, tokens, far, [starts[b] for b in far], [behind[b] for b in far],
-                     catch_up_width(need, self.model.scratch), self._stage)
-        caught = set(far)
-        return [behind[b] if b in caught else s for b, s in enumerate(starts)]
 
     def _loop(
         self, host: torch.Tensor, noise: torch.Tensor, gamma: int, sampling: SamplingParams, span: int

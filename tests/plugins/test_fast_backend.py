@@ -286,39 +286,6 @@ def test_draft_catches_up_inside_its_first_forward(models: dict[str, Path], monk
 
 
 
-def test_a_row_that_joined_catches_up_alone(models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    """One row of four starts over (a request joined the running batch: reset_rows) with a
-    prompt far past what the first forward takes: it catches up in a forward over that row
-    alone, not the batch padded to its width, and the draft proposes what a draft that catches
-    every row up from scratch proposes."""
-    from flashspec_core import SamplingParams
-    from flashspec_core.contracts import DraftContext
-    from flashspec_fast import draft as fd
-    from flashspec_fast.options import FastOptions
-
-    opts = FastOptions(model=str(models["close"]), dtype="float64", max_len=128, chat_template=False)
-    context = DraftContext(target=None, vocab=16, device=torch.device("cpu"))
-    rows = [[(3 * b + 5 * i) % 16 for i in range(12 + b)] for b in range(4)]
-    rows[2] = [(7 * i + 1) % 16 for i in range(40)]  # the joined request's prompt
-    lengths = [len(r) for r in rows]
-    tokens = torch.tensor([r + [0] * (max(lengths) - len(r)) for r in rows])
-    sampling = SamplingParams(temperature=1.0)
-
-    warm = fd.make_draft(opts, context)
-    short = torch.tensor([r[:10] for r in rows])
-    warm.propose(short, [10] * 4, 3, sampling, torch.Generator().manual_seed(1))
-    warm.rollback([0] * 4)  # every row seen up to its 10th token
-    warm.reset_rows([2])
-    shapes: list[tuple[int, ...]] = []
-    forward = warm.model.forward
-    monkeypatch.setattr(warm.model, "forward", lambda *a, **k: shapes.append(tuple(a[0].shape)) or forward(*a, **k))
-    got = warm.propose(tokens, lengths, 3, sampling, torch.Generator().manual_seed(2))
-    monkeypatch.setattr(fd, "FUSED_CATCH_UP", 0)  # every row far behind: one forward over the whole batch
-    fresh = fd.make_draft(opts, context).propose(tokens, lengths, 3, sampling, torch.Generator().manual_seed(2))
-    assert shapes[0] == (1, 64)  # row 2 alone, its 38 tokens in a forward 64 wide
-    assert torch.equal(got.tokens, fresh.tokens)
-    torch.testing.assert_close(got.probs, fresh.probs, rtol=1e-9, atol=1e-12)
-
 def test_decode_kernel_forward_matches_sdpa(models: dict[str, Path]) -> None:
     """attention = "triton" (the decode kernel, in the interpreter here) against SDPA, same
     weights and cache: a 20-token prefill (SDPA in both), then decode widths 1, 4 and 9 and a
