@@ -115,6 +115,41 @@ def test_branches_from_the_index_are_those_of_a_full_scan(
         assert index.propose_branches(gamma) == lookup_branches(_t(seq[:n]), gamma, cfg)
 
 
+def _index_token_by_token(seq: list[int], cuts: list[int], lo: int, hi: int) -> tuple[dict, dict]:
+    """The index as a loop over each end and each n builds it, fed in ``cuts``-sized pieces."""
+    latest: dict[tuple[int, ...], int] = {}
+    recent: dict[tuple[int, ...], list[int]] = {}
+    indexed = 0
+    for grown in cuts:
+        for end in range(indexed, grown - 1):
+            for n in range(lo, min(hi, end + 1) + 1):
+                gram = tuple(seq[end - n + 1 : end + 1])
+                latest[gram] = end - n + 1
+                recent.setdefault(gram, []).append(end - n + 1)
+        indexed = max(indexed, grown - 1)
+    return latest, recent
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    seq=st.lists(st.integers(0, 3), min_size=0, max_size=60),
+    grows=st.lists(st.integers(0, 9), min_size=1, max_size=12),
+    ngrams=st.tuples(st.integers(1, 4), st.integers(0, 3)),
+    branches=st.integers(1, 3),
+)
+def test_the_index_is_the_one_a_loop_over_every_end_builds(
+    seq: list[int], grows: list[int], ngrams: tuple[int, int], branches: int
+) -> None:
+    lo, hi = ngrams[0], ngrams[0] + ngrams[1]
+    index, cuts = NgramIndex(LookupConfig(min_ngram=lo, max_ngram=hi, branches=branches)), []
+    for grow in grows:
+        index.extend(seq[len(index.seq) : len(index.seq) + grow])
+        cuts.append(len(index.seq))
+    latest, recent = _index_token_by_token(seq[: len(index.seq)], cuts, lo, hi)
+    assert index.latest == latest
+    assert index.recent == (recent if branches > 1 else {})
+
+
 def test_branches_are_recent_matches_with_distinct_first_tokens() -> None:
     seq = _t([1, 2, 3, 4, 1, 2, 5, 6, 7, 1, 2, 5, 6, 8, 1, 2])
     # (1, 2) was followed by 5 6 8, 5 6 7, 3 4 1: most recent first, 6 // 2 = 3 tokens each;
