@@ -173,8 +173,11 @@ class FirstGate:
     forward while the other rows gain nothing. The gate compares the emitted tokens per
     second of the steps where the first arm proposed and played against those where it
     proposed and the selector chose instead, and prefers the faster; one of every
-    ``explore`` proposals goes the other way, so both means stay current, and until each
-    side has ``least`` steps the first arm plays (as with no gate) but for those explorations.
+    ``explore`` proposals goes the other way, so both means stay current. Until each side has
+    ``least`` steps in a class, the side with fewer steps goes (ties: the first arm plays), so
+    a class is known after about ``2 * least`` proposals: with the first arm playing all but
+    one in ``explore`` of them, the other side took ``least * explore`` (64 steps at 32 rows of
+    a serving run's few hundred, most of them a slower lookup).
     It keeps both sides per class of live rows (1, 2-3, 4-7, 8-15, ...): a step over 32 rows
     emits many times the tokens per second of one over a single row, so means pooled across
     batch sizes would compare the batch mix of each side, not the arms (a bucket of the
@@ -199,11 +202,11 @@ class FirstGate:
             return True
         rc = self.row_class(rows)
         self.seen[rc] = self.seen.get(rc, 0) + 1
-        other_way = self.seen[rc] % self.explore == 0
         played, skipped = self.played.get(rc, [0, 0.0]), self.skipped.get(rc, [0, 0.0])
-        known = played[0] >= self.least and skipped[0] >= self.least
-        prefer = not known or played[1] / played[0] >= skipped[1] / skipped[0]
-        return prefer != other_way
+        if played[0] < self.least or skipped[0] < self.least:  # learn both sides first
+            return played[0] <= skipped[0]
+        other_way = self.seen[rc] % self.explore == 0
+        return (played[1] / played[0] >= skipped[1] / skipped[0]) != other_way
 
     def observe(self, played: bool, tokens_per_s: float, rows: int = 1) -> None:
         side = (self.played if played else self.skipped).setdefault(self.row_class(rows), [0, 0.0])
@@ -344,9 +347,10 @@ class StepPolicy:
     def choose(self, rows: Sequence[int], first_proposes: bool = False) -> Plan:
         """The plan of a step over live ``rows``, given whether the first arm proposed.
 
-        Takes the choice drawn ahead for the bucket of ``len(rows)`` if there is one, else
-        asks that bucket's selector; a drawn choice that goes unplayed (batch limit, first
-        arm, another bucket) is dropped.
+        A first arm that proposed plays where the bucket's :class:`FirstGate` says so (else the
+        plan has ``first_skipped``). Takes the choice drawn ahead for the bucket of ``len(rows)``
+        if there is one, else asks that bucket's selector; a drawn choice that goes unplayed
+        (batch limit, first arm, another bucket) is dropped.
         """
         first = self.settings.first
         if first_proposes and first is None:
@@ -359,10 +363,13 @@ class StepPolicy:
         self._due = bucket if self.settings.draw_ahead and not limited else None
         if limited:
             return Plan(tuple(rows), BATCH_LIMIT_ARM, bucket=bucket)
+        skipped = False
         if first_proposes and first is not None:
-            return Plan(tuple(rows), first, bucket=bucket)
+            if self.first_gates[bucket].plays(len(rows)):
+                return Plan(tuple(rows), first, bucket=bucket)
+            skipped = True  # the gate prefers the selector here
         choice = ahead[1] if ahead is not None and ahead[0] == bucket else self._ask(bucket, len(rows))
-        return Plan(tuple(rows), self.choices[choice], choice, bucket=bucket)
+        return Plan(tuple(rows), self.choices[choice], choice, bucket=bucket, first_skipped=skipped)
 
     def draw_next(self, rows: int | None = None) -> None:
         """Draw the next step's choice now, if draw-ahead is on and this step has not drawn
@@ -441,12 +448,12 @@ class StepPolicy:
         if first is None or self.limited(len(rows)):
             return self.choose(rows)
         draft = self._first_proposal(first, tokens, lengths, sampling, generator)
-        if not _empty(draft) and not self.first_gates[self.settings.bucket(len(rows))].plays(len(rows)):
-            # the gate prefers the selector here: nothing of the proposal enters the sequences
-            self.arms[first].provider.rollback([0] * len(lengths))
-            return attrs.evolve(self.choose(rows), first_skipped=True)
         plan = self.choose(rows, first_proposes=not _empty(draft))
-        # The first arm chosen again keeps its empty proposal (a plain step): no second search.
+        if plan.first_skipped and plan.arm != first:
+            # the gate preferred the selector, which chose another arm: nothing of the proposal enters the sequences
+            self.arms[first].provider.rollback([0] * len(lengths))
+            return plan
+        # The first arm chosen by the selector keeps its proposal (an empty one: a plain step): no second search.
         return attrs.evolve(plan, draft=draft) if plan.arm == first else plan
 
     def propose(self, plan: Plan, tokens: torch.Tensor, lengths: Sequence[int], sampling: SamplingParams,

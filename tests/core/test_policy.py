@@ -319,11 +319,12 @@ def test_the_model_free_half_replays_the_steps_of_the_provider_half() -> None:
         step_s = 0.01 + t * 1e-3
         got.append(_step(engine, live, acc, step_s)[2])
         plan = replay.choose(live, first_proposes=bool(width))
-        drafted = width if width else replay.played(plan).gamma
+        arm = replay.played(plan)  # the first arm, unless its gate sent a proposal to the selector
+        drafted = width if arm.name == "m" else arm.gamma
         want.append(replay.learn(plan, drafted, [acc[b] for b in live], step_s))
     assert got == want
     assert _kinds(logs[0], "select", "update") == _kinds(logs[1], "select", "update")
-    assert len(_kinds(logs[0], "update")) == widths.count(0)
+    assert len(_kinds(logs[0], "update")) == widths.count(0) + 1  # and the proposal the gate sent to the selector
 
 
 def test_settings_and_arms_that_do_not_fit_are_clear_errors() -> None:
@@ -496,14 +497,20 @@ def test_per_bucket_selectors_learn_where_drafting_pays(seed: int) -> None:
     assert abs(shared[1] - shared[8]) < 0.2, shared
 
 
-def test_first_gate_plays_until_both_sides_are_known_then_prefers_the_faster_exploring_one_in_explore() -> None:
+def test_first_gate_learns_both_sides_first_then_prefers_the_faster_exploring_one_in_explore() -> None:
     from flashspec_core.policy import FirstGate
 
     gate = FirstGate(explore=4, least=2)
-    assert [gate.plays() for _ in range(8)] == [True, True, True, False] * 2  # unknown: play, but every 4th
-    for _ in range(2):
-        gate.observe(True, 100.0)  # first arm's steps: 100 tokens/s
-        gate.observe(False, 300.0)  # the selector's, where the first arm had proposed: faster
+    assert gate.plays() and gate.plays()  # nothing observed yet: the first arm plays
+    gate.observe(True, 100.0)
+    assert not gate.plays()  # the side with fewer steps goes: the selector's
+    gate.observe(False, 300.0)
+    assert gate.plays()  # tied again: the first arm
+    gate.observe(True, 100.0)
+    assert not gate.plays()  # the selector's side is one short of least
+    gate.observe(False, 300.0)
+    assert gate.seen == {0: 5}
+    gate.seen = {}  # count the explorations from here; the selector's side was faster
     assert [gate.plays() for _ in range(8)] == [False, False, False, True] * 2  # skip, but every 4th plays
     for _ in range(10):
         gate.observe(True, 1000.0)  # the first arm's steps got faster: its mean passes the other side's
@@ -541,9 +548,9 @@ def test_a_gated_first_proposal_is_rolled_back_and_the_selector_chooses_and_both
     plan, drafter, _ = _step(policy, [0, 1, 2], [1, 2, 0])  # the gate's first proposal: plays
     assert plan.by_first and not plan.first_skipped and drafter is arms[0]
     log.clear()
-    plan, drafter, _ = _step(policy, [0, 1, 2], [1, 0, 2], step_s=0.02)  # its second: the exploration skips it
+    plan, drafter, _ = _step(policy, [0, 1, 2], [1, 0, 2], step_s=0.02)  # its second: the side not yet seen goes
     assert plan.first_skipped and not plan.by_first and plan.arm == 1 and plan.choice == 0 and drafter is arms[1]
-    assert log == [("propose", "lookup", 4), ("rollback", "lookup", [0, 0, 0]), ("select", 0), ("propose", "d", 3),
+    assert log == [("propose", "lookup", 4), ("select", 0), ("rollback", "lookup", [0, 0, 0]), ("propose", "d", 3),
                    ("rollback", "d", [1, 0, 2]), ("main", 3, (1, 0, 2), 6, 0.02), ("update", 0, 0.5)]
     assert policy.first_gates[0].played == {1: [1, 6 / 0.01]} and policy.first_gates[0].skipped == {1: [1, 6 / 0.02]}  # 3 rows: class 1
 
