@@ -288,10 +288,14 @@ def _accept_race_kernel(
     jm = jf < gamma
     drafted = bf * gamma + jf
     tok = tl.load(draft_ptr + drafted, mask=jm, other=0)
-    x_tok = tl.load(logits_ptr + pos * V + tok, mask=jm, other=0.0).to(tl.float32) * inv_t
+    # a draft id outside [0, V) is never accepted, and its gathers are clamped into the row:
+    # no read out of bounds whatever the ids (callers of this module may skip the plugin's checks)
+    in_vocab = (tok >= 0) & (tok < V)
+    tok_c = tl.minimum(tl.maximum(tok, 0), V - 1)
+    x_tok = tl.load(logits_ptr + pos * V + tok_c, mask=jm, other=0.0).to(tl.float32) * inv_t
     logp_x = (x_tok - m) - log_s  # as torch's log_softmax: (x - max) - log(sum)
     if HAS_Q:
-        logq_x = tl.log(tl.load(q_ptr + drafted * V + tok, mask=jm, other=1.0).to(tl.float32))
+        logq_x = tl.log(tl.load(q_ptr + drafted * V + tok_c, mask=jm, other=1.0).to(tl.float32))
     else:
         logq_x = tl.zeros((ROWS * G_PAD,), tl.float32)
     if EXACT:
@@ -302,7 +306,7 @@ def _accept_race_kernel(
         seed = tl.load(state_ptr)
         counter = tl.load(state_ptr + 1)
         u, _r1, _r2, _r3 = _philox_uniform(seed, counter, _ACCEPT_STREAM + bf * _ACCEPT_STRIDE + jf)
-    accept = (tl.log(u) + logq_x < logp_x) | (jf >= gamma)
+    accept = ((tl.log(u) + logq_x < logp_x) & in_vocab) | (jf >= gamma)
     first_reject = tl.reshape(tl.where(accept, G_PAD, jf), (ROWS, G_PAD))
     n = tl.minimum(tl.min(first_reject, axis=1), gamma)  # [ROWS]
     if split == 0:

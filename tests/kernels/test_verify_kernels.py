@@ -288,6 +288,29 @@ def test_verdict_layout(small_blocks) -> None:
     assert (out.tokens.gather(1, n[:, None]) >= 0).all()
 
 
+@pytest.mark.parametrize("bad", [8, 11, -1, 10**9])
+@pytest.mark.parametrize("mode", ["noise", "philox", "philox_q"])
+def test_a_draft_id_outside_the_vocab_is_rejected_and_never_read(mode: str, bad: int) -> None:
+    """The kernel module is public: ids outside [0, V) (the padding -1, a wrong tokenizer's ids)
+    must be rejected without a read past the logits or q rows (10**9 used to crash the process)."""
+    v, gamma = 8, 3
+    logits = torch.full((2, gamma + 1, v), -20.0, device=DEV)
+    logits[:, :, 2] = 20.0  # the target is all but sure of token 2 everywhere
+    tokens = torch.tensor([[2, 2, 2], [bad, 2, 2]], device=DEV)
+    q = None
+    if mode == "philox_q":
+        q = torch.full((2, gamma, v), 1.0 / v, device=DEV)
+    sampling = SamplingParams(temperature=1.0)
+    if mode == "noise":
+        noise = Noise.draw(2, gamma, v, torch.Generator(device=DEV).manual_seed(0), DEV)
+        out = ops.verify_triton(logits, tokens, q, sampling, noise=noise)
+    else:
+        out = ops.verify_triton(logits, tokens, q, sampling, state=ops.new_philox_state(None, DEV))
+    assert out.num_accepted.tolist() == [gamma, 0]  # row 1 stops at its bad id
+    assert out.tokens[1, 0].item() == 2  # the residual's draw, from the vocab
+    assert ((out.tokens >= 0) & (out.tokens < v) | (out.tokens == -1)).all()
+
+
 def test_bad_shapes_are_refused() -> None:
     logits, tokens, _ = inputs(2, 3, 64, torch.float32, seed=18)
     with pytest.raises(ValueError, match="gamma must be in 0..16, got 17"):
