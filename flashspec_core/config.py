@@ -386,6 +386,11 @@ def parse_config(
                               "so it would never run")
     reward, limit, draw_ahead, buckets, first_explore = _selector_keys(sel_table, source)
     selector = _choice(registry, "selector", sel_table, source, "selector", "fixed", base_dir)
+    arms_problem = getattr(selector.config, "arms_problem", None)  # a keys class's check against the arm count
+    if callable(arms_problem):
+        found = arms_problem(sum(a.select for a in arms))
+        if found is not None:
+            raise ConfigError(source, "selector", found[0], found[1])
     generation = _generation(data, source)
     return PipelineConfig(source, target, arms, verifier, selector, reward, generation, limit, first, draw_ahead, buckets,
                           first_explore)

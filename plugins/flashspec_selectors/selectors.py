@@ -308,6 +308,14 @@ class FixedConfig:
 
     arm: int = attrs.field(default=0, validator=_int_at_least(0))
 
+    def arms_problem(self, arms: int) -> tuple[str, str] | None:
+        """The key and message where ``arm`` is not one of the ``arms`` the selector chooses
+        between: the config check calls it, so the mistake is named before torch is imported."""
+        if self.arm >= arms:
+            return "arm", (f"must be below the number of arms the selector chooses between ({arms}: "
+                           f"the [[arm]] tables without select = false), got {self.arm}")
+        return None
+
 
 @attrs.frozen
 class UCB1Config:

@@ -288,6 +288,8 @@ CONFIG_ROWS: list[tuple[str, Edit, str, str, bool]] = [
     ("first-explore-bool", _set("selector", "first_explore", True), "[selector] key 'first_explore'",
      "must be an integer >= 0", True),
     ("selector-unknown", _set("selector", "use", "ucb2"), "[selector] key 'use'", "ucb2", True),
+    ("fixed-arm-out-of-range", lambda data: data.__setitem__("selector", {"use": "fixed", "arm": 5}),
+     "[selector] key 'arm'", "must be below the number of arms the selector chooses between (", True),
     ("selector-unknown-key", _set("selector", "window", 3), "[selector] key 'window'", "unknown key", True),
     ("generation-unknown-key", _set("generation", "temprature", 1.0), "[generation] key 'temprature'",
      "unknown key for generation settings", True),
