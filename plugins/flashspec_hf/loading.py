@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ def load_model(opts: ModelOptions) -> tuple[Any, Any]:
     if model is None:
         kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": opts.attn_implementation}
         if opts.quantization == "nf4":
+            _check_nf4_widths(Path(path), device)
             kwargs["quantization_config"] = _nf4_config(dtype)
         if opts.device_map is not None:
             kwargs["device_map"] = opts.device_map
@@ -86,6 +88,25 @@ def load_upcast(path: Path, dtype: torch.dtype, attn_implementation: str = "sdpa
         model.generation_config = GenerationConfig.from_pretrained(path)
     model.name_or_path = str(path)
     return model
+
+
+NF4_CPU_BLOCK = 64  # bitsandbytes' 4-bit block on the CPU: each row of a weight is whole blocks
+
+
+def _check_nf4_widths(path: Path, device: torch.device) -> None:
+    """On the CPU, bitsandbytes packs each 4-bit weight row in blocks of 64 inputs and fails inside
+    the first forward (``shape '[32, 0]' is invalid``) where a layer's input width is not a
+    multiple: refuse such a checkpoint at load, naming the widths."""
+    config = path / "config.json"
+    if device.type != "cpu" or not config.is_file():
+        return
+    data = json.loads(config.read_text(encoding="utf-8"))
+    widths = {k: data.get(k) for k in ("hidden_size", "intermediate_size") if isinstance(data.get(k), int)}
+    odd = {k: v for k, v in widths.items() if v % NF4_CPU_BLOCK}
+    if odd:
+        found = ", ".join(f"{k} = {v}" for k, v in odd.items())
+        raise RuntimeError(f"quantization = 'nf4' on the CPU needs every layer's input width to be a multiple of "
+                           f"{NF4_CPU_BLOCK} (bitsandbytes' block), but {config} has {found}; use quantization = 'none'")
 
 
 def _nf4_config(compute_dtype: torch.dtype) -> Any:

@@ -62,6 +62,14 @@ def test_nf4_target_and_draft_run_on_cpu(target: Path, tmp_path: Path) -> None:
     assert spec.summary["arms"]["d0"]["acceptance_rate"] > 0.5  # the draft is the target itself
 
 
+def test_nf4_on_the_cpu_refuses_widths_bitsandbytes_cannot_pack(tmp_path: Path) -> None:
+    """Hidden width 32 is under bitsandbytes' CPU block of 64: it used to load, then fail inside
+    the first forward with "shape '[32, 0]' is invalid"; now the load names the widths."""
+    narrow = tiny_lm(tmp_path / "narrow", vocab=16, hidden=32)
+    with pytest.raises(RuntimeError, match=r"multiple of 64 .* has hidden_size = 32; use quantization = 'none'"):
+        load_model(ModelOptions(model=str(narrow), dtype="float32", device="cpu", quantization="nf4"))
+
+
 def test_score_tree_equals_chains_and_commit_path_keeps_only_the_accepted_path(target: Path) -> None:
     """Each node's logits are those of a chain forward of its path; after commit_path the cache
     scores the next step exactly as a fresh target that never saw the rejected branches."""
