@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import gc
 import os
-from collections.abc import Callable, Mapping
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -30,6 +33,38 @@ from flashspec_core.rewards import make_reward
 Progress = Callable[[str], None]
 
 
+HEARTBEAT_S = 8.0  # a load that has printed nothing for this long says it is still running
+
+
+@contextlib.contextmanager
+def _beating(progress: Progress | None, doing: str) -> Iterator[None]:
+    """While ``doing`` runs, tell ``progress`` that it still runs after every :data:`HEARTBEAT_S`
+    seconds in which neither this nor the model cache (its downloads and builds, which beat on
+    their own) printed a line: reading gigabytes of weights is otherwise a silent minute."""
+    if progress is None:
+        yield
+        return
+    from flashspec_models.weights import last_output
+
+    done, start = threading.Event(), time.monotonic()
+    said = [start]
+
+    def beat() -> None:
+        while not done.wait(min(1.0, HEARTBEAT_S / 4)):
+            now = time.monotonic()
+            if now - max(said[0], last_output()) >= HEARTBEAT_S:
+                progress(f"still {doing}: {now - start:.0f} s")
+                said[0] = now
+
+    thread = threading.Thread(target=beat, name="flashspec-load-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 def load_pipeline(path: str | os.PathLike[str], registry: Registry | None = None, progress: Progress | None = None) -> Pipeline:
     registry = registry or build_registry()
     return build_pipeline(load_config(path, registry), registry, progress)
@@ -48,7 +83,8 @@ def build_pipeline(
     _check_selector_buckets(config, registry)
     say = progress or (lambda _msg: None)
     say(f"loading target ({_describe(config.target)})")
-    target: Target = registry.get("target", config.target.use).factory(config.target.config)
+    with _beating(progress, "loading target"):
+        target: Target = registry.get("target", config.target.use).factory(config.target.config)
     context = DraftContext(target=target, vocab=target.vocab, device=target.device)
     arms = []
     index = {a.name: i for i, a in enumerate(config.arms)}
@@ -60,7 +96,8 @@ def build_pipeline(
             say(f"arm {arm.name} (gamma={arm.gamma}) shares arm {owner}'s {_describe(arm.draft)}")
         else:
             say(f"loading arm {arm.name} ({_describe(arm.draft)}, gamma={arm.gamma})")
-            provider = registry.get("draft", arm.draft.use).factory(arm.draft.config, context)
+            with _beating(progress, f"loading arm {arm.name}"):
+                provider = registry.get("draft", arm.draft.use).factory(arm.draft.config, context)
             if key is not None:
                 loaded[key] = (arm.name, provider)
         fallback = index[arm.fallback] if arm.fallback is not None else None

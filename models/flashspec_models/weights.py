@@ -222,9 +222,19 @@ def _lookup(name: str) -> KnownModel:
     return KNOWN_MODELS[key]
 
 
+_SAID = [0.0]  # time.monotonic() of the last progress line (last_output)
+
+
 def _log(progress: bool, message: str) -> None:
     if progress:
         print(f"flashspec: {message}", file=sys.stderr, flush=True)
+        _SAID[0] = time.monotonic()
+
+
+def last_output() -> float:
+    """``time.monotonic()`` of this module's last progress line (0.0: none yet), so that a
+    caller's own heartbeat around a model load stays quiet while this module speaks."""
+    return _SAID[0]
 
 
 # What a build costs after the download, per GiB of the model's float32 checkpoint: seconds

@@ -161,6 +161,37 @@ def test_third_party_components_run_in_a_pipeline(models: dict[str, Path]) -> No
     assert result.token_ids[0] == _greedy_target(models["target"], PROMPTS[0], 6, eos=15)
 
 
+class _Slow:
+    """A draft plugin whose load takes a while and prints nothing."""
+
+    @hookimpl
+    def flashspec_draft_providers(self):
+        def make(config, context):
+            import time
+
+            time.sleep(0.9)
+            return PromptLookupDraft(LookupConfig())
+
+        return [ComponentSpec("slow_lookup", "draft", make)]
+
+
+def test_a_silent_load_says_it_still_runs(models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A load that prints nothing (gigabytes of weights read) gets a line after each heartbeat
+    of silence, so a first run has no silent minute; without progress, nothing is said."""
+    import flashspec_core.build as build
+
+    monkeypatch.setattr(build, "HEARTBEAT_S", 0.25)
+    registry = build_registry(extra_plugins=[_Slow()])
+    config = pipeline_dict(models["target"], [], "fixed")
+    config["arm"] = [{"use": "slow_lookup", "gamma": 3, "name": "slow"}]
+    lines: list[str] = []
+    build_pipeline(config, registry, progress=lines.append)
+    beats = [line for line in lines if line.startswith("still loading arm slow: ")]
+    assert beats and len(beats) <= 4, lines
+    assert lines.index(beats[0]) > lines.index("loading arm slow (slow_lookup, gamma=3)")
+    build_pipeline(config, registry)  # no progress: no heartbeat thread
+
+
 class _Greedy:
     """A draft plugin whose proposals are wider than the arm's gamma (a bug)."""
 
