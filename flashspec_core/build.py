@@ -7,8 +7,6 @@ import contextlib
 import functools
 import gc
 import os
-import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -44,25 +42,10 @@ def _beating(progress: Progress | None, doing: str) -> Iterator[None]:
     if progress is None:
         yield
         return
-    from flashspec_models.weights import last_output
+    from flashspec_models.weights import beat_while, last_output
 
-    done, start = threading.Event(), time.monotonic()
-    said = [start]
-
-    def beat() -> None:
-        while not done.wait(min(1.0, HEARTBEAT_S / 4)):
-            now = time.monotonic()
-            if now - max(said[0], last_output()) >= HEARTBEAT_S:
-                progress(f"still {doing}: {now - start:.0f} s")
-                said[0] = now
-
-    thread = threading.Thread(target=beat, name="flashspec-load-heartbeat", daemon=True)
-    thread.start()
-    try:
+    with beat_while(progress, doing, HEARTBEAT_S, last_output):
         yield
-    finally:
-        done.set()
-        thread.join()
 
 
 def load_pipeline(path: str | os.PathLike[str], registry: Registry | None = None, progress: Progress | None = None) -> Pipeline:

@@ -63,7 +63,7 @@ import tempfile
 import threading
 import time
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
@@ -268,11 +268,27 @@ def _heartbeat(progress: bool, doing: str) -> Iterator[None]:
     if not progress:
         yield
         return
+    with beat_while(lambda message: _log(True, message), doing, _HEARTBEAT_S):
+        yield
+
+
+@contextlib.contextmanager
+def beat_while(say: Callable[[str], None], doing: str, every: float,
+               quiet_since: Callable[[], float] | None = None) -> Iterator[None]:
+    """While the block runs, ``say("still DOING: N s")`` after every ``every`` seconds without a
+    line: without ``quiet_since``, every ``every`` seconds; with it (the ``time.monotonic()`` of
+    the last line printed elsewhere, as :func:`last_output`), only once neither this nor that
+    has spoken for ``every`` seconds."""
     done, start = threading.Event(), time.monotonic()
+    said = [start]
+    poll = every if quiet_since is None else min(1.0, every / 4)
 
     def beat() -> None:
-        while not done.wait(_HEARTBEAT_S):
-            _log(True, f"still {doing}: {time.monotonic() - start:.0f} s")
+        while not done.wait(poll):
+            now = time.monotonic()
+            if quiet_since is None or now - max(said[0], quiet_since()) >= every:
+                say(f"still {doing}: {now - start:.0f} s")
+                said[0] = now
 
     thread = threading.Thread(target=beat, name="flashspec-heartbeat", daemon=True)
     thread.start()
