@@ -125,7 +125,7 @@ def flashspec_runs(pipeline: Any, prompts: list[list[int]], groups: list[list[in
     records ``stopped`` (batches run of all)."""
     policy = pipeline.policy
     arms, selector, kept = list(policy.arms), policy.selector, buckets(policy)
-    prewarm = prewarm_drafts(pipeline, groups, args)
+    prewarm = prewarm_drafts(pipeline, groups, args, prompts)
     reward, settings = policy.reward, policy.settings
     limit, first = settings.speculate_max_batch, settings.first
     timed: list[tuple[str, list[Any], Buckets, int | None, int | None, list[dict[str, Any]]]] = []
@@ -233,10 +233,12 @@ def buckets(policy: Any) -> Buckets:
     return Buckets(list(policy.selectors), list(policy.rewards), list(policy.first_rewards), list(policy.first_gates))
 
 
-def prewarm_drafts(pipeline: Any, groups: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
+def prewarm_drafts(pipeline: Any, groups: list[list[int]], args: argparse.Namespace,
+                   prompts: list[list[int]] | None = None) -> dict[str, Any]:
     """Every graph each draft arm can ask for at the run's batch sizes, captured before any
     system runs (``FastDraft.prewarm``; ``--no-prewarm`` leaves them to the warm-up, which
-    alone left captures inside timed batches)."""
+    alone left captures inside timed batches); with ``prompts``, also every tree node count
+    the tree arms may propose (:func:`warm_trees`)."""
     from flashspec_core import SamplingParams
 
     if args.no_prewarm:
@@ -251,7 +253,33 @@ def prewarm_drafts(pipeline: Any, groups: list[list[int]], args: argparse.Namesp
     seconds = time.perf_counter() - t0
     if keys:
         say(f"draft graphs prewarmed: {keys} in {seconds:.1f} s")
-    return {"ran": True, "keys": keys, "seconds": seconds}
+    out = {"ran": True, "keys": keys, "seconds": seconds}
+    if prompts is not None:
+        out["tree_steps"], out["tree_seconds"] = warm_trees(pipeline, sizes, prompts, args.max_new_tokens, sampling)
+    return out
+
+
+def warm_trees(pipeline: Any, sizes: list[int], prompts: list[list[int]], new_tokens: int, sampling: Any
+               ) -> tuple[int, float]:
+    """A step of a one-hot tree of every node count ``1..g`` (``g`` the largest tree arm's gamma)
+    at every batch size and at one length per attention span the run's sequences reach
+    (``2^k + 1``: spans double), before any system runs. A lookup tree's node count varies with
+    its matches, and the target's tree forward and the verifier capture a graph per node count
+    and span: a bandit's warm-up over a few batches met only some, and the captures it missed
+    fell inside its timed batches (58 ms at batch 4, 110 ms at 8 on an H100). Returns the steps
+    run and their seconds."""
+    from flashspec_serve.warmup import tree_widths, warm_widths
+
+    widths = tree_widths(pipeline.arms)
+    if not widths or not prompts:
+        return 0, 0.0
+    low, high = min(map(len, prompts)), max(map(len, prompts)) + new_tokens + len(widths)
+    lengths = [(1 << k) + 1 for k in range(high.bit_length() + 1) if (1 << k) < high and (2 << k) >= low]
+    t0 = time.perf_counter()
+    steps = warm_widths(pipeline, widths, sizes, lengths, sampling)
+    seconds = time.perf_counter() - t0
+    say(f"tree node counts 1..{len(widths)} warmed: {steps} steps at {len(lengths)} lengths in {seconds:.1f} s")
+    return steps, seconds
 
 
 def warm_groups(groups: list[list[int]], warmup: int) -> list[list[int]]:

@@ -84,11 +84,15 @@ class Load:
     # Prompt lengths from a one-line question to a long code file: with 128 new tokens the longest
     # request is 428 tokens, inside basic's bound (warmup.BASIC_LONGEST).
     prompt_lengths: tuple[int, ...] = (12, 24, 40, 48, 56, 64, 100, 300)
+    # Distinct tokens a prompt draws from (0: the vocabulary's): few make prompts that repeat
+    # short runs, where a lookup finds matches of many lengths, as in code edits
+    alphabet: int = 0
 
     def prompts(self, vocab: int) -> list[tuple[int, ...]]:
         """Seeded random prompts (tokens ``1 .. vocab - 2``: neither padding nor the tiny models' EOS)."""
         gen = torch.Generator().manual_seed(0)
-        return [tuple(torch.randint(1, max(vocab - 1, 2), (n,), generator=gen).tolist()) for n in self.prompt_lengths]
+        top = max(vocab - 1, 2) if self.alphabet <= 0 else min(max(vocab - 1, 2), self.alphabet + 1)
+        return [tuple(torch.randint(1, top, (n,), generator=gen).tolist()) for n in self.prompt_lengths]
 
 
 def served(config: dict[str, Any], max_batch: int, level: str, load: Load) -> dict[str, Any]:

@@ -14,7 +14,10 @@ so caches are allocated once):
 * a dummy batch at a ladder of lengths (``2^k + 1``: every span up to the context), decoded one step by every arm in turn (its own provider, no
   fallback, no first arm), then one step at each draft width ``0..max gamma`` with a
   one-hot draft (what a lookup proposes), at those settings, and where they are all greedy
-  sampled too (the verifier's kernels for sampled rows); and, where rows join one by
+  sampled too (the verifier's kernels for sampled rows); where an arm proposes trees, a
+  second dummy batch of one step at each node count ``1..its gamma`` with a one-hot tree
+  (a lookup tree's partial matches: the target's tree forward and the verifier capture a
+  graph per node count, whatever the shape), likewise; and, where rows join one by
   one, one row and then two re-seated and prefilled alone (``prefill_rows``: its compiled
   ops specialize one row apart from several), each join followed by a step;
 * prefills alone (and a row re-seated) at every prefill width up to the longest sequence
@@ -62,7 +65,7 @@ from flashspec_core.contracts import (
     SamplingParams,
 )
 from flashspec_core.pipeline import Pipeline
-from flashspec_core.policy import Arm, StepPolicy
+from flashspec_core.policy import Arm, StepPolicy, proposes_trees
 
 log = structlog.get_logger("flashspec_serve")
 
@@ -164,9 +167,9 @@ def warm_up(pipeline: Pipeline, sizes: Sequence[int], context: int | None, per_r
     counters, t0 = graph_counters(pipeline), time.perf_counter()
     before = graph_captures(counters)
     own = list(pipeline.policy.arms)
-    schedule = plays(own, samplings)
-    gamma = max(a.gamma for a, _ in schedule)
-    lengths = warm_lengths(plan.limit(context), _room(len(schedule), gamma))
+    schedule, trees = plays(own, samplings), tree_plays(own, samplings)
+    gamma = max(a.gamma for a, _ in schedule + trees)
+    lengths = warm_lengths(plan.limit(context), max(_room(len(p), gamma) for p in (schedule, trees)))
     # a sequence keeps gamma + 1 slots for the step that scores it (Engine.room): the longest prefilled
     longest = plan.limit(context - gamma - 1 if context is not None else None)
     prefills = [n for n in prefill_lengths(longest) if n not in lengths]
@@ -177,6 +180,8 @@ def warm_up(pipeline: Pipeline, sizes: Sequence[int], context: int | None, per_r
             prewarmed += prewarm_drafts(own, size, samplings, plan.longest)
             for length in lengths:
                 steps += _warm_batch(pipeline, force, schedule, size, length, per_row)
+                if trees:
+                    steps += _warm_batch(pipeline, force, trees, size, length, per_row=False)
             for length in prefills:
                 _warm_prefill(pipeline, own, size, length, per_row)
             seconds = time.perf_counter() - t0
@@ -219,6 +224,49 @@ def plays(arms: Sequence[Arm], samplings: Sequence[SamplingParams]) -> list[tupl
     if all(s.greedy for s in samplings):
         out += [(arm, SAMPLED) for arm in widths]
     return out
+
+
+def tree_plays(arms: Sequence[Arm], samplings: Sequence[SamplingParams]) -> list[tuple[Arm, SamplingParams]]:
+    """The steps of a second dummy batch where an arm proposes trees: one one-hot tree per node
+    count (:func:`tree_widths`) at each of ``samplings``, and sampled too where they are all
+    greedy; none without a tree arm. A batch of their own, so the first keeps its room (and
+    the spans its lengths reach)."""
+    trees = tree_widths(arms)
+    out = [(arm, sampling) for sampling in samplings for arm in trees]
+    if trees and all(s.greedy for s in samplings):
+        out += [(arm, SAMPLED) for arm in trees]
+    return out
+
+
+def tree_widths(arms: Sequence[Arm]) -> list[Arm]:
+    """One-hot tree arms of every node count ``1..g``, ``g`` the largest gamma of the arms that
+    propose trees (none without one): a tree's node count varies with what its provider finds
+    (a lookup tree's matches), and the target's tree forward, the verifier and the path commit
+    are each captured per node count or depth, whatever the shape; a chain-shaped tree of
+    ``n`` nodes meets node count ``n`` and depth ``n``."""
+    top = max((a.gamma for a in arms if proposes_trees(a.provider)), default=0)
+    return [Arm(name=f"warmup-tree-{n}", provider=OneHotTree(), gamma=n) for n in range(1, top + 1)]
+
+
+def warm_widths(pipeline: Pipeline, widths: Sequence[Arm], sizes: Sequence[int], lengths: Sequence[int],
+                sampling: SamplingParams) -> int:
+    """One step of each of ``widths`` (:func:`tree_widths`, one-hot chains) at ``sampling`` on a
+    dummy batch of each of ``sizes`` rows and ``lengths`` tokens, largest batch first, with the
+    pipeline's arms, selectors, scorers, logger and observers untouched (a benchmark's warm-up
+    for the shapes its real prompts may not meet before the clock starts); returns the steps
+    run. Each batch keeps room for the steps: a length past ``max_context`` less that room is cut."""
+    if not widths:
+        return 0
+    schedule = [(arm, sampling) for arm in widths]
+    context = getattr(pipeline.target, "max_context", None)
+    room = _room(len(schedule), max(a.gamma for a in widths))
+    steps = 0
+    with _quiet(pipeline), _forced(pipeline.policy) as force:
+        for size in sorted(set(sizes), reverse=True):  # the largest allocates every cache once
+            for length in sorted({length if context is None else min(length, context - room) for length in lengths}):
+                if length >= 1:
+                    steps += _warm_batch(pipeline, force, schedule, size, length, per_row=False)
+    return steps
 
 
 def prewarm_drafts(arms: Sequence[Arm], size: int, samplings: Sequence[SamplingParams],
@@ -322,6 +370,21 @@ class OneHot:
         return Draft(tokens=torch.ones((len(lengths), gamma), dtype=torch.long), probs=None)
 
     def rollback(self, num_accepted: Sequence[int]) -> None:
+        """Stateless."""
+
+
+class OneHotTree(OneHot):
+    """A warm-up draft tree of ``gamma`` one-hot nodes of token 1, each the child of the one
+    before (a chain's shape, proposed as a tree: its depth is its node count)."""
+
+    proposes_trees = True
+
+    def propose(self, tokens: torch.Tensor, lengths: Sequence[int], gamma: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> Draft:
+        return Draft(tokens=torch.ones((len(lengths), gamma), dtype=torch.long), probs=None,
+                     parents=torch.arange(-1, gamma - 1, dtype=torch.long))
+
+    def rollback_path(self, paths: torch.Tensor) -> None:
         """Stateless."""
 
 

@@ -71,3 +71,53 @@ def test_the_report_has_a_row_per_max_batch_and_level_and_says_it_only_counted(t
         assert row["context"] == 255 and row["lengths"][-1] <= row["context"]
     one, two = (r["keys_per_slot_count"] for r in data["rows"])
     assert one[1] == two[1] > 0 and set(two) == {1, 2}  # a slot count's keys do not depend on the larger ones
+
+
+def _tree_config() -> dict[str, Any]:
+    """gpu.toml's short form with its lookup a tree (3 branches of its matches, no filling):
+    its node count varies with what the prompts and outputs repeat."""
+    config = short_gpu_config()
+    config["arm"] = [a | {"branches": 3} if a.get("use") == "prompt_lookup" else a for a in config["arm"]]
+    return tiny_config(config, tiny_family(Path(tempfile.mkdtemp())))
+
+
+# clients of prompts of 3 distinct tokens, so the lookup tree finds matches of many lengths
+TREE_LOAD = Load(concurrency=(1, 2), per_client=2, max_tokens=24, prompt_lengths=(12, 40), alphabet=3)
+
+
+def test_the_warm_up_meets_every_node_count_of_a_lookup_tree() -> None:
+    """A lookup tree's node count varies step to step; the warm-up's one-hot trees of every
+    node count leave no tree key to a served load."""
+    got = served(_tree_config(), 2, "basic", TREE_LOAD)
+    assert got["missed"] == 0, got["missed_keys"]
+
+
+def test_without_the_one_hot_trees_a_served_load_meets_tree_keys_the_warm_up_missed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check above can fail: without :func:`warmup.tree_widths` the dummy batches meet only
+    the node counts the lookup tree itself proposed on them, and the load asks for others."""
+    monkeypatch.setattr(warmup, "tree_widths", lambda _arms: [])
+    got = served(_tree_config(), 2, "basic", TREE_LOAD)
+    assert got["missed"] > 0
+    assert any("tree" in key for per in got["missed_keys"].values() for keys in per.values() for key in keys)
+
+
+def test_the_bench_warms_every_tree_node_count_at_every_span_its_sequences_reach() -> None:
+    """The e2e bench's tree warm-up (harness.warm_trees) asks for the target's tree forward at
+    every batch size, node count 1..gamma and span that steps over prompts of 100 to 150 tokens
+    and 30 new ones can meet, before any system is timed."""
+    from flashspec_bench.harness import warm_trees
+    from flashspec_bench.warmup_keys import counting
+    from flashspec_core.build import build_pipeline
+    from flashspec_core.contracts import SamplingParams
+
+    pipeline = counting(build_pipeline(_tree_config()))
+    caches = warmup.graph_caches(pipeline)
+    steps, _ = warm_trees(pipeline, [2, 1], [[1] * 100, [2] * 150], 30, SamplingParams(temperature=0.0))
+    gamma = next(a.gamma for a in pipeline.arms if a.name == "lookup")
+    span_for = pipeline.target.model.span_for  # type: ignore[attr-defined]
+    spans = {span_for(n) for n in range(100 + 1, 150 + 30 + gamma + 1)}  # 128 and 256
+    assert len(spans) >= 2 and steps > 0
+    got = {key[1:] for key in caches["target"].keys if key[0] == "tree"}
+    assert got >= {(b, n, s) for b in (1, 2) for n in range(1, gamma + 1) for s in spans}
+    assert warm_trees(pipeline, [1], [], 30, SamplingParams(temperature=0.0)) == (0, 0.0)  # no prompts: nothing
