@@ -176,7 +176,7 @@ serve)
     echo "== serve ($left s) $(date +%T)"
     timeout -k 10 "$left" python3 benchmarks/serve_bench.py --config flashspec_core/configs/gpu.toml \
         --local-models $BF16 --no-spec --peer $PEER --deadline $(( left - 15 )) --commit "$(cat SHA)" \
-        --out $RES/serve-h200.json "$@" > $LOGS/serve.log 2>&1
+        --out $RES/serve-h200.json --trace $LOGS/serve-steps.jsonl "$@" > $LOGS/serve.log 2>&1
     echo "rc=$? $(date +%T)"; grep '^\[' $LOGS/serve.log | tail -n 30
     cp $RES/serve-h200.json "$OUT/" 2>/dev/null
     tar czf "$OUT/res-serve.tgz" -C /tmp fslogs 2>/dev/null

@@ -650,14 +650,45 @@ def bounded(work: Any, end: float | None) -> Any:
                        ) from None
 
 
+class StepTrace:
+    """Appends one JSON line per served decode step (the pipeline's ``on_step``) to ``path``:
+    the system, seconds since the trace began, the arm, rows, tokens proposed, accepted per
+    row, step milliseconds and whether it captured a graph, and, between them, what the bench
+    said (its level lines), so a selector's choices can be replayed offline from the real costs."""
+
+    def __init__(self, path: Path, system: str) -> None:
+        self.path, self.system, self.t0 = path, system, time.monotonic()
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def _write(self, row: dict[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"system": self.system, "t": round(time.monotonic() - self.t0, 4), **row}) + "\n")
+
+    def __call__(self, record: Any) -> None:
+        self._write({"arm": record.arm_name, "rows": record.batch_size, "gamma": record.gamma,
+                     "accepted": list(record.accepted), "step_ms": round(record.step_ms, 4),
+                     "captured": record.captured})
+
+    def note(self, text: str) -> None:
+        self._write({"say": text})
+
+
 def bench_ours(config: dict[str, Any], base_dir: Path | None, spec: Load, plain: Load | None,
-               with_offline: bool, say: Callable[[str], None], name: str, soak_requests: int = 0
-               ) -> tuple[dict[str, dict[str, Any]], dict[str, list[Request]], list[str] | None]:
+               with_offline: bool, say: Callable[[str], None], name: str, soak_requests: int = 0,
+               trace: Path | None = None) -> tuple[dict[str, dict[str, Any]], dict[str, list[Request]], list[str] | None]:
     """Our server over ``config``: streaming loads (``name``), then, with ``plain``,
     non-streaming ones (``name``_plain, as the peer is loaded), then with ``soak_requests``
-    the memory soak (``name``_soak, :func:`soak`); with ``with_offline``, offline generation first.
+    the memory soak (``name``_soak, :func:`soak`); with ``with_offline``, offline generation first;
+    with ``trace``, every served step appended to that JSONL (:class:`StepTrace`).
     The rows per system, the requests per system, and the offline text per prompt."""
     pipeline = build(config, base_dir)
+    if trace is not None:
+        steps = StepTrace(trace, name)
+        pipeline.on_step, said = steps, say
+
+        def say(text: str) -> None:
+            said(text)
+            steps.note(text)
     rows: dict[str, dict[str, Any]] = {}
     requests: dict[str, list[Request]] = {}
     references = None
@@ -823,6 +854,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="the result JSON (default: docs/benchmarks/serve-h200.json; "
                                              "benchmarks/.results/serve-smoke.json with --smoke)")
     p.add_argument("--commit", help="the measured commit, where the checkout has no git")
+    p.add_argument("--trace", type=Path, metavar="JSONL",
+                   help="append every served decode step (arm, rows, width, accepted, step time) to this file: "
+                        "raw data for replaying the selector, never for git")
     return p
 
 
@@ -863,10 +897,10 @@ def run(args: argparse.Namespace, config: dict[str, Any], base_dir: Path | None,
     plain = attrs.evolve(spec, concurrency=tuple(int(c) for c in args.peer_concurrency.split(",")),
                          per_client=args.peer_requests_per_client)
     runs, requests, references = bench_ours(config, base_dir, spec, plain if args.peer else None,
-                                            not args.no_offline, say, "spec", args.soak)
+                                            not args.no_offline, say, "spec", args.soak, args.trace)
     _write(args, out, spec, runs, requests, references, notes, say)
     if args.no_spec:
-        rows, reqs, _ = bench_ours(no_spec(config), base_dir, spec, None, False, say, "no_spec")
+        rows, reqs, _ = bench_ours(no_spec(config), base_dir, spec, None, False, say, "no_spec", trace=args.trace)
         runs |= rows
         requests |= reqs
         _write(args, out, spec, runs, requests, references, notes, say)

@@ -304,8 +304,15 @@ def test_smoke_run_writes_every_system_and_the_summary_fields(tmp_path: Path) ->
     out = tmp_path / "serve.json"
     assert sb.main(["--smoke", "--concurrency", "1,3", "--requests-per-client", "2", "--max-tokens", "6",
                     "--no-spec", "--peer", str(_fake_peer(tmp_path / "site")), "--peer-concurrency", "1,3", "--soak", "8",
-                    "--out", str(out)]) == 0
+                    "--out", str(out), "--trace", str(tmp_path / "raw" / "steps.jsonl")]) == 0
     result = json.loads(out.read_text())
+    trace = [json.loads(line) for line in (tmp_path / "raw" / "steps.jsonl").read_text().splitlines()]
+    for mode in ("spec", "no_spec"):  # every step the levels' /metrics counted is a line (and the bench's warm-up's)
+        steps = [r for r in trace if r["system"] == mode and "arm" in r]
+        assert len(steps) >= sum(result["runs"][mode][c]["server"]["steps"] for c in ("c1", "c3"))
+        assert all(len(r["accepted"]) == r["rows"] and r["step_ms"] > 0 for r in steps)
+        assert any("c=3" in r["say"] for r in trace if r["system"] == mode and "say" in r)
+    assert {r["arm"] for r in trace if r["system"] == "no_spec" and "arm" in r} == {"plain"}
     assert {"commit", "device", "torch", "config", "runs", "summary", "load_test", "notes"} <= set(result)
     for mode, per_client in (("spec", 2), ("no_spec", 2), ("spec_plain", 1), ("peer", 1)):
         for level, clients in (("c1", 1), ("c3", 3)):
