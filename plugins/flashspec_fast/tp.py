@@ -11,8 +11,10 @@ Rank 0 is the process that built the pipeline: its draft, verifier and step poli
 there alone. Every call that changes the target (``prefill``, ``prefill_rows``, ``score``,
 ``score_tree``, ``commit_path``, ``rollback``) is broadcast to the other ranks before rank 0 makes it,
 and every rank makes it on its own shard, so each rank's KV cache holds the same
-sequences and rolls back alike. Host arguments travel pickled over a gloo group; device
-tensors (the draft tokens) by a broadcast on the device group, with no host sync. A
+sequences and rolls back alike. Host arguments travel over a gloo group as one byte
+tensor (:func:`pack_calls`: a JSON header of names, integers and tensor shapes, then the
+CPU tensors' raw bytes; no pickle, so a message can carry no code); device tensors (the
+draft tokens) by a broadcast on the device group, with no host sync. A
 ``rollback`` or ``commit_path`` (no collective in it) is made on rank 0 at once and sent
 with the next call, so a decode step costs one message, not two.
 
@@ -28,8 +30,8 @@ whose parent process is gone exits.
 from __future__ import annotations
 
 import atexit
+import json
 import os
-import pickle
 import sys
 import tempfile
 import threading
@@ -77,7 +79,7 @@ def collective(op: Any, *args: Any, **kwargs: Any) -> Any:
 @attrs.frozen
 class Ranks:
     """This process's place in the group: ``device`` carries activations (nccl on CUDA,
-    gloo on the CPU), ``host`` the pickled commands (always gloo)."""
+    gloo on the CPU), ``host`` the packed commands (always gloo, :func:`pack_calls`)."""
 
     rank: int
     world: int
@@ -219,12 +221,78 @@ def build_shard(opts: FastOptions, ranks: Ranks) -> tuple[FastTarget, int]:
 # --- commands --------------------------------------------------------------------------
 
 
+# dtypes a command's tensors may have (pack_calls): a name outside it is refused, not looked up
+DTYPES = {str(d).removeprefix("torch."): d for d in (torch.int64, torch.int32, torch.uint8, torch.bool,
+                                                    torch.float32, torch.bfloat16, torch.float16)}
+
+
+def pack_calls(calls: Sequence[Call], moved: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+    """``calls`` as one uint8 CPU tensor: 8 bytes of header length, a JSON header (each call's
+    name and arguments: ints, lists of ints, None, a CPU tensor's dtype, shape and byte range,
+    or a tensor of ``moved`` as :class:`OnDevice`), then the CPU tensors' bytes. Only those
+    types travel (a ``TypeError`` names any other), and nothing in a message is executed:
+    :func:`unpack_calls` reads back data only."""
+    blobs: list[bytes] = []
+    offset = 0
+
+    def arg(a: Any) -> dict[str, Any]:
+        nonlocal offset
+        if isinstance(a, torch.Tensor):
+            name = str(a.dtype).removeprefix("torch.")
+            if name not in DTYPES:
+                raise TypeError(f"tensor-parallel command: tensors of {a.dtype} do not travel (one of {', '.join(DTYPES)})")
+            if any(a is m for m in moved):
+                return {"device": name, "shape": list(a.shape)}
+            raw = a.detach().contiguous().view(torch.uint8).numpy().tobytes() if a.numel() else b""
+            blobs.append(raw)
+            offset += len(raw)
+            return {"tensor": name, "shape": list(a.shape), "end": offset}
+        if a is None or isinstance(a, bool | int) or (isinstance(a, list | tuple) and all(
+                isinstance(x, int) and not isinstance(x, bool) for x in a)):
+            return {"value": list(a) if isinstance(a, list | tuple) else a}
+        raise TypeError(f"tensor-parallel command: an argument of type {type(a).__name__} does not travel")
+
+    header = json.dumps([[name, [arg(a) for a in args]] for name, args in calls]).encode()
+    data = len(header).to_bytes(8, "little") + header + b"".join(blobs)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def unpack_calls(data: torch.Tensor) -> list[tuple[str, list[Any]]]:
+    """:func:`pack_calls`' calls back: CPU tensors rebuilt from their bytes, :class:`OnDevice`
+    markers for the device tensors that follow; a malformed message is a ``ValueError``."""
+    raw = data.numpy().tobytes()
+    size = int.from_bytes(raw[:8], "little")
+    try:
+        header = json.loads(raw[8 : 8 + size])
+    except ValueError as exc:
+        raise ValueError(f"tensor-parallel command: unreadable header ({exc})") from None
+    body, start, calls = raw[8 + size :], 0, []
+    for name, args in header:
+        out: list[Any] = []
+        for a in args:
+            if "value" in a:
+                out.append(a["value"])
+                continue
+            kind = "tensor" if "tensor" in a else "device"
+            dtype = DTYPES.get(a[kind])
+            if dtype is None:
+                raise ValueError(f"tensor-parallel command: unknown dtype {a[kind]!r}")
+            if kind == "device":
+                out.append(OnDevice(tuple(a["shape"]), dtype))
+                continue
+            end = int(a["end"])
+            chunk = bytearray(body[start:end])
+            start = end
+            flat = torch.frombuffer(chunk, dtype=torch.uint8) if chunk else torch.empty(0, dtype=torch.uint8)
+            out.append(flat.view(dtype).reshape(a["shape"]))
+        calls.append((str(name), out))
+    return calls
+
+
 def send(ranks: Ranks, calls: Sequence[Call]) -> None:
-    """Rank 0: broadcast calls in one message, host arguments pickled, device tensors after it."""
+    """Rank 0: broadcast calls in one message (:func:`pack_calls`), device tensors after it."""
     moved = [a for _, args in calls for a in args if isinstance(a, torch.Tensor) and a.device.type != "cpu"]
-    meta = [(name, [OnDevice(tuple(a.shape), a.dtype) if any(a is m for m in moved) else a for a in args])
-            for name, args in calls]
-    data = torch.frombuffer(bytearray(pickle.dumps(meta)), dtype=torch.uint8)
+    data = pack_calls(calls, moved)
     collective(host_broadcast, ranks, torch.tensor([data.numel()]), ranks.timeout)
     collective(host_broadcast, ranks, data, ranks.timeout)
     for a in moved:
@@ -238,7 +306,7 @@ def receive(ranks: Ranks, device: torch.device) -> list[Call]:
     data = torch.empty(int(size), dtype=torch.uint8)
     collective(host_broadcast, ranks, data, ranks.timeout)
     calls: list[Call] = []
-    for name, meta in pickle.loads(data.numpy().tobytes()):
+    for name, meta in unpack_calls(data):
         args = []
         for m in meta:
             if isinstance(m, OnDevice):
