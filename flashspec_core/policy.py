@@ -79,6 +79,7 @@ from flashspec_core.contracts import (
     CatchesUp,
     Draft,
     DraftProvider,
+    NarrowsArms,
     ObservesSteps,
     ProposesTrees,
     RequestAware,
@@ -334,15 +335,33 @@ class StepPolicy:
             out.append(max(arm.gamma, fallback))
         return out
 
-    def catch_up(self, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
+    def catch_up(self, tokens: torch.Tensor, lengths: Sequence[int], rows: int | None = None) -> None:
         """Hand the request's sequences to every provider that indexes them ahead
-        (:class:`CatchesUp`), once each, while the target's prefill runs on the device."""
+        (:class:`CatchesUp`), once each, while the target's prefill runs on the device: those
+        of the arms that may play over ``rows`` live rows (default: ``len(lengths)``;
+        :meth:`likely_providers`). A provider left out catches up inside its first proposal."""
+        wanted = self.likely_providers(len(lengths) if rows is None else rows)
         seen: set[int] = set()
         for arm in self.arms:
             provider = arm.provider
-            if isinstance(provider, CatchesUp) and id(provider) not in seen:
+            if isinstance(provider, CatchesUp) and id(provider) not in seen and (wanted is None or id(provider) in wanted):
                 seen.add(id(provider))
                 provider.catch_up(tokens, lengths)
+
+    def likely_providers(self, rows: int) -> set[int] | None:
+        """The ids of the providers that may propose over ``rows`` live rows (None: any may):
+        none past the batch limit; else the first arm's, and those of the choices (and their
+        fallbacks) that the bucket's selector may play (:class:`NarrowsArms`; any without it)."""
+        if self.limited(rows):
+            return set()
+        selector = self.selectors[self.settings.bucket(rows)]
+        if not isinstance(selector, NarrowsArms):
+            return None
+        picked = [self.arms[self.choices[k]] for k in selector.likely_arms(rows)]
+        picked += [self.arms[a.fallback] for a in picked if a.fallback is not None]
+        if self.settings.first is not None:
+            picked.append(self.arms[self.settings.first])
+        return {id(a.provider) for a in picked}
 
     def choose(self, rows: Sequence[int], first_proposes: bool = False) -> Plan:
         """The plan of a step over live ``rows``, given whether the first arm proposed.

@@ -1035,6 +1035,22 @@ class Factored:
         # yet: scored here it would read as plain decoding at another cost and win a lucky draw.
         return _argmax(np.where(self.steps > 0, scores, -np.inf).tolist())
 
+    def likely_arms(self, rows: int) -> list[int]:
+        """The arms :meth:`select` may play over ``rows`` live rows as the state stands
+        (:class:`~flashspec_core.contracts.NarrowsArms`): every arm until each arm of width 0
+        that leads (:meth:`_plain_first`) has a costed step and some arm was observed; then
+        the arms already played and those whose opening may start at ``rows``
+        (:meth:`_openings`). Reads the last refit's view, draws nothing."""
+        if self.gammas is None or (self._plain is not None and self.fitted[self._plain] == 0) or not self.steps.any():
+            return list(range(self.num_arms))
+        kept = self.rows
+        self.rows = max(1, int(rows))
+        try:
+            opens = self._view().opens
+        finally:
+            self.rows = kept
+        return [k for k in range(self.num_arms) if self.steps[k] > 0 or opens[k]]
+
     def _features(self) -> np.ndarray:
         """Each arm's :func:`cost_features` at the live rows and its mean width (``[K, 3]``; width 0
         for an arm whose first play is in flight)."""

@@ -718,3 +718,28 @@ def test_an_unseen_draft_stays_closed_at_32_rows_after_plain_steps_at_one_batch_
     assert [selector.select() for _ in range(50)] == [0] * 50
     selector.see_rows(1)  # at one row a chain of three may pay
     assert selector.select() == 1
+
+
+def test_likely_arms_are_every_arm_until_plain_is_costed_then_the_played_and_the_open_ones() -> None:
+    """What the policy asks before it catches providers up (NarrowsArms): before plain decoding
+    has a costed step every arm may play; after plain steps at 32 rows only, an unseen chain of
+    three stays closed at 32 rows (so its provider need not index a batch's prompts) and may
+    open at one row. Asking draws nothing: the choices after it are those without it."""
+    def fed(ask: bool) -> tuple[Factored, list[int]]:
+        selector = Factored(FactoredConfig(seed=3), 2)
+        selector.see_widths([0, 3])
+        if ask:
+            assert selector.likely_arms(32) == [0, 1]
+        for _ in range(20):
+            for rows, step_s in ((31, 2.16e-3), (32, 2.26e-3)):
+                selector.observe(0, rows, 0, [0] * rows, step_s)
+        if ask:
+            assert selector.likely_arms(32) == [0]
+            assert selector.likely_arms(1) == [0, 1]
+        selector.see_rows(32)
+        return selector, [selector.select() for _ in range(10)]
+
+    (asked, with_asking), (_, without) = fed(True), fed(False)
+    assert with_asking == without == [0] * 10
+    asked.observe(1, 1, 3, [2], 4e-3)
+    assert asked.likely_arms(32) == [0, 1]  # played once: it may play again
