@@ -97,7 +97,7 @@ def _token_ids(prompt: object) -> list[int]:
     return [int(t) for t in ids]
 
 
-def _wait(device: torch.device) -> None:
+def wait_device(device: torch.device) -> None:
     """Let the work queued on ``device`` finish (CUDA; elsewhere work is synchronous)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -254,7 +254,7 @@ class Pipeline:
         # The prefill is queued on the device; without this wait the first step's wall time (and
         # its host share, the wall time its device marks do not cover) would hold the prefill's:
         # at batch 32 on the H200, 21.8 ms of a 2.2 ms step, once per batch.
-        _wait(self.target.device)
+        wait_device(self.target.device)
         eos = self.target.eos_token_ids
         steps: list[StepRecord] = []
         while any(active):

@@ -493,14 +493,14 @@ def test_the_prefill_is_waited_for_before_the_first_step(models: dict[str, Path]
     prefill, score = pipe.target.prefill, pipe.target.score
     monkeypatch.setattr(pipe.target, "prefill", lambda *a, **k: (order.append("prefill"), prefill(*a, **k))[1])
     monkeypatch.setattr(pipe.target, "score", lambda *a, **k: (order.append("score"), score(*a, **k))[1])
-    monkeypatch.setattr(pl, "_wait", lambda device: order.append(f"wait {device.type}"))
+    monkeypatch.setattr(pl, "wait_device", lambda device: order.append(f"wait {device.type}"))
     pipe.generate([[1, 2, 3]], max_new_tokens=3)
     assert order[:3] == ["prefill", "wait cpu", "score"]
     synced: list[torch.device] = []
     monkeypatch.undo()
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
-    pl._wait(torch.device("cpu"))
-    pl._wait(torch.device("cuda", 0))
+    pl.wait_device(torch.device("cpu"))
+    pl.wait_device(torch.device("cuda", 0))
     assert synced == [torch.device("cuda", 0)]
 
 

@@ -303,3 +303,27 @@ def test_the_engine_tells_a_factored_selector_that_finished_rows_are_refilled(ti
     off = build_pipeline(config).policy.selectors[0]
     off.rows_refilled(False)  # type: ignore[attr-defined]
     assert not off.static_batch  # type: ignore[attr-defined]  # the config's choice stands
+
+
+def test_the_engine_waits_for_a_prefill_before_the_step_after_it(tiny_models: dict[str, Path], alone: Pipeline,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rebuild's or a join's prefill is queued on the device; the engine waits for it before
+    the next step, so that step's time (what the selector prices its arm by) holds no prefill:
+    every prefill is followed by a wait before any score."""
+    from flashspec_serve import engine as engine_module
+
+    pipeline = _pipeline(tiny_models)
+    calls = Calls(pipeline.target)
+    score = pipeline.target.score
+    monkeypatch.setattr(pipeline.target, "score", lambda *a: (calls.log.append(("score",)), score(*a))[1])
+    monkeypatch.setattr(engine_module, "wait_device", lambda device: calls.log.append(("wait", device.type)))
+    first = [Job(LONG, 20, GREEDY), Job(SHORT, 8, GREEDY), Job(OTHER, 16, GREEDY)]
+    later = {1: [Job(THIRD, 12, GREEDY)]}
+    _engine, outs = _run(pipeline, first, later)
+    assert outs == [_expected(alone, job) for job in first + later[1]]
+    kinds = [c[0] for c in calls.log]
+    prefills = [i for i, k in enumerate(kinds) if k in ("all", "rows")]
+    assert kinds.count("rows") >= 1 and kinds.count("all") >= 1
+    for i in prefills:
+        assert "wait" in kinds[i + 1 : kinds.index("score", i)], kinds[i : i + 4]
+    assert kinds.count("wait") == len(prefills)  # and no wait where nothing was prefilled
