@@ -430,3 +430,19 @@ def test_a_suffix_arm_never_predicts_outputs_of_a_warm_up_another_system_or_an_e
     timed = runs["fixed:suffix"]["steps"]
     for rep in (0, 1):
         assert accepted({"steps": [s for s in timed if s["repeat"] == rep]}) == cold, rep
+
+
+def test_timed_batches_run_with_the_cyclic_collector_paused_and_collected_before() -> None:
+    import gc
+
+    from flashspec_bench.harness import untimed_gc
+
+    seen: list[tuple[bool, int]] = []
+    assert untimed_gc(lambda x: seen.append((gc.isenabled(), x)) or x * 2, 21) == 42
+    assert seen == [(False, 21)] and gc.isenabled()
+    gc.disable()
+    try:
+        untimed_gc(lambda: None)
+        assert not gc.isenabled()  # left as it was found
+    finally:
+        gc.enable()
