@@ -653,7 +653,8 @@ def bounded(work: Any, end: float | None) -> Any:
 class StepTrace:
     """Appends one JSON line per served decode step (the pipeline's ``on_step``) to ``path``:
     the system, seconds since the trace began, the arm, rows, tokens proposed, accepted per
-    row, step milliseconds and whether it captured a graph, and, between them, what the bench
+    row, step milliseconds and their draft, target and verify parts, whether it captured a
+    graph, and, between them, what the bench
     said (its level lines), so a selector's choices can be replayed offline from the real costs."""
 
     def __init__(self, path: Path, system: str) -> None:
@@ -667,6 +668,7 @@ class StepTrace:
     def __call__(self, record: Any) -> None:
         self._write({"arm": record.arm_name, "rows": record.batch_size, "gamma": record.gamma,
                      "accepted": list(record.accepted), "step_ms": round(record.step_ms, 4),
+                     **{k: round(getattr(record, k), 4) for k in ("draft_ms", "target_ms", "verify_ms")},
                      "captured": record.captured})
 
     def note(self, text: str) -> None:

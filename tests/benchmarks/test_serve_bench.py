@@ -310,7 +310,7 @@ def test_smoke_run_writes_every_system_and_the_summary_fields(tmp_path: Path) ->
     for mode in ("spec", "no_spec"):  # every step the levels' /metrics counted is a line (and the bench's warm-up's)
         steps = [r for r in trace if r["system"] == mode and "arm" in r]
         assert len(steps) >= sum(result["runs"][mode][c]["server"]["steps"] for c in ("c1", "c3"))
-        assert all(len(r["accepted"]) == r["rows"] and r["step_ms"] > 0 for r in steps)
+        assert all(len(r["accepted"]) == r["rows"] and r["step_ms"] > 0 and "target_ms" in r for r in steps)
         assert any("c=3" in r["say"] for r in trace if r["system"] == mode and "say" in r)
     assert {r["arm"] for r in trace if r["system"] == "no_spec" and "arm" in r} == {"plain"}
     assert {"commit", "device", "torch", "config", "runs", "summary", "load_test", "notes"} <= set(result)
