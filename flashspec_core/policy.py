@@ -178,10 +178,10 @@ class FirstGate:
     ``least`` steps in a class, the side with fewer steps goes (ties: the first arm plays), so
     a class is known after about ``2 * least`` proposals, not the ``least * explore`` it would
     take with the first arm playing all but one in ``explore`` of them (64 steps at 32 rows of
-    a serving run's few hundred, most of them a slower lookup). It keeps both sides per class of live rows (1, 2-3, 4-7, 8-15, ...): a step over 32 rows
-    emits many times the tokens per second of one over a single row, so means pooled across
-    batch sizes would compare the batch mix of each side, not the arms (a bucket of the
-    selector may span every batch size). The decision reads past steps only (counts, emitted
+    a serving run's few hundred, most of them a slower lookup). It keeps both sides per class
+    of live rows (1, 2-3, 4-7, 8-15, ...): a step over 32 rows emits many times the tokens per
+    second of one over a single row, so means pooled across batch sizes would compare the
+    batch mix of each side, not the arms (a bucket of the selector may span every batch size). The decision reads past steps only (counts, emitted
     tokens, step times), so the output law stays the target's."""
 
     explore: int = 8

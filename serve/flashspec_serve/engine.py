@@ -428,6 +428,8 @@ class Engine:
             # The prefill is queued on the device: without this wait the next step's time would
             # hold it, and the selector would price that step's arm by a join's prefill (at 32
             # clients on the H100, plain steps read 5-7 ms against 2.6 ms and were never chosen).
+            # The last step's tokens go out meanwhile, not after the wait.
+            self._deliver()
             wait_device(self.pipeline.target.device)
         self._gauge_running()
         if not any(self._active):

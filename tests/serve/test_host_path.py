@@ -124,8 +124,9 @@ def test_one_wake_up_of_the_event_loop_per_step_whatever_the_rows(tiny_models: d
 def test_a_steps_text_reaches_the_loop_while_the_next_step_runs(tiny_models: dict[str, Path],
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A step's text and last events are handed to the event loop once the next step's device
-    work is queued (the loop sends them while the engine waits on the device), and those of the
-    batch's last step right after it; what every request gets is unchanged."""
+    work is queued (the loop sends them while the engine waits on the device), or once a
+    rebuild's or join's prefill is (the engine waits for it before the next step), and those of
+    the batch's last step right after it; what every request gets is unchanged."""
     import flashspec_serve.engine as engine_module
 
     pipeline = make_pipeline(tiny_models)
@@ -145,12 +146,16 @@ def test_a_steps_text_reaches_the_loop_while_the_next_step_runs(tiny_models: dic
 
     pipeline.step = step  # type: ignore[method-assign]
     monkeypatch.setattr(engine_module, "hand_over", hand_over)
+    prefill = pipeline.target.prefill
+    monkeypatch.setattr(pipeline.target, "prefill", lambda *a: (marks.append("prefill"), prefill(*a))[1])
 
     got = _serve(engine, [5, 9, 12, 12])
     assert [len([t for e in events for t in e.token_ids]) for events in got] == [5, 9, 12, 12]
-    assert marks[:2] == ["step", "end"] and marks[-2:] == ["end", "hand"]
-    inside = [marks[i - 1] == "step" and marks[i + 1] == "end" for i, m in enumerate(marks[:-1]) if m == "hand"]
-    assert inside and all(inside)  # every hand-over but the last ran inside the next step
+    assert marks[:3] == ["prefill", "step", "end"] and marks[-2:] == ["end", "hand"]
+    inside = [(marks[i - 1] == "step" and marks[i + 1] == "end") or marks[i - 1] == "prefill"
+              for i, m in enumerate(marks[:-1]) if m == "hand"]
+    assert inside and all(inside)  # every hand-over but the last ran inside the next step or a prefill
+    assert any(marks[i - 1] == "step" for i, m in enumerate(marks[:-1]) if m == "hand")
     assert not Engine(pipeline).overlap  # on the CPU a step's work is done when queued: delivered after it
 
 
