@@ -654,25 +654,35 @@ class StepTrace:
     """Appends one JSON line per served decode step (the pipeline's ``on_step``) to ``path``:
     the system, seconds since the trace began, the arm, rows, tokens proposed, accepted per
     row, step milliseconds and their draft, target and verify parts, whether it captured a
-    graph, and, between them, what the bench
-    said (its level lines), so a selector's choices can be replayed offline from the real costs."""
+    graph, and, between them, what the bench said (its level lines), so a selector's choices
+    can be replayed offline from the real costs. Steps are kept in memory and written at each
+    line the bench says (between levels) and at :meth:`flush`: no file I/O on the engine's
+    thread between two steps it times."""
 
     def __init__(self, path: Path, system: str) -> None:
         self.path, self.system, self.t0 = path, system, time.monotonic()
+        self.rows: list[dict[str, Any]] = []
         path.parent.mkdir(parents=True, exist_ok=True)
 
-    def _write(self, row: dict[str, Any]) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps({"system": self.system, "t": round(time.monotonic() - self.t0, 4), **row}) + "\n")
+    def _add(self, row: dict[str, Any]) -> None:
+        self.rows.append({"system": self.system, "t": round(time.monotonic() - self.t0, 4), **row})
 
     def __call__(self, record: Any) -> None:
-        self._write({"arm": record.arm_name, "rows": record.batch_size, "gamma": record.gamma,
-                     "accepted": list(record.accepted), "step_ms": round(record.step_ms, 4),
-                     **{k: round(getattr(record, k), 4) for k in ("draft_ms", "target_ms", "verify_ms")},
-                     "captured": record.captured})
+        self._add({"arm": record.arm_name, "rows": record.batch_size, "gamma": record.gamma,
+                   "accepted": list(record.accepted), "step_ms": round(record.step_ms, 4),
+                   **{k: round(getattr(record, k), 4) for k in ("draft_ms", "target_ms", "verify_ms")},
+                   "captured": record.captured})
 
     def note(self, text: str) -> None:
-        self._write({"say": text})
+        self._add({"say": text})
+        self.flush()
+
+    def flush(self) -> None:
+        """Append the lines kept so far to the file."""
+        rows, self.rows = self.rows, []
+        if rows:
+            with self.path.open("a") as f:
+                f.writelines(json.dumps(row) + "\n" for row in rows)
 
 
 def bench_ours(config: dict[str, Any], base_dir: Path | None, spec: Load, plain: Load | None,
@@ -708,6 +718,8 @@ def bench_ours(config: dict[str, Any], base_dir: Path | None, spec: Load, plain:
                                                                           f"{name}_plain", ours=True)
         if soak_requests > 0:
             rows[f"{name}_soak"] = soak(url, spec, soak_requests, say)
+    if trace is not None:
+        steps.flush()
     return rows, requests, references
 
 

@@ -220,10 +220,7 @@ def plays(arms: Sequence[Arm], samplings: Sequence[SamplingParams]) -> list[tupl
     alone = [attrs.evolve(a, fallback=None, selectable=True) for a in arms]
     top = max(a.gamma for a in arms)
     widths = [Arm(name=f"warmup-width-{w}", provider=OneHot(), gamma=w) for w in range(top + 1)]
-    out = [(arm, sampling) for sampling in samplings for arm in alone + widths]
-    if all(s.greedy for s in samplings):
-        out += [(arm, SAMPLED) for arm in widths]
-    return out
+    return _at(alone, widths, samplings)
 
 
 def tree_plays(arms: Sequence[Arm], samplings: Sequence[SamplingParams]) -> list[tuple[Arm, SamplingParams]]:
@@ -231,10 +228,16 @@ def tree_plays(arms: Sequence[Arm], samplings: Sequence[SamplingParams]) -> list
     count (:func:`tree_widths`) at each of ``samplings``, and sampled too where they are all
     greedy; none without a tree arm. A batch of their own, so the first keeps its room (and
     the spans its lengths reach)."""
-    trees = tree_widths(arms)
-    out = [(arm, sampling) for sampling in samplings for arm in trees]
-    if trees and all(s.greedy for s in samplings):
-        out += [(arm, SAMPLED) for arm in trees]
+    return _at([], tree_widths(arms), samplings)
+
+
+def _at(alone: Sequence[Arm], widths: Sequence[Arm], samplings: Sequence[SamplingParams]
+        ) -> list[tuple[Arm, SamplingParams]]:
+    """Each of ``alone`` then ``widths`` at each of ``samplings``; where those are all greedy,
+    ``widths`` once more sampled (:data:`SAMPLED`)."""
+    out = [(arm, sampling) for sampling in samplings for arm in [*alone, *widths]]
+    if all(s.greedy for s in samplings):
+        out += [(arm, SAMPLED) for arm in widths]
     return out
 
 
