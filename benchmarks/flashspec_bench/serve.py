@@ -606,7 +606,7 @@ def server_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
     time, live rows, tokens per row-step and tokens per millisecond of step; decode steps, mean step
     time (ms) and their sum (s: the rest of a level's wall time is the host's, admission and
     prefill included), draft tokens proposed and accepted, batch rebuilds and rows prefilled
-    alone, and graphs captured while serving, so a level's tokens/s can be read against the
+    alone and the seconds spent starting rows (prefills, the device wait included), and graphs captured while serving, so a level's tokens/s can be read against the
     arms the selector played and what they accepted."""
     def grew(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
@@ -631,6 +631,7 @@ def server_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
             "accepted_tokens": int(grew("flashspec:spec_decode_num_accepted_tokens_total")),
             "rebuilds": int(grew("flashspec:batch_rebuilds_total")),
             "row_prefills": int(grew("flashspec:batch_row_prefills_total")),
+            "prefill_s_total": round(grew("flashspec:batch_prefill_seconds_total"), 4),
             "graph_captures_while_serving": int(captures)}
 
 

@@ -416,7 +416,7 @@ class Engine:
 
     def _cycle(self) -> None:
         self._drop_cancelled()
-        prefilled = True
+        prefilled, started = True, time.perf_counter()
         if self._joining:
             if not self._seat():
                 self._build()
@@ -431,6 +431,7 @@ class Engine:
             # The last step's tokens go out meanwhile, not after the wait.
             self._deliver()
             wait_device(self.pipeline.target.device)
+            self.metrics.prefill_seconds.inc(time.perf_counter() - started)
         self._gauge_running()
         if not any(self._active):
             self._deliver()

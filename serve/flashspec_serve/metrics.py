@@ -49,6 +49,9 @@ class Metrics:
         self.rebuild_tokens = Counter("flashspec:batch_rebuild_prefill_tokens",
                                       "Tokens prefilled to start rows: every live row's at a rebuild, "
                                       "the joining row's alone at a per-row prefill", registry=r)
+        self.prefill_seconds = Counter("flashspec:batch_prefill_seconds",
+                                       "Wall time the decode loop spent starting rows between steps (per-row "
+                                       "prefills and rebuilds, the wait for the device included)", registry=r)
         self.captures_while_serving = Counter("flashspec:graph_captures_while_serving",
                                               "CUDA graphs captured after the warm-up, each a stall inside a request, "
                                               "by graph cache (the log line graph_captured_while_serving names the key)",

@@ -130,6 +130,8 @@ def test_joining_rows_are_prefilled_alone_and_decode_as_alone(tiny_models: dict[
     assert (engine.rebuilds, engine.row_prefills) == (1 + len(shrinks), 2)
     rendered = engine.metrics.render().decode()
     assert "flashspec:batch_row_prefills_total 2.0" in rendered
+    prefill_s = [line for line in rendered.splitlines() if line.startswith("flashspec:batch_prefill_seconds_total ")]
+    assert len(prefill_s) == 1 and float(prefill_s[0].split()[1]) > 0
     # the live rows' tokens are not prefilled again at a join: only the joining rows' prompts count
     tokens = 3 + 3 + 4 + 5 + 2 + sum(c[1][0] for c in shrinks)
     assert f"flashspec:batch_rebuild_prefill_tokens_total {tokens:.1f}" in rendered
