@@ -382,10 +382,11 @@ def test_server_delta_reads_what_the_servers_counters_grew_by() -> None:
     metrics.step("draft-g3", 3, [1, 0, 0, 1], 0.03)
     metrics.rebuilds.inc()
     metrics.row_prefills.inc(3)
+    metrics.prefill_seconds.inc(0.125)
     got = sb.server_delta(before, scrape())
     arm = got.pop("arms")["draft-g3"]
     assert got == {"arm_steps": {"draft-g3": 2}, "steps": 2, "step_ms_mean": 20.0, "step_s_total": 0.04,
                    "draft_tokens": 18, "accepted_tokens": 4, "rebuilds": 1, "row_prefills": 3,
-                   "graph_captures_while_serving": 0}
+                   "prefill_s_total": 0.125, "graph_captures_while_serving": 0}
     assert arm == {"step_ms_mean": 20.0, "rows_mean": 3.0, "tokens_per_row_step": pytest.approx(10 / 6, abs=1e-3),
                    "tokens_per_step_ms": 0.25}
