@@ -58,8 +58,9 @@ def count(config: dict[str, Any], max_batch: int, level: str) -> dict[str, Any]:
     done = warmup.warm_up(pipeline, sizes, context, True, level=level)
     per_cache = {name: {b: sum(1 for k in c.keys if _batch(k) == b) for b in sizes} for name, c in caches.items()}
     per_size = {b: sum(n[b] for n in per_cache.values()) for b in sizes}
+    shared = sum(1 for c in caches.values() for k in c.keys if _batch(k) is None)
     return {"level": level, "max_batch": max_batch, "context": context, "keys": sum(len(c.keys) for c in caches.values()),
-            "keys_per_slot_count": per_size, "keys_per_cache_and_slot_count": per_cache,
+            "keys_per_slot_count": per_size, "keys_any_slot_count": shared, "keys_per_cache_and_slot_count": per_cache,
             "lengths": list(done.lengths), "steps": done.steps, "prewarmed": done.prewarmed}
 
 
@@ -143,8 +144,11 @@ async def _clients(engine: Engine, prompts: Sequence[tuple[int, ...]], clients: 
     return sum(await asyncio.gather(*(client(c) for c in range(clients))))
 
 
-def _batch(key: Any) -> int:
-    """A key's batch size: its first item, or its second after a tag (``"ragged"``, ``"tree"``)."""
+def _batch(key: Any) -> int | None:
+    """A key's batch size: its first item, or its second after a tag (``"ragged"``, ``"tree"``);
+    None for a rows-forward (``"rows"``: a run of joining rows, whatever the slot count)."""
+    if key[0] == "rows":
+        return None
     return int(key[1] if isinstance(key[0], str) else key[0])
 
 

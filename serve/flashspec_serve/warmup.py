@@ -324,15 +324,26 @@ def _warm_batch(pipeline: Pipeline, force: Callable[[Arm], None], schedule: Sequ
 
 
 def _warm_prefill(pipeline: Pipeline, arms: Sequence[Arm], size: int, length: int, per_row: bool) -> None:
-    """Prefill ``size`` dummy rows of ``length`` tokens, and (per-row joins) one of them again
-    alone: the prefill shapes of a rebuild or a join of sequences that long, no step after."""
+    """Prefill ``size`` dummy rows of ``length`` tokens, and (per-row joins) 1, 2, 4, ... of them
+    again alone (:func:`join_sizes`): the prefill shapes of a rebuild or a join of sequences that
+    long, no step after."""
     target = pipeline.target
     tokens = dummy(length, target.vocab).expand(size, -1).contiguous()
     for provider in _providers(arms):
         provider.reset()
     target.prefill(tokens, [length] * size)
     if per_row and size > 1 and isinstance(target, PrefillsRows):  # one slot is never joined: it is rebuilt
-        target.prefill_rows(tokens, [length] * size, [size - 1])
+        for rows in join_sizes(size):  # a fast target captures its rows-forward per run of rows (a power of two)
+            target.prefill_rows(tokens, [length] * size, list(range(size - rows, size)))
+
+
+def join_sizes(size: int) -> list[int]:
+    """The rows a join into ``size`` slots prefills, as powers of two: 1, 2, 4, ... up to the
+    first that holds ``size - 1`` (a join leaves at least one live row)."""
+    out = [1]
+    while out[-1] < size - 1:
+        out.append(min(2 * out[-1], size - 1))
+    return out
 
 
 def _rejoin(pipeline: Pipeline, arms: Sequence[Arm], tokens: torch.Tensor, lengths: list[int],

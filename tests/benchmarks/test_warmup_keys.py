@@ -35,7 +35,8 @@ def test_basic_asks_for_fewer_keys_than_full_at_every_slot_count(monkeypatch: py
     basic = count(config, 2, "basic")
     assert list(full["keys_per_slot_count"]) == [1, 2] == list(basic["keys_per_slot_count"])
     assert all(0 < basic["keys_per_slot_count"][b] < full["keys_per_slot_count"][b] for b in (1, 2))
-    assert basic["keys"] == sum(basic["keys_per_slot_count"].values())
+    assert basic["keys"] == sum(basic["keys_per_slot_count"].values()) + basic["keys_any_slot_count"]
+    assert basic["keys_any_slot_count"] > 0 and full["keys_any_slot_count"] > 0
     assert 0 < basic["prewarmed"] < full["prewarmed"]
 
 
@@ -67,7 +68,9 @@ def test_the_report_has_a_row_per_max_batch_and_level_and_says_it_only_counted(t
     for row in data["rows"]:
         per_cache = row["keys_per_cache_and_slot_count"]
         assert set(per_cache) == {"target", "draft-g1,draft-g2,draft-g3"}  # the draft arms share one model
-        assert row["keys"] == sum(row["keys_per_slot_count"].values()) == sum(sum(n.values()) for n in per_cache.values())
+        shared = row["keys_any_slot_count"]  # the joins' rows-forwards, one per run of rows, width and span
+        assert (shared > 0) == (row["max_batch"] > 1)  # one slot is never joined
+        assert row["keys"] - shared == sum(row["keys_per_slot_count"].values()) == sum(sum(n.values()) for n in per_cache.values())
         assert row["context"] == 255 and row["lengths"][-1] <= row["context"]
     one, two = (r["keys_per_slot_count"] for r in data["rows"])
     assert one[1] == two[1] > 0 and set(two) == {1, 2}  # a slot count's keys do not depend on the larger ones

@@ -52,3 +52,44 @@ def test_grouped_prefill_scores_as_one_forward(target_path: Path, monkeypatch: p
     split, grouped = _scores(target_path, 0, monkeypatch)
     assert none_grouped == [] and grouped == [2, 1, 1]  # widths 4 (rows 0, 2), 64 (row 1), the widest (row 3)
     torch.testing.assert_close(split, one, atol=1e-5, rtol=0)
+
+
+def test_join_chunks_cut_runs_and_pad_them_to_powers_of_two() -> None:
+    assert fast_target.join_chunks([5]) == [([5], 1)]
+    assert fast_target.join_chunks([4, 1, 7]) == [([4, 1, 7], 4)]
+    assert fast_target.join_chunks(list(range(11)), most=8) == [(list(range(8)), 8), ([8, 9, 10], 4)]
+
+
+@pytest.mark.parametrize("joined", [[2], [0, 3, 4], [4, 3, 2, 1, 0]])
+def test_rows_prefilled_in_padded_runs_score_as_one_batch_prefill(target_path: Path, joined: list[int],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows prefilled alone, in runs of at most two padded to a power of two (the padding entries
+    feed nothing and write only a scratch slot), leave every row's cache as the whole batch's
+    prefill does: the scores after them match, and the rows not joined keep theirs."""
+    monkeypatch.setattr(fast_target, "JOIN_ROWS", 2)
+    monkeypatch.setattr(fast_target.join_chunks, "__defaults__", (2,))
+    config = one_arm_dict(target_path, {"use": "none"})
+    config["target"] |= {"use": "fast", "device": "cpu", "max_len": 128, "compile": False}
+    target: Any = build_pipeline(config).target
+    g = torch.Generator().manual_seed(1)
+    lengths = [9, 40, 5, 17, 2]
+    tokens = torch.zeros((len(lengths), 96), dtype=torch.long)
+    for b, n in enumerate(lengths):
+        tokens[b, :n] = torch.randint(1, 31, (n,), generator=g)
+    draft = torch.randint(1, 31, (len(lengths), 3), generator=g)
+    target.prefill(tokens, lengths)
+    whole = target.score(tokens, lengths, draft).clone()
+    others = [b for b in range(len(lengths)) if b not in joined]
+    for b in joined:  # the joined rows get other sequences first, so a stale slot would show
+        tokens[b, : lengths[b]] = torch.randint(1, 31, (lengths[b],), generator=g)
+    target.prefill(tokens, lengths)
+    stale = target.score(tokens, lengths, draft).clone()
+    for b in joined:
+        tokens[b] = 0
+    g = torch.Generator().manual_seed(1)
+    for b, n in enumerate(lengths):
+        tokens[b, :n] = torch.randint(1, 31, (n,), generator=g)
+    target.prefill_rows(tokens, lengths, joined)
+    after = target.score(tokens, lengths, draft)
+    torch.testing.assert_close(after[joined], whole[joined], atol=1e-5, rtol=0)
+    torch.testing.assert_close(after[others], stale[others], atol=0, rtol=0)

@@ -125,7 +125,8 @@ def test_prefill_lengths_meet_every_prefill_width_up_to_the_limit() -> None:
 
 def test_warm_up_plays_every_arm_and_width_at_every_slot_count(tiny_models: dict[str, Path]) -> None:
     """Each arm's own provider proposes at each slot count, the target scores every draft width
-    0..max gamma at each, one row and then two join alone at each count with free slots; the UCB1 selector
+    0..max gamma at each, one row and then two join alone at each count with free slots (and at each
+    prefill length every run of rows a join can bring, :func:`join_sizes`); the UCB1 selector
     learns nothing from it, and the policy gets its own arms back."""
     pipeline = make_pipeline(tiny_models, "ucb1")
     arms = list(pipeline.policy.arms)
@@ -143,7 +144,8 @@ def test_warm_up_plays_every_arm_and_width_at_every_slot_count(tiny_models: dict
         assert set(sizes) == {1, 2, 4}, name
     top = max(a.gamma for a in arms)
     assert {(b, w) for b, w in scored} >= {(b, w) for b in (1, 2, 4) for w in range(top + 1)}
-    assert {(size, rows) for size, rows in joined} == {(4, (3,)), (4, (2, 3)), (2, (1,))}
+    # the joins of _rejoin (one row, then two) and of the prefills (1, 2, then 3 rows of 4: join_sizes)
+    assert {(size, rows) for size, rows in joined} == {(4, (3,)), (4, (2, 3)), (4, (1, 2, 3)), (2, (1,))}
     assert pipeline.policy.arms == arms
     assert all(sum(cast(Any, s).counts) == 0 for s in pipeline.policy.selectors)
 
