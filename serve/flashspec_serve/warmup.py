@@ -20,9 +20,10 @@ so caches are allocated once):
   graph per node count, whatever the shape), likewise; and, where rows join one by
   one, one row and then two re-seated and prefilled alone (``prefill_rows``: its compiled
   ops specialize one row apart from several), each join followed by a step;
-* prefills alone (and a row re-seated) at every prefill width up to the longest sequence
-  warmed (:func:`prefill_lengths`): a rebuild re-prefills every live row, so its widths reach
-  past the dummy batches' lengths, which keep room to grow.
+* prefills alone, and runs of 1, 2, 4, ... rows re-seated (:func:`join_sizes`: a fast
+  target captures a join's forward per run of rows), at every prefill width up to the longest
+  sequence warmed (:func:`prefill_lengths`): a rebuild re-prefills every live row, so its
+  widths reach past the dummy batches' lengths, which keep room to grow.
 
 That is the ``full`` level. Its cost is slot counts x spans x widths: for ``max_batch`` 64
 and ``configs/gpu.toml`` 1,015 captures (145 per slot count, most from the drafts'
@@ -172,7 +173,9 @@ def warm_up(pipeline: Pipeline, sizes: Sequence[int], context: int | None, per_r
     lengths = warm_lengths(plan.limit(context), max(_room(len(p), gamma) for p in (schedule, trees)))
     # a sequence keeps gamma + 1 slots for the step that scores it (Engine.room): the longest prefilled
     longest = plan.limit(context - gamma - 1 if context is not None else None)
-    prefills = [n for n in prefill_lengths(longest) if n not in lengths]
+    # every prefill length, the dummy batches' too: those batches re-seat one row and then two, and
+    # a join of more rows meets a rows-forward of its own (join_sizes)
+    prefills = prefill_lengths(longest)
     prewarmed = steps = 0
     order = tuple(sorted(set(sizes), reverse=True))  # the largest allocates every cache once
     with _quiet(pipeline), _forced(pipeline.policy) as force:
