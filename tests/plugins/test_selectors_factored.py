@@ -354,7 +354,7 @@ def test_batch_buckets_with_factored_are_refused_before_any_model_loads(
 def test_plain_decoding_is_played_first_until_it_is_costed(seed: int) -> None:
     # Told the widths, the plain arm (width 0, here the middle one) opens before any draft,
     # however the first Thompson draw would have fallen.
-    selector = Factored(FactoredConfig(seed=seed, warmup=1, initial=1), 3)
+    selector = Factored(FactoredConfig(seed=seed, warmup=1, initial=1, plain_per_class=0), 3)
     selector.see_widths([4, 0, 6])
     assert [selector.select(), selector.select()] == [1, 1]  # its warm-up step, and one drawn ahead
     feed(selector, 1, 1, 0, 0, 2e-3)  # the warm-up: not costed yet
@@ -396,7 +396,7 @@ def test_an_unseen_cheap_arm_is_opened_at_one_row_beside_an_expensive_played_one
 def test_token_cost_keeps_an_unseen_draft_from_looking_free_at_32_rows(token_cost: float, opened_at_32: bool) -> None:
     # Only plain steps seen, all at 32 rows: no step tells what a drafted token costs. Free, a
     # draft's prior (0.03 tokens from the least of 32 rows) would beat plain decoding.
-    selector = Factored(FactoredConfig(seed=0, token_cost=token_cost), 2)
+    selector = Factored(FactoredConfig(seed=0, token_cost=token_cost, plain_per_class=0), 2)
     selector.see_widths([0, 3])
     for _ in range(3):
         selector.observe(0, 32, 0, [0] * 32, planted_time(32, 0))
@@ -635,7 +635,7 @@ def test_refits_follow_the_schedule_and_grow_with_the_log_of_the_steps() -> None
 def test_a_lone_played_arm_is_chosen_without_a_draw() -> None:
     # At 32 rows the gate holds both drafts back once plain decoding is costed: the choice is
     # certain, so select returns it without drawing (no generator state is used).
-    selector = Factored(FactoredConfig(seed=0), 3)
+    selector = Factored(FactoredConfig(seed=0, plain_per_class=0), 3)
     selector.see_widths([0, 4, 2])
     selector.see_rows(32)
     for _ in range(4):
@@ -709,7 +709,7 @@ def test_the_cost_floor_holds_only_where_no_step_tells_the_width_slope(draft_row
 def test_an_unseen_draft_stays_closed_at_32_rows_after_plain_steps_at_one_batch_size() -> None:
     # Plain steps at 31 and 32 rows only: extrapolated to one row the step would take less than
     # nothing, so token_cost's scale there is 0, and the width slope no step tells is 0 with it.
-    selector = Factored(FactoredConfig(seed=0), 2)
+    selector = Factored(FactoredConfig(seed=0, plain_per_class=0), 2)
     selector.see_widths([0, 3])
     for _ in range(20):
         for rows, step_s in ((31, 2.16e-3), (32, 2.26e-3)):
@@ -743,3 +743,46 @@ def test_likely_arms_are_every_arm_until_plain_is_costed_then_the_played_and_the
     assert with_asking == without == [0] * 10
     asked.observe(1, 1, 3, [2], 4e-3)
     assert asked.likely_arms(32) == [0, 1]  # played once: it may play again
+
+
+def test_plain_is_played_in_each_class_of_live_rows_until_it_has_steps_there() -> None:
+    # Costed plain steps at one row only, drafts cheap per row there and dear at 32 rows: the
+    # model alone would price plain at 32 rows by the drafts' per-row slope. With
+    # plain_per_class = 2 the selector plays plain twice at 32 rows (class 5) before its model
+    # chooses there; at 33 rows (the same class) it does not again; at 2 rows (class 1) it does.
+    selector = Factored(FactoredConfig(seed=0, plain_per_class=2), 3)
+    selector.see_widths([0, 1, 3])
+    selector.see_rows(1)
+    for _ in range(3):
+        feed(selector, 0, 1, 0, 0, 2.0e-3)
+    for rows in (1, 4, 8, 16, 32):  # a draft model's forwards: a cost per row whatever the width
+        for _ in range(6):
+            feed(selector, 1, rows, 1, 1, 2.8e-3 + 0.15e-3 * rows)
+            feed(selector, 2, rows, 3, 2, 3.4e-3 + 0.15e-3 * rows)
+    before = float(cost_features(32, 0) @ selector.cost_coefficients(0))
+    selector.see_rows(32)
+    plays = []
+    for _ in range(2):
+        plays.append(selector.select())
+        feed(selector, 0, 32, 0, 0, 2.3e-3)
+    assert plays == [0, 0]
+    after = float(cost_features(32, 0) @ selector.cost_coefficients(0))
+    assert before > 4e-3 and after < 3e-3  # priced by the drafts' slope, then by its own steps there
+    selector.see_rows(33)
+    assert selector.plain_costed[5] == 2 and selector._plain_here() is None
+    selector.see_rows(2)
+    assert selector.select() == 0  # a class without plain steps
+
+
+def test_plain_plays_per_class_end_even_when_their_steps_never_count() -> None:
+    # Plays drawn and dropped, or steps left out of the fit as outliers, are not costed steps: the
+    # plays drawn in a class stop at twice plain_per_class, so a class is never held on plain.
+    selector = Factored(FactoredConfig(seed=0, plain_per_class=1), 2)
+    selector.see_widths([0, 3])
+    selector.see_rows(1)
+    for _ in range(4):
+        feed(selector, 0, 1, 0, 0, 2.0e-3)
+        feed(selector, 1, 1, 3, 2, 3.0e-3)
+    selector.see_rows(32)
+    drawn = [selector.select() for _ in range(5)]  # drawn ahead, never observed
+    assert drawn[:2] == [0, 0] and selector.plain_drawn[5] == 2 and selector._plain_here() is None
