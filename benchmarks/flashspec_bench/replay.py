@@ -20,7 +20,8 @@ Systems, all through :class:`~flashspec_core.policy.StepPolicy` with the through
 reward and draw-ahead as in the engine, each arm's gamma its widest recorded step (what
 the policy tells a selector that sees widths): the per-bucket ``thompson`` (buckets
 1, 2, 4, 8, 16, 32), ``factored`` (one selector for every batch), ``factored_per_request``
-(the same with ``request_rows``, each request's own acceptance counts, as shipped), every arm fixed, and
+(the same with ``request_rows = 8``, each request's own acceptance counts, as the shipped configs
+set it; they also set ``plain_per_class``, which this replay leaves at 0), every arm fixed, and
 per batch size the best fixed arm in hindsight. Each seed runs the recorded requests in
 batches of the batch size, one policy for the whole run (about 100 steps at batch 8).
 Regret: seconds beyond the best fixed arm's for the same tokens, per request.
