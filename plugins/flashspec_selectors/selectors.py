@@ -816,7 +816,10 @@ class Factored:
     what the least row's prior already says; the arm opens once rows finish and it may pay.
     Told each arm's width (:meth:`see_widths`), it plays the first arm of width 0 (plain
     decoding) until that arm has a costed step, so the gate has a baseline before any draft
-    is tried, and it prices an unseen arm at widths up to that arm's own.
+    is tried, and it prices an unseen arm at widths up to that arm's own; with
+    ``plain_per_class`` it also plays plain decoding in each class of live rows (1, 2-3, 4-7,
+    ...) until plain has that many costed steps there (:meth:`_plain_here`), so plain is
+    priced at many rows by its own steps, not by the drafts' per-row slope.
     Until the first :meth:`observe` it is Beta-Bernoulli Thompson sampling on rewards.
 
     Refits on a schedule (``refit``): what ``select`` reads at a live-row count (each arm's
