@@ -93,3 +93,31 @@ def test_rows_prefilled_in_padded_runs_score_as_one_batch_prefill(target_path: P
     after = target.score(tokens, lengths, draft)
     torch.testing.assert_close(after[joined], whole[joined], atol=1e-5, rtol=0)
     torch.testing.assert_close(after[others], stale[others], atol=0, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_rows_prefilled_through_captured_graphs_score_as_one_batch_prefill_on_cuda(target_path: Path) -> None:
+    """On CUDA with graphs on, joins replay a captured rows-forward per run (rows, width, span):
+    a run of three rows (padded to four) and one of one, then the same runs again (replays),
+    leave the joined rows' scores as the whole batch's prefill does, in float32."""
+    config = one_arm_dict(target_path, {"use": "none"})
+    config["target"] |= {"use": "fast", "device": "cuda", "max_len": 128, "compile": True, "dtype": "float32"}
+    target: Any = build_pipeline(config).target
+    g = torch.Generator().manual_seed(2)
+    lengths = [9, 40, 5, 17, 2, 30]
+    tokens = torch.zeros((len(lengths), 96), dtype=torch.long)
+    for b, n in enumerate(lengths):
+        tokens[b, :n] = torch.randint(1, 31, (n,), generator=g)
+    draft = torch.randint(1, 31, (len(lengths), 3), generator=g)
+    target.prefill(tokens, lengths)
+    whole = target.score(tokens, lengths, draft.cuda()).clone()
+    captures = []
+    for joined in ([0, 3, 5], [2], [0, 3, 5]):
+        target.prefill_rows(tokens, lengths, joined)
+        after = target.score(tokens, lengths, draft.cuda())
+        torch.testing.assert_close(after, whole, atol=1e-4, rtol=0)
+        captures.append(target.graphs.captures)
+    assert captures[2] == captures[1]  # the same run again replays its graph
+    rows = [key for key in target.graphs.captured if key[0] == "rows"]
+    assert {key[1] for key in rows} == {4, 1}  # three rows padded to four, and one
