@@ -8,7 +8,7 @@ A component may also offer an optional *capability*: a small runtime-checkable
 protocol below (:class:`RequestAware`, :class:`ObservesSteps`, :class:`SeesRowIds`, :class:`DeclaresExactness`,
 :class:`VerifiesWithNoise`, :class:`HasTokenizer`, :class:`Prewarmable`,
 :class:`CapturesGraphs`, :class:`NamesModel`, :class:`VerifiesRows`, :class:`HasContext`,
-:class:`ForgetsRequests`, :class:`PrefillsRows`, :class:`ResetsRows`, and for draft trees :class:`ProposesTrees`, :class:`ScoresTrees`, :class:`VerifiesTrees`). Code that uses a capability tests
+:class:`ForgetsRequests`, :class:`PrefillsRows`, :class:`ResetsRows`, :class:`NarrowsArms`, and for draft trees :class:`ProposesTrees`, :class:`ScoresTrees`, :class:`VerifiesTrees`). Code that uses a capability tests
 ``isinstance(component, Capability)``, never ``hasattr``, so every capability a caller
 relies on is declared and documented here.
 
@@ -767,6 +767,7 @@ CAPABILITIES: tuple[type, ...] = (
     PrefillsRows,
     ResetsRows,
     CatchesUp,
+    NarrowsArms,
     SeesRefills,
 )
 

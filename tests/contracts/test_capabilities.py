@@ -18,6 +18,7 @@ from flashspec_core.contracts import (
     DraftContext,
     HasTokenizer,
     NamesModel,
+    NarrowsArms,
     Prewarmable,
     RequestAware,
     VerifiesWithNoise,
@@ -67,3 +68,9 @@ def test_request_thompson_and_factored_are_the_request_aware_selectors() -> None
     counts (request_rows) at begin_request."""
     aware = {name for name in sc.selector_names() if isinstance(sc.load_selector(name, 2), RequestAware)}
     assert aware == {"request_thompson", "factored"}
+
+
+def test_factored_is_the_selector_that_narrows_its_arms() -> None:
+    """The policy catches up only the providers of the arms such a selector may play."""
+    narrows = {name for name in sc.selector_names() if isinstance(sc.load_selector(name, 2), NarrowsArms)}
+    assert narrows == {"factored"}
