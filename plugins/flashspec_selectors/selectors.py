@@ -190,6 +190,12 @@ def glr_change(cumsum: np.ndarray, delta: float, split_every: int = 1) -> bool:
     return bool(stat.max() > glr_threshold(n, delta))
 
 
+def row_class(rows: int) -> int:
+    """The class of ``rows`` live rows: 0 for one, 1 for 2-3, 2 for 4-7, ... (as
+    :meth:`flashspec_core.policy.FirstGate.row_class`)."""
+    return max(int(rows), 1).bit_length() - 1
+
+
 def cost_features(rows: int | float, width: int | float) -> np.ndarray:
     """Regressors of a step's time: ``[1, rows, rows * width]`` (``[3] float64``): a fixed
     cost per step, a cost per row, and one per token the target scores beyond the row's
@@ -878,7 +884,7 @@ class Factored:
         self._stale = True  # a refit is due before the next view
         self._due = np.ones(self.num_arms)  # [K] observed steps at which each arm calls for a refit
         self.refits = 0  # refits so far
-        # plain decoding per class of live rows (rows.bit_length() - 1): costed steps, and plays drawn
+        # plain decoding per class of live rows (row_class): costed steps, and plays drawn
         # and not yet observed (or dropped), each capped so that a class's plays end (_plain_here)
         self.plain_per_class = int(config.plain_per_class)
         self.plain_costed: dict[int, int] = {}
@@ -947,16 +953,16 @@ class Factored:
         return plain
 
     def _plain_here(self) -> int | None:
-        """The plain arm while it has fewer than ``plain_per_class`` costed steps in the live rows'
-        class (:class:`FactoredConfig`); at most twice that many plays drawn there, so outliers
-        left out of the fit do not hold the class on plain. ``None`` otherwise."""
-        plain = self._plain
-        if plain is None or self.plain_per_class == 0:
+        """The live rows' class (:func:`row_class`) while plain decoding has fewer than
+        ``plain_per_class`` costed steps there (:class:`FactoredConfig`); at most twice that many
+        plays drawn there, so outliers left out of the fit do not hold the class on plain.
+        ``None`` otherwise, and where no arm is known to be plain."""
+        if self._plain is None or self.plain_per_class == 0:
             return None
-        c = self.rows.bit_length() - 1
+        c = row_class(self.rows)
         if self.plain_costed.get(c, 0) >= self.plain_per_class or self.plain_drawn.get(c, 0) >= 2 * self.plain_per_class:
             return None
-        return plain
+        return c
 
     def _posterior(self) -> tuple[np.ndarray, np.ndarray]:
         """Each arm's cost coefficients: posterior means ``[K, 3]`` and covariances ``[K, 3, 3]``
@@ -1026,12 +1032,11 @@ class Factored:
         if plain is not None:
             self.outstanding[plain] += 1
             return plain
-        here = self._plain_here() if self.fitted.any() else None
-        if here is not None:
-            c = self.rows.bit_length() - 1
+        c = self._plain_here() if self.fitted.any() else None
+        if c is not None and self._plain is not None:
             self.plain_drawn[c] = self.plain_drawn.get(c, 0) + 1
-            self.outstanding[here] += 1
-            return here
+            self.outstanding[self._plain] += 1
+            return self._plain
         if not self.steps.any():
             first = self.beta.select()
             # capped: fed rewards alone for a while, no arm may look opened before it was observed
@@ -1182,7 +1187,7 @@ class Factored:
             self.counts[arm, : top + 1] += np.bincount(counts)
         if not skip:
             if arm == self._plain:
-                c = max(1, int(rows)).bit_length() - 1
+                c = row_class(rows)
                 self.plain_costed[c] = self.plain_costed.get(c, 0) + 1
             self._cache = None
             self.fitted[arm] += 1
