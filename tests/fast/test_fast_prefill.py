@@ -121,3 +121,18 @@ def test_rows_prefilled_through_captured_graphs_score_as_one_batch_prefill_on_cu
     assert captures[2] == captures[1]  # the same run again replays its graph
     rows = [key for key in target.graphs.captured if key[0] == "rows"]
     assert {key[1] for key in rows} == {4, 1}  # three rows padded to four, and one
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_one_shape_staged_twice_in_a_step_keeps_both_inputs_on_cuda() -> None:
+    """Two stagings of one shape while the stream is still busy (a join's two runs of eight rows)
+    reach the device each as staged: the second may not overwrite the pinned buffer the first
+    copy has not read yet."""
+    stage = fast_target.HostInputs(torch.device("cuda"))
+    for _ in range(3):  # the first stagings allocate; later ones reuse the buffers that are free again
+        torch.cuda._sleep(50_000_000)  # ~25 ms of queued work: the copies below wait behind it
+        first = stage(torch.zeros(64, dtype=torch.long))
+        second = stage(torch.ones(64, dtype=torch.long))
+        assert (first.sum().item(), second.sum().item()) == (0, 64)
+    assert len(stage._pinned[(64, torch.long)]) == 2
