@@ -9,8 +9,9 @@ the graph is a deterministic function of its inputs). The first forward's width 
 power of two (rows right-aligned, padding written to the scratch slot), graph-captured
 per width: a row that fell behind because another arm ran meanwhile catches up in the
 same forward that drafts its first token, instead of in a forward of its own. Only a
-row more than :data:`FUSED_CATCH_UP` tokens behind catches up with a separate ragged
-forward first.
+row more than :data:`FUSED_CATCH_UP` tokens behind catches up in a separate forward first:
+over those rows alone where they are few (rows that joined a running batch), else over
+the whole batch (:meth:`FastDraft._catch_up`).
 
 With ``tree_width = [w1, w2, ...]`` (:class:`FastDraftOptions`) it proposes a draft tree
 instead, as the ``hf`` draft does: the root's ``w1`` children, each node's ``w2``, and so
@@ -61,10 +62,13 @@ from flashspec_fast.keys import FastDraftOptions as FastDraftOptions  # defined 
 from flashspec_fast.model import Transformer
 from flashspec_fast.options import FastOptions, build_model
 from flashspec_fast.target import (
+    JOIN_ROWS,
     HostInputs,
     bucket,
     catch_up_width,
     check_room,
+    forward_rows,
+    join_chunks,
     kept_counts,
     move_path,
     ragged_forward,
@@ -152,12 +156,9 @@ class FastDraft:
         behind = [max(n - 2, 0) for n in lengths]
         starts = [min(s, e) for s, e in zip(self.seen, behind, strict=True)]  # first token the cache lacks
         width = bucket(max(n - s for s, n in zip(starts, lengths, strict=True)), least=2)
-        if width > FUSED_CATCH_UP:  # far behind: a ragged forward of its own first
-            # over the whole batch, a graph per shape. An eager forward over only the far rows (rows
-            # that joined a running batch) was tried: the server's draft steps at 8-32 clients took
-            # 1.7x as long with it on the H100.
-            ragged_forward(self.model, tokens, starts, behind, self._stage, self.graphs)
-            starts, width = behind, 2
+        if width > FUSED_CATCH_UP:  # far behind: a forward of its own first
+            starts = self._catch_up(tokens, starts, behind)
+            width = bucket(max(n - s for s, n in zip(starts, lengths, strict=True)), least=2)
         host = first_inputs(tokens, starts, lengths, width, self.model.scratch)
         if parents:
             return self._propose_tree(host, list(lengths), parents, sampling, generator)
@@ -173,6 +174,23 @@ class FastDraft:
         out_tokens, out_probs = self.graphs(key, loop, self._stage(host), noise)
         self._lengths, self._fed = list(lengths), gamma - 1
         return Draft(tokens=out_tokens, probs=None if sampling.greedy else out_probs)
+
+    def _catch_up(self, tokens: torch.Tensor, starts: list[int], behind: list[int]) -> list[int]:
+        """Feed the rows more than :data:`FUSED_CATCH_UP` tokens behind up to ``behind`` (their
+        length less two); returns the new first tokens the cache lacks. Where those rows, padded
+        to runs of a power of two (:func:`~flashspec_fast.target.join_chunks`), are fewer than
+        the batch (rows that joined a running batch), it feeds them alone in captured
+        rows-forwards (:func:`~flashspec_fast.target.forward_rows`); else every row in one
+        ragged forward over the whole batch, a graph per shape. (Uncaptured, a forward over the
+        far rows alone made the server's draft steps at 8-32 clients 1.7x as long on the H100.)"""
+        far = [b for b, (s, e) in enumerate(zip(starts, behind, strict=True)) if e - s > FUSED_CATCH_UP - 2]
+        if sum(rows for _, rows in join_chunks(far)) >= len(starts):
+            ragged_forward(self.model, tokens, starts, behind, self._stage, self.graphs)
+            return list(behind)
+        need = max(behind[b] - starts[b] for b in far)
+        forward_rows(self.model, tokens, far, [starts[b] for b in far], [behind[b] for b in far],
+                     catch_up_width(need, self.model.scratch), self._stage, self.graphs)
+        return [behind[b] if b in far else s for b, s in enumerate(starts)]
 
     def _loop(
         self, host: torch.Tensor, noise: torch.Tensor, gamma: int, sampling: SamplingParams, span: int
@@ -302,7 +320,8 @@ class FastDraft:
         draft step after the draft sat out, catching up at a width or span it had not met).
 
         The drafting loop at each span and first-forward width (2 .. FUSED_CATCH_UP), and
-        the separate catch-up forward at each span and wider width; a tree draft's
+        the separate catch-up forward at each span and wider width (over the whole batch,
+        and over runs of 1, 2, 4, ... rows fewer than the batch); a tree draft's
         :meth:`rollback_path` too. It runs the graphs on
         dummy tokens, writing the draft's cache from slot 0: call it between requests,
         never inside one (the next request's catch-up rewrites every slot it reads).
@@ -334,6 +353,10 @@ class FastDraft:
             widest = {catch_up_width(n, top): n for n in range(FUSED_CATCH_UP - 1, end + 1)}
             for need in widest.values():
                 ragged_forward(model, tokens, [end - need] * batch, [end] * batch, self._stage, self.graphs)
+                # and over runs of fewer rows than the batch (_catch_up), whatever the batch
+                for rows in (r for r in rows_runs() if r < batch):
+                    forward_rows(model, tokens, list(range(rows)), [end - need] * rows, [end] * rows,
+                                 catch_up_width(need, top), self._stage, self.graphs)
         self.seen = []
         return len(self.graphs.keys) - before
 
@@ -360,6 +383,12 @@ class FastDraft:
             paths = torch.cat([paths, paths.new_full((paths.shape[0], self.tree_depth - paths.shape[1]), -1)], dim=1)
         move_path(self.model, self.graphs, self._stage_path, paths, self._root, below=self._fed)
         self.seen = [n + k for n, k in zip(self._lengths, kept_counts(paths, below=self._fed), strict=True)]
+
+
+def rows_runs() -> list[int]:
+    """The row counts a run of :func:`~flashspec_fast.target.forward_rows` is padded to: 1, 2,
+    4, ... :data:`~flashspec_fast.target.JOIN_ROWS`."""
+    return [1 << k for k in range(JOIN_ROWS.bit_length()) if 1 << k <= JOIN_ROWS]
 
 
 def first_inputs(tokens: torch.Tensor, starts: Sequence[int], lengths: Sequence[int], width: int, scratch: int

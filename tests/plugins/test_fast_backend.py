@@ -285,6 +285,43 @@ def test_draft_catches_up_inside_its_first_forward(models: dict[str, Path], monk
     assert n_apart == 3 + int(behind > 2) and n_fused == 3 + int(bucket(behind, least=2) > limit)
 
 
+def test_a_joined_row_catches_up_in_a_forward_of_its_own_rows(models: dict[str, Path],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row re-seated in a running batch (reset_rows) with a prompt far past FUSED_CATCH_UP
+    catches up in a rows-forward over that row alone while the others draft in the fused first
+    forward, and the draft is what a fresh draft of the whole batch (one ragged catch-up over
+    every row) proposes, to float64 rounding."""
+    from flashspec_core import SamplingParams
+    from flashspec_core.contracts import DraftContext
+    from flashspec_fast import draft as fd
+    from flashspec_fast.options import FastOptions
+
+    opts = FastOptions(model=str(models["close"]), dtype="float64", max_len=128, chat_template=False)
+    context = DraftContext(target=None, vocab=16, device=torch.device("cpu"))
+    g = torch.Generator().manual_seed(5)
+    lengths = [10, 6, 31, 9]
+    tokens = torch.zeros((4, 32), dtype=torch.long)
+    for b, n in enumerate(lengths):
+        tokens[b, :n] = torch.randint(0, 16, (n,), generator=g)
+    before = tokens.clone()
+    before[2, :5] = torch.tensor([3, 1, 4, 1, 5])  # the request row 2 held before the join
+    sampling = SamplingParams(temperature=1.0)
+
+    joined = fd.make_draft(opts, context)
+    joined.propose(before, [10, 6, 5, 9], 3, sampling, torch.Generator().manual_seed(1))
+    joined.rollback([0, 0, 0, 0])
+    joined.reset_rows([2])
+    fed_rows = []
+    forward = joined.model.forward
+    monkeypatch.setattr(joined.model, "forward",
+                        lambda *a, **k: fed_rows.append(k.get("rows") is not None) or forward(*a, **k))
+    got = joined.propose(tokens, lengths, 3, sampling, torch.Generator().manual_seed(2))
+    fresh = fd.make_draft(opts, context).propose(tokens, lengths, 3, sampling, torch.Generator().manual_seed(2))
+    assert torch.equal(got.tokens, fresh.tokens)
+    torch.testing.assert_close(got.probs, fresh.probs, rtol=1e-9, atol=1e-12)
+    assert fed_rows == [True, False, False, False]  # row 2's rows-forward, then the fused draft loop
+
+
 
 def test_decode_kernel_forward_matches_sdpa(models: dict[str, Path]) -> None:
     """attention = "triton" (the decode kernel, in the interpreter here) against SDPA, same
@@ -365,6 +402,33 @@ def test_draft_prewarm_asks_for_every_graph_key_a_step_can_need(models: dict[str
     with pytest.raises(ValueError, match="must be >= 1"):
         d.prewarm(1, 0, sampling, off_gpu=True)
     assert d.prewarm(2, 2, SamplingParams(temperature=0.7), off_gpu=True) > 0  # sampled: noise drawn on the device
+
+
+def test_draft_prewarm_covers_the_catch_up_of_rows_that_joined(models: dict[str, Path]) -> None:
+    """At four rows, prewarm asks for the rows-forwards of one and two rows far behind at every
+    length (three pad to a run of four, the whole batch, and catch up in the ragged forward):
+    a join's catch-up captures nothing new."""
+    from flashspec_core import SamplingParams
+    from flashspec_core.contracts import DraftContext
+    from flashspec_fast import draft as fd
+    from flashspec_fast.options import FastOptions
+
+    opts = FastOptions(model=str(models["close"]), dtype="float32", max_len=300, chat_template=False)
+    d = fd.make_draft(opts, DraftContext(target=None, vocab=16, device=torch.device("cpu")))
+    sampling, gamma, batch = SamplingParams(temperature=0.0), 3, 4
+    assert d.prewarm(batch, gamma, sampling, off_gpu=True) == len(d.graphs.keys) > 0
+    warmed = set(d.graphs.keys)
+    d.graphs.keys.clear()  # from here: the keys the steps ask for
+    gen = torch.Generator().manual_seed(0)
+    for length in (20, 40, 64, 126, 129, 200, d.model.scratch - gamma - 1):
+        tokens = torch.randint(0, 16, (batch, length + gamma + 1), generator=gen)
+        for far in ([2], [0, 3], [0, 1, 3]):
+            d.reset()
+            d.seen = [0 if b in far else length - 1 for b in range(batch)]
+            d.propose(tokens, [length] * batch, gamma, sampling, gen)
+    assert d.graphs.keys <= warmed, sorted(map(str, d.graphs.keys - warmed))
+    assert {k[1] for k in d.graphs.keys if k[0] == "rows"} == {1, 2}
+    assert any(k[0] == "ragged" and k[1] == batch for k in d.graphs.keys)
 
 
 def test_draft_prewarm_bounded_to_longest_covers_those_steps_and_no_longer_ones(models: dict[str, Path]) -> None:
