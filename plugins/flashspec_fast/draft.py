@@ -62,7 +62,6 @@ from flashspec_fast.keys import FastDraftOptions as FastDraftOptions  # defined 
 from flashspec_fast.model import Transformer
 from flashspec_fast.options import FastOptions, build_model
 from flashspec_fast.target import (
-    JOIN_ROWS,
     HostInputs,
     bucket,
     catch_up_width,
@@ -73,6 +72,7 @@ from flashspec_fast.target import (
     move_path,
     ragged_forward,
     ragged_inputs,
+    run_sizes,
     tree_inputs,
 )
 
@@ -190,7 +190,10 @@ class FastDraft:
         need = max(behind[b] - starts[b] for b in far)
         forward_rows(self.model, tokens, far, [starts[b] for b in far], [behind[b] for b in far],
                      catch_up_width(need, self.model.scratch), self._stage, self.graphs)
-        return [behind[b] if b in far else s for b, s in enumerate(starts)]
+        caught = list(starts)
+        for b in far:
+            caught[b] = behind[b]
+        return caught
 
     def _loop(
         self, host: torch.Tensor, noise: torch.Tensor, gamma: int, sampling: SamplingParams, span: int
@@ -354,7 +357,7 @@ class FastDraft:
             for need in widest.values():
                 ragged_forward(model, tokens, [end - need] * batch, [end] * batch, self._stage, self.graphs)
                 # and over runs of fewer rows than the batch (_catch_up), whatever the batch
-                for rows in (r for r in rows_runs() if r < batch):
+                for rows in (r for r in run_sizes() if r < batch):
                     forward_rows(model, tokens, list(range(rows)), [end - need] * rows, [end] * rows,
                                  catch_up_width(need, top), self._stage, self.graphs)
         self.seen = []
@@ -383,12 +386,6 @@ class FastDraft:
             paths = torch.cat([paths, paths.new_full((paths.shape[0], self.tree_depth - paths.shape[1]), -1)], dim=1)
         move_path(self.model, self.graphs, self._stage_path, paths, self._root, below=self._fed)
         self.seen = [n + k for n, k in zip(self._lengths, kept_counts(paths, below=self._fed), strict=True)]
-
-
-def rows_runs() -> list[int]:
-    """The row counts a run of :func:`~flashspec_fast.target.forward_rows` is padded to: 1, 2,
-    4, ... :data:`~flashspec_fast.target.JOIN_ROWS`."""
-    return [1 << k for k in range(JOIN_ROWS.bit_length()) if 1 << k <= JOIN_ROWS]
 
 
 def first_inputs(tokens: torch.Tensor, starts: Sequence[int], lengths: Sequence[int], width: int, scratch: int

@@ -117,8 +117,19 @@ def join_chunks(picked: Sequence[int], most: int = JOIN_ROWS) -> list[tuple[list
     out = []
     for i in range(0, len(picked), most):
         run = list(picked[i : i + most])
-        out.append((run, 1 << (len(run) - 1).bit_length()))
+        out.append((run, padded_rows(len(run))))
     return out
+
+
+def padded_rows(n: int) -> int:
+    """The rows a run of ``n`` joining rows is padded to (:func:`join_chunks`): a power of two."""
+    return 1 << (n - 1).bit_length()
+
+
+def run_sizes(most: int = JOIN_ROWS) -> list[int]:
+    """Every row count a run of :func:`join_chunks` can be padded to (1, 2, 4, ...): the
+    rows-forward shapes a warm-up captures."""
+    return sorted({padded_rows(n) for n in range(1, most + 1)})
 
 
 def forward_rows(model: Transformer, tokens: torch.Tensor, picked: list[int], starts: Sequence[int],

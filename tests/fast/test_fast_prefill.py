@@ -58,6 +58,8 @@ def test_join_chunks_cut_runs_and_pad_them_to_powers_of_two() -> None:
     assert fast_target.join_chunks([5]) == [([5], 1)]
     assert fast_target.join_chunks([4, 1, 7]) == [([4, 1, 7], 4)]
     assert fast_target.join_chunks(list(range(11)), most=8) == [(list(range(8)), 8), ([8, 9, 10], 4)]
+    # every padded size a run can take, a bound that is not a power of two included (runs of 5 or 6 pad to 8)
+    assert fast_target.run_sizes(8) == [1, 2, 4, 8] == fast_target.run_sizes(6)
 
 
 @pytest.mark.parametrize("joined", [[2], [0, 3, 4], [4, 3, 2, 1, 0]])
