@@ -52,6 +52,7 @@ from flashspec_core.contracts import (
     VerifiesRows,
     VerifiesTrees,
 )
+from flashspec_core.cudagraph import to_device
 from flashspec_core.policy import BATCH_LIMIT, Arm, NoDraft, PolicySettings, StepPolicy, proposes_trees
 from flashspec_core.sampling import UNIT, warp_logits
 from flashspec_core.stats import summarize
@@ -327,6 +328,7 @@ class Pipeline:
         drafting = sampling.draft_params if isinstance(sampling, RowSampling) else sampling
         plan = self.policy.plan(rows, tokens, lengths, drafting, generator)
         draft, drafter = self.policy.propose(plan, tokens, lengths, drafting, generator)
+        draft = self._on_device(draft)
         clock.mark()
         names = self._names(drafter)
         logits = self._score(tokens, lengths, draft)
@@ -382,6 +384,18 @@ class Pipeline:
             caches = {id(x.graphs): x.graphs for x in parts if isinstance(x, CapturesGraphs)}
             self._counters = (key, list(caches.values()))
         return sum(g.captures for g in self._counters[1])
+
+    def _on_device(self, draft: Draft) -> Draft:
+        """The draft with its tokens on the target's device, copied once and without a host sync.
+
+        A host-side drafter (prompt lookup, suffix) proposes CPU tokens; copied to the GPU with a
+        plain ``.to()`` where the step needs them on the device (scoring, verifying, the step's
+        checks), each copy waited for the kernels queued before it: the host stalled behind the
+        target's forward and then launched the verify kernels onto an idle device."""
+        device = torch.device(self.target.device)
+        if device.type == "cpu" or draft.tokens.device.type != "cpu" or draft.tokens.numel() == 0:
+            return draft
+        return attrs.evolve(draft, tokens=to_device(draft.tokens, device))
 
     def _score(self, tokens: torch.Tensor, lengths: list[int], draft: Draft) -> torch.Tensor:
         """The target's logits of the draft: [B, g + 1, V] (a tree: one row per node, after the root's)."""

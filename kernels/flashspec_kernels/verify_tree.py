@@ -56,6 +56,7 @@ import torch
 import triton
 
 from flashspec_core.contracts import Broken, SamplingParams
+from flashspec_core.cudagraph import to_device
 from flashspec_core.sampling import Noise, filter_logits, probs_from_logits
 from flashspec_core.tree import (
     TreeDraft,
@@ -93,14 +94,6 @@ def tree_tables(parents: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     nodes = torch.tensor([list(parents), list(depths), youngest], dtype=torch.int32).reshape(3, len(parents))
     nodes = nodes if len(parents) else torch.zeros((3, 1), dtype=torch.int32)  # never read; no null pointer
     return nodes, torch.tensor(table, dtype=torch.int32)
-
-
-def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``host`` on ``device`` without a host sync: on CUDA through pinned memory, copied
-    asynchronously (the caching host allocator keeps the pinned block until the copy is done)."""
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 @functools.lru_cache(maxsize=64)
