@@ -62,9 +62,9 @@ def percentile(xs: Sequence[float], q: float) -> float | None:
 
 
 def graph_captures(pipeline: Any) -> int:
-    """CUDA graphs the pipeline's fast target and drafts have captured so far (a capture
-    inside a timed batch is setup work timed as decoding: the bench records how many)."""
-    caches = {id(g): g for x in (pipeline.target, *(a.provider for a in pipeline.arms))
+    """CUDA graphs the pipeline's fast target, verifier and drafts have captured so far (a
+    capture inside a timed batch is setup work timed as decoding: the bench records how many)."""
+    caches = {id(g): g for x in (pipeline.target, pipeline.verifier, *(a.provider for a in pipeline.arms))
               if (g := getattr(x, "graphs", None)) is not None}  # arms may share a provider: each cache once
     return sum(int(getattr(g, "captures", 0)) for g in caches.values())
 

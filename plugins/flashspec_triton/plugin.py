@@ -59,6 +59,12 @@ class TritonVerifier(RowsOverVerify):
         self.device = torch.device(device) if device is not None else None
         self._graphs = StepGraphs(config.graph_max_bytes, pin=config.graph_pin)
 
+    @property
+    def graphs(self) -> StepGraphs:
+        """The step graphs (:class:`~flashspec_core.contracts.CapturesGraphs`): a step whose
+        verification captured one is timed as setup, not learned from."""
+        return self._graphs
+
     def verify(
         self,
         target_logits: torch.Tensor,  # [B, gamma+1, V]

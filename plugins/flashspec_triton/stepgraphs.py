@@ -18,6 +18,9 @@ take 100-250 us (docs/benchmarks/verify-kernels-h200.json: ``triton_graph_ms`` a
   graph over static copies of every input once per shape; later calls copy their inputs
   in (cheap at these sizes) and replay.
 
+Each kind is kept least recently used first, :data:`MAX_PINNED` pinned graphs and
+:data:`MAX_GRAPHS` copied ones (these hold copies of their inputs).
+
 Larger inputs seen for the first time, CPU tensors, and calls made while the caller is
 itself capturing a graph run the kernels directly. Either way the outputs are copies
 (the graph's own buffers are rewritten by the next replay).
@@ -43,11 +46,15 @@ from flashspec_core.cudagraph import capture
 # to 93 MiB of logits; from 141 MiB some shapes won and some lost, and every shape from 282 MiB lost
 # (verify-kernels-h200-analysis.json, graph_threshold, at 34a9907).
 GRAPH_MAX_BYTES = 96 << 20
-MAX_GRAPHS = 32  # captured graphs kept (least recently used dropped)
+MAX_GRAPHS = 32  # copied graphs kept (least recently used dropped): each holds copies of its inputs
+# Pinned graphs kept: they hold no input copies, and a server meets one per batch size, draft
+# width and target span (each span's forward writes its logits at its own address), far more
+# than 32: evicting them there meant a capture on every few steps.
+MAX_PINNED = 512
 # Inputs of at least this many bytes are read in place by a pinned graph and key it by address;
 # smaller ones (tokens, uniforms, the philox state: a new tensor each step) are copied in.
 PIN_MIN_BYTES = 1 << 20
-SEEN = 64  # pinned keys remembered after one sighting (least recently seen dropped)
+SEEN = 1024  # pinned keys remembered after one sighting (least recently seen dropped)
 
 # A step returns tensors, attrs records of tensors (Verdict, TreeVerdict), or tuples of these.
 Step = Callable[..., Any]
@@ -74,20 +81,28 @@ class StepGraphs:
         max_graphs: int = MAX_GRAPHS,
         pin: bool = True,
         capture_fn: Capture = capture,
+        max_pinned: int = MAX_PINNED,
     ) -> None:
         self.max_bytes = max_bytes  # 0: never replay a graph
         self.max_graphs = max_graphs
+        self.max_pinned = max_pinned
         self.pin = pin
         self._capture_fn = capture_fn
         # key -> (graph, static copies (None where a pinned graph reads the caller's input), outputs)
         self._graphs: OrderedDict[Hashable, tuple[Any, list[torch.Tensor | None], Any]] = OrderedDict()
+        self._pinned: OrderedDict[Hashable, tuple[Any, list[torch.Tensor | None], Any]] = OrderedDict()
         self._seen: OrderedDict[Hashable, None] = OrderedDict()
         self._pool: Any = None
         self.pinned_replays = 0  # counters for benchmarks and tests
         self.copied_replays = 0
+        # What a :class:`~flashspec_core.contracts.CapturesGraphs` cache exposes: a step that
+        # captures is not learned from by the selector, and a server logs captures while serving.
+        self.captures = 0
+        self.captured: list[Hashable] = []
+        self.keys: set[Hashable] = set()  # every key replayed or captured
 
     def __len__(self) -> int:
-        return len(self._graphs)
+        return len(self._graphs) + len(self._pinned)
 
     def usable(self, logits: torch.Tensor) -> bool:
         """Whether this call may replay a graph at all."""
@@ -104,19 +119,21 @@ class StepGraphs:
         big = [i for i, t in enumerate(inputs) if t.numel() * t.element_size() >= PIN_MIN_BYTES] if self.pin else []
         if big:
             pin_key = (layout, tuple(inputs[i].data_ptr() for i in big))
-            if pin_key in self._graphs or pin_key in self._seen:
+            if pin_key in self._pinned or pin_key in self._seen:
                 self.pinned_replays += 1
-                return self._replay(pin_key, step, inputs, big)
+                return self._replay(self._pinned, self.max_pinned, pin_key, step, inputs, big)
             self._seen[pin_key] = None
             while len(self._seen) > SEEN:
                 self._seen.popitem(last=False)
         if not self.wanted(inputs[0]):
             return step(*inputs)
         self.copied_replays += 1
-        return self._replay((layout, None), step, inputs, [])
+        return self._replay(self._graphs, self.max_graphs, (layout, None), step, inputs, [])
 
-    def _replay(self, key: Hashable, step: Step, inputs: Sequence[torch.Tensor], pinned: list[int]) -> Any:
-        entry = self._graphs.get(key)
+    def _replay(self, graphs: OrderedDict[Hashable, tuple[Any, list[torch.Tensor | None], Any]], most: int,
+                key: Hashable, step: Step, inputs: Sequence[torch.Tensor], pinned: list[int]) -> Any:
+        self.keys.add(key)
+        entry = graphs.get(key)
         if entry is None:
             static = [None if i in pinned else t.clone() for i, t in enumerate(inputs)]
             args = [t if s is None else s for s, t in zip(static, inputs, strict=True)]
@@ -124,12 +141,14 @@ class StepGraphs:
             graph, out = self._capture_fn(step, args, self._pool, 1)
             self._pool = graph.pool()
             entry = (graph, static, out)
-            self._graphs[key] = entry
+            graphs[key] = entry
+            self.captures += 1
+            self.captured.append(key)
             self._seen.pop(key, None)
-            while len(self._graphs) > self.max_graphs:
-                self._graphs.popitem(last=False)
+            while len(graphs) > most:
+                graphs.popitem(last=False)
         else:
-            self._graphs.move_to_end(key)
+            graphs.move_to_end(key)
         graph, static, out = entry
         for dst, src in zip(static, inputs, strict=True):
             if dst is not None:

@@ -117,8 +117,8 @@ def test_tour_plays_every_arm_in_runs_of_one_to_four() -> None:
 
 
 def test_graph_captures_counts_each_cache_once() -> None:
-    """The target's and the drafts' graph caches; two arms sharing a provider count it once;
-    the count survives clear() (a reallocated cache captures again)."""
+    """The target's, the verifier's and the drafts' graph caches; two arms sharing a provider
+    count it once; the count survives clear() (a reallocated cache captures again)."""
 
     class Part:
         def __init__(self, captures: int) -> None:
@@ -129,11 +129,11 @@ def test_graph_captures_counts_each_cache_once() -> None:
         def __init__(self, provider: object) -> None:
             self.provider = provider
 
-    target, draft = Part(4), Part(3)
-    pipe = type("P", (), {"target": target, "arms": [Arm(draft), Arm(draft), Arm(object())]})()
-    assert graph_captures(pipe) == 7
+    target, verifier, draft = Part(4), Part(2), Part(3)
+    pipe = type("P", (), {"target": target, "verifier": verifier, "arms": [Arm(draft), Arm(draft), Arm(object())]})()
+    assert graph_captures(pipe) == 9
     draft.graphs.clear()
-    assert graph_captures(pipe) == 7
+    assert graph_captures(pipe) == 9
 
 
 def test_warm_up_runs_every_batch_and_leaves_the_selector_untrained(

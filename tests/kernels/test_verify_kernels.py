@@ -509,6 +509,41 @@ def test_step_graphs_pin_by_address(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (graphs.pinned_replays, graphs.copied_replays) == (0, 3)
 
 
+def test_step_graphs_count_their_captures_and_keep_pinned_graphs_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The triton verifier exposes its step graphs as a CapturesGraphs cache (``captures``,
+    ``captured``, ``keys``), so a step that captures one is not learned from; copied graphs,
+    which hold copies of their inputs, are evicted among themselves and never push a pinned
+    graph out (a server meets a pinned graph per batch size, width and span)."""
+    from flashspec_core.contracts import CapturesGraphs
+    from flashspec_triton import stepgraphs
+
+    class Graph:
+        def pool(self) -> None:
+            return None
+
+        def replay(self) -> None:
+            """Nothing to re-run: this test counts, it does not compare."""
+
+    def fake_capture(step, args, pool, warmups):
+        return Graph(), step(*args)
+
+    monkeypatch.setattr(stepgraphs, "PIN_MIN_BYTES", 256)
+    monkeypatch.setattr(stepgraphs.StepGraphs, "usable", lambda self, logits: True)
+    step = lambda logits: logits.sum(dim=-1)  # noqa: E731
+    graphs = stepgraphs.StepGraphs(max_bytes=100, max_graphs=1, max_pinned=2, capture_fn=fake_capture)
+    pinned = [torch.zeros((2, w, 40)) for w in (1, 2)]  # 320 and 640 bytes: run directly, pinned when seen again
+    for logits in pinned * 2:
+        graphs("k", step, logits)
+    assert graphs.captures == 2 and len(graphs) == 2 and set(graphs.captured) == graphs.keys
+    for w in (3, 4, 5):  # 48 to 80 bytes: copied graphs, one kept at a time
+        graphs("k", step, torch.zeros((1, w, 4)))
+    assert graphs.captures == 5 and len(graphs) == 3  # both pinned graphs and the last copied one
+    for logits in pinned:  # still held: replayed, not captured again
+        graphs("k", step, logits)
+    assert graphs.captures == 5 and graphs.pinned_replays == 4
+    assert isinstance(TritonVerifier(TritonVerifierConfig()), CapturesGraphs)
+
+
 def test_logsumexp_pass_partials_give_the_logsumexp() -> None:
     """The public pass launcher (what benchmarks time alone) computes the verifier's partials:
     merged, they give each row's log-sum-exp, over slices that hit the masked tail (V = 1271)."""
