@@ -58,6 +58,8 @@ SEEN = 1024  # pinned keys remembered after one sighting (least recently seen dr
 
 # A step returns tensors, attrs records of tensors (Verdict, TreeVerdict), or tuples of these.
 Step = Callable[..., Any]
+# key -> (graph, static copies (None where a pinned graph reads the caller's input), outputs)
+Graphs = OrderedDict[Hashable, tuple[Any, list[torch.Tensor | None], Any]]
 Capture = Callable[[Step, Sequence[torch.Tensor], Any, int], tuple[Any, Any]]
 
 
@@ -88,9 +90,8 @@ class StepGraphs:
         self.max_pinned = max_pinned
         self.pin = pin
         self._capture_fn = capture_fn
-        # key -> (graph, static copies (None where a pinned graph reads the caller's input), outputs)
-        self._graphs: OrderedDict[Hashable, tuple[Any, list[torch.Tensor | None], Any]] = OrderedDict()
-        self._pinned: OrderedDict[Hashable, tuple[Any, list[torch.Tensor | None], Any]] = OrderedDict()
+        self._graphs: Graphs = OrderedDict()  # copied graphs
+        self._pinned: Graphs = OrderedDict()
         self._seen: OrderedDict[Hashable, None] = OrderedDict()
         self._pool: Any = None
         self.pinned_replays = 0  # counters for benchmarks and tests
@@ -130,8 +131,8 @@ class StepGraphs:
         self.copied_replays += 1
         return self._replay(self._graphs, self.max_graphs, (layout, None), step, inputs, [])
 
-    def _replay(self, graphs: OrderedDict[Hashable, tuple[Any, list[torch.Tensor | None], Any]], most: int,
-                key: Hashable, step: Step, inputs: Sequence[torch.Tensor], pinned: list[int]) -> Any:
+    def _replay(self, graphs: Graphs, most: int, key: Hashable, step: Step, inputs: Sequence[torch.Tensor],
+                pinned: list[int]) -> Any:
         self.keys.add(key)
         entry = graphs.get(key)
         if entry is None:
