@@ -100,10 +100,14 @@ class StepGraphs:
         # captures is not learned from by the selector, and a server logs captures while serving.
         self.captures = 0
         self.captured: list[Hashable] = []
-        self.keys: set[Hashable] = set()  # every key replayed or captured
 
     def __len__(self) -> int:
         return len(self._graphs) + len(self._pinned)
+
+    @property
+    def keys(self) -> set[Hashable]:
+        """Every key replayed or captured: a key is captured before it is replayed."""
+        return set(self.captured)
 
     def usable(self, logits: torch.Tensor) -> bool:
         """Whether this call may replay a graph at all."""
@@ -133,7 +137,6 @@ class StepGraphs:
 
     def _replay(self, graphs: Graphs, most: int, key: Hashable, step: Step, inputs: Sequence[torch.Tensor],
                 pinned: list[int]) -> Any:
-        self.keys.add(key)
         entry = graphs.get(key)
         if entry is None:
             static = [None if i in pinned else t.clone() for i, t in enumerate(inputs)]
