@@ -357,7 +357,8 @@ class Pipeline:
         # The selector's update waits for the next step's settle (above, one step later), which runs
         # while the device computes that step: at 32 rows its observe costs a few hundred
         # microseconds of host time that would otherwise separate two steps.
-        learned_s = arm_seconds(step_s, clock.ms(0, 3) / 1e3, side)
+        draft_ms, target_ms, verify_ms = clock.ms(0, 1), clock.ms(1, 2), clock.ms(2, 3)
+        learned_s = arm_seconds(step_s, (draft_ms + target_ms + verify_ms) / 1e3, side)
         reward = self.policy.commit(plan, accepted, learned_s, drafter, width, paths, captured=captured, defer=True)
         acc = tuple(accepted[b] for b in rows)
         record = StepRecord(
@@ -369,9 +370,9 @@ class Pipeline:
             accepted=acc,
             emitted=sum(n + 1 for n in acc),
             reward=reward,
-            draft_ms=clock.ms(0, 1),
-            target_ms=clock.ms(1, 2),
-            verify_ms=clock.ms(2, 3),
+            draft_ms=draft_ms,
+            target_ms=target_ms,
+            verify_ms=verify_ms,
             step_ms=step_s * 1e3,
             captured=captured,
         )
