@@ -234,7 +234,8 @@ class Engine:
     """Continuous batching over ``pipeline``'s target, policy and verifier (module docstring)."""
 
     def __init__(self, pipeline: Pipeline, metrics: Metrics | None = None, max_batch: int = 32,
-                 max_waiting: int = 256, context: int | None = None, overlap: bool | None = None) -> None:
+                 max_waiting: int = 256, context: int | None = None, overlap: bool | None = None,
+                 seed: int | None = None) -> None:
         if max_batch < 1 or max_waiting < 0:
             raise ValueError(f"max_batch must be >= 1 and max_waiting >= 0, got {max_batch} and {max_waiting}")
         self.pipeline, self.metrics = pipeline, metrics or Metrics()
@@ -258,7 +259,10 @@ class Engine:
         self._tokens = torch.zeros((0, 0), dtype=torch.long)
         self._lengths: list[int] = []
         self._sampling: SamplingParams | RowSampling = SamplingParams()
-        self._generator = torch.Generator(device=pipeline.target.device).manual_seed(secrets.randbits(63))
+        # Unseeded rows' draws: from ``seed`` where given (a run whose requests are all queued before
+        # :meth:`start` is then replayable), else from a seed drawn at random.
+        self._generator = torch.Generator(device=pipeline.target.device).manual_seed(
+            secrets.randbits(63) if seed is None else seed)
         self._closing = False
         self._deadline: float | None = None  # shutdown: running rows are aborted after this
         self._thread = threading.Thread(target=self._run, name="flashspec-engine", daemon=True)

@@ -220,9 +220,14 @@ def engine_tokens(pipe: Pipeline, jobs: list[Job], max_batch: int, running: Sequ
     return run_jobs(Engine(pipe, max_batch=max_batch, max_waiting=len(jobs) + len(running)), jobs, running)
 
 
-def run_jobs(engine: Engine, jobs: list[Job], running: Sequence[Job] = ()) -> list[tuple[int, ...]]:
-    """:func:`engine_tokens` through a given engine (the caller reads its counters afterwards)."""
-    engine.start()
+def run_jobs(engine: Engine, jobs: list[Job], running: Sequence[Job] = (), queued: bool = False) -> list[tuple[int, ...]]:
+    """:func:`engine_tokens` through a given engine (the caller reads its counters afterwards).
+    With ``queued`` every job waits in the queue before the engine starts (no ``running``), so
+    which rows share a step does not depend on thread timing: an engine given a seed then
+    replays the same run."""
+    assert not (queued and running)
+    if not queued:
+        engine.start()
 
     async def collect(handle: Any, first: asyncio.Event | None = None) -> tuple[int, ...]:
         ids: list[int] = []
@@ -235,6 +240,10 @@ def run_jobs(engine: Engine, jobs: list[Job], running: Sequence[Job] = ()) -> li
 
     async def run() -> list[tuple[int, ...]]:
         loop = asyncio.get_running_loop()
+        if queued:
+            handles = [engine.submit(j, loop) for j in jobs]
+            engine.start()
+            return list(await asyncio.gather(*(collect(h) for h in handles)))
         started = [asyncio.Event() for _ in running]
         early = [asyncio.create_task(collect(engine.submit(j, loop), s)) for j, s in zip(running, started, strict=True)]
         for s in started:
@@ -252,12 +261,15 @@ def run_jobs(engine: Engine, jobs: list[Job], running: Sequence[Job] = ()) -> li
 def _engine_samples(pipe: Pipeline, settings: list[dict[str, Any]], per_setting: int, max_batch: int,
                     seeded: bool = False) -> tuple[list[list[tuple[int, ...]]], Engine]:
     """As :func:`_samples`, each sequence a request to the engine, requests cycling the settings;
-    and the engine."""
+    and the engine. All requests are queued before the engine starts and its generator is
+    seeded, so the samples are the same each run (the suite's seeds are fixed: a clean run
+    cannot fail by chance on one run and pass on the next); rows still join the running batch
+    as others finish."""
     n = per_setting * len(settings)
     jobs = [Job(tuple(PROMPT), LENGTH, SamplingParams(**settings[i % len(settings)]),
                 seed=20_000 + i if seeded else None) for i in range(n)]
-    engine = Engine(pipe, max_batch=max_batch, max_waiting=n)
-    got = run_jobs(engine, jobs)
+    engine = Engine(pipe, max_batch=max_batch, max_waiting=n, seed=SEED)
+    got = run_jobs(engine, jobs, queued=True)
     return [got[k :: len(settings)] for k in range(len(settings))], engine
 
 
