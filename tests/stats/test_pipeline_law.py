@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _law import ALPHA, gate, law_of
+from _law import ALPHA, SteadyClock, gate, law_of, seeded
 from _tiny import pipeline_dict
 
+from flashspec_core import pipeline as pipeline_module
 from flashspec_core.build import build_pipeline
 
 pytestmark = pytest.mark.stats
@@ -23,13 +24,23 @@ SAMPLINGS = [
     {"temperature": 0.7, "top_k": 5},
     {"temperature": 1.3, "top_p": 0.8},
 ]
+
+
+@pytest.fixture(autouse=True)
+def steady_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step times from :class:`SteadyClock`, and selectors that draw seeded (:func:`seeded`):
+    each gate's samples are the same every run, as the verifier gates' are."""
+    monkeypatch.setattr(pipeline_module, "time", SteadyClock())
+
+
 SELECTORS = ["fixed", "ucb1", "thompson", "sliding_window_ucb", "discounted_thompson", "glr_thompson", "request_thompson", "alternate_on_rejection", "strange_parity"]
 
 
 @pytest.mark.parametrize("selector", SELECTORS)
 def test_law_holds_for_every_selector(law_setup: dict[str, Any], selector: str) -> None:
     sampling = SAMPLINGS[0]
-    pipe = build_pipeline(pipeline_dict(law_setup["target"], law_setup["drafts"], selector, dtype="float32"), law_setup["registry"])
+    config = seeded(pipeline_dict(law_setup["target"], law_setup["drafts"], selector, dtype="float32"), law_setup["registry"])
+    pipe = build_pipeline(config, law_setup["registry"])
     assert gate(pipe, law_of(law_setup, sampling), sampling) > ALPHA
 
 
@@ -55,7 +66,8 @@ def test_law_holds_with_a_selector_per_batch_bucket(law_setup: dict[str, Any], s
     past rewards and on how many rows are still live, which the sequences decide, so the law
     is the target's; draws made for a bucket the next step no longer has are dropped."""
     sampling = SAMPLINGS[0]
-    config = pipeline_dict(law_setup["target"], law_setup["drafts"], selector, dtype="float32", batch_buckets=BUCKETS)
+    config = seeded(pipeline_dict(law_setup["target"], law_setup["drafts"], selector, dtype="float32",
+                                  batch_buckets=BUCKETS), law_setup["registry"])
     config["arm"].append({"use": "none", "name": "plain"})
     pipe = build_pipeline(config, law_setup["registry"])
     buckets: set[int] = set()
@@ -70,7 +82,8 @@ def test_law_holds_with_a_gated_first_arm(law_setup: dict[str, Any]) -> None:
     choosing among the drafts and plain decoding where the gate skips or nothing matched: the
     gate reads past steps only, so the law is the target's."""
     sampling = SAMPLINGS[0]
-    config = pipeline_dict(law_setup["target"], law_setup["drafts"], "thompson", dtype="float32", batch_buckets=BUCKETS)
+    config = seeded(pipeline_dict(law_setup["target"], law_setup["drafts"], "thompson", dtype="float32",
+                                  batch_buckets=BUCKETS), law_setup["registry"])
     config["arm"] = [{"use": "prompt_lookup", "gamma": 4, "min_ngram": 1, "fill": False, "select": False,
                       "name": "lookup-first"}, *config["arm"], {"use": "none", "name": "plain"}]
     config["selector"] |= {"first": "lookup-first", "first_explore": 2}
