@@ -705,8 +705,11 @@ class CatchesUp(Protocol):
 
     Called once per request, right after the target's prefill is queued and before the
     host waits for it, so host-side indexing of the prompts (a suffix tree's, an n-gram
-    table's) runs while the device prefills instead of inside the first step. The
-    provider must then propose exactly what it would have proposed without the call:
+    table's) runs while the device prefills instead of inside the first step; and during
+    each step's device work where the provider did not propose in the step, with the
+    sequences the step started from, so an arm played rarely does not index everything
+    decoded since its last play inside its next step. The provider must then propose
+    exactly what it would have proposed without the calls:
     :meth:`DraftProvider.propose` still catches up on whatever it has not seen.
     """
 

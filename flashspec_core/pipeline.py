@@ -343,6 +343,7 @@ class Pipeline:
         self.policy.draw_next()  # likewise
         if on_queued is not None:
             on_queued()
+        self.policy.catch_up_idle(plan, drafter, tokens, lengths)  # host-side indexing, likewise
         side = time.perf_counter() - side
         check_shapes(draft, logits, verdict, names)
         flags = step_flags(draft, logits, verdict, path if draft.parents is not None else None)
