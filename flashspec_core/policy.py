@@ -91,6 +91,10 @@ from flashspec_core.rewards import StepReward
 
 BATCH_LIMIT = "batch_limit"  # the arm name of steps that the batch limit ran without drafting
 BATCH_LIMIT_ARM = -1  # the arm index of those steps
+# Tokens a live row, on average, that a CatchesUp provider sits out before a step hands it the
+# sequences (StepPolicy.catch_up_idle): its next proposal then indexes at most about this many
+# a row, and each call's walk over the rows is paid once in as many steps.
+IDLE_CATCH_UP_TOKENS = 8
 T = TypeVar("T")
 
 
@@ -247,6 +251,9 @@ class StepPolicy:
         self._due: int | None = None  # the bucket whose draw ahead is due for the step in flight
         self._rows = 1  # live rows of the step last chosen: a draw ahead's best guess of the next
         self._ids: tuple[int, ...] = (0,)  # which rows those are (SeesRowIds)
+        # CatchesUp providers' id -> the sum of the sequences' lengths when they last took them in
+        self._indexed: dict[int, int] = {}
+        self._hosts: tuple[tuple[int, ...], dict[int, CatchesUp]] = ((), {})  # _host_providers' cache
         # A step's selector update held back by learn(defer=True): (selector, choice, rows, width, accepted,
         # step seconds, reward), applied by settle() before the selector is next asked or a request begins.
         self._pending: tuple[ArmSelector, int, tuple[int, ...], int, tuple[int, ...], float, float] | None = None
@@ -318,6 +325,7 @@ class StepPolicy:
         for arm in self.arms:
             arm.provider.reset()
         self._ahead, self._due = None, None
+        self._indexed.clear()
         widths = self.widths()
         for selector in self.selectors:
             if isinstance(selector, SeesWidths):
@@ -342,24 +350,44 @@ class StepPolicy:
         :meth:`likely_providers`), less the providers whose ids are in ``skip``. A provider left
         out catches up inside its next proposal."""
         wanted = self.likely_providers(len(lengths) if rows is None else rows)
-        seen: set[int] = set(skip)
-        for arm in self.arms:
-            provider = arm.provider
-            if isinstance(provider, CatchesUp) and id(provider) not in seen and (wanted is None or id(provider) in wanted):
-                seen.add(id(provider))
+        total = sum(lengths)
+        for key, provider in self._host_providers().items():
+            if key in skip:
+                continue
+            self._indexed[key] = total  # considered here: not again for IDLE_CATCH_UP_TOKENS a row
+            if wanted is None or key in wanted:
                 provider.catch_up(tokens, lengths)
 
     def catch_up_idle(self, plan: Plan, drafter: Arm, tokens: torch.Tensor, lengths: Sequence[int]) -> None:
         """During a step's device work: the sequences the step started from to the providers
-        that did not propose in it (:meth:`catch_up`). A provider catches up inside its own
-        proposal otherwise, so an arm played rarely would pay there for every token decoded
-        since its last play (at batch 8 on the H200 a bandit's lookup steps took 1.3 ms of host
-        time against 0.5 ms for the same arm played every step) and its steps would be priced
-        by that backlog, not by what a step of the arm costs."""
+        that did not propose in it and have sat out :data:`IDLE_CATCH_UP_TOKENS` tokens a live
+        row since they were last handed the sequences (:meth:`catch_up`). A provider catches up
+        inside its own proposal otherwise, so an arm played rarely would pay there for every
+        token decoded since its last play (at batch 8 on the H200 a bandit's lookup steps took
+        1.3 ms of host time against 0.5 ms for the same arm played every step) and its steps
+        would be priced by that backlog, not by what a step of the arm costs. Handing over a
+        few steps' tokens at once costs a fraction of a call per step (each call walks every row)."""
+        hosts = self._host_providers()
+        if not hosts:
+            return
+        total, rows = sum(lengths), len(plan.rows)
         proposed = {id(self.played(plan).provider), id(drafter.provider)}
         if self.settings.first is not None:
             proposed.add(id(self.arms[self.settings.first].provider))
-        self.catch_up(tokens, lengths, rows=len(plan.rows), skip=proposed)
+        for key in proposed & hosts.keys():  # they took the sequences in to propose
+            self._indexed[key] = total
+        due = total - IDLE_CATCH_UP_TOKENS * rows
+        skip = {key for key in hosts if self._indexed.get(key, due) > due}
+        if len(skip) < len(hosts):
+            self.catch_up(tokens, lengths, rows=rows, skip=skip)
+
+    def _host_providers(self) -> dict[int, CatchesUp]:
+        """The arms' :class:`CatchesUp` providers by id (found again where the arms changed:
+        an isinstance check on a Protocol costs microseconds)."""
+        key = tuple(id(a.provider) for a in self.arms)
+        if self._hosts[0] != key:
+            self._hosts = (key, {id(a.provider): a.provider for a in self.arms if isinstance(a.provider, CatchesUp)})
+        return self._hosts[1]
 
     def likely_providers(self, rows: int) -> set[int] | None:
         """The ids of the providers that may propose over ``rows`` live rows (None: any may):

@@ -136,19 +136,22 @@ def test_only_the_providers_of_arms_that_may_play_catch_up(
     assert got == pipe.generate(prompts, max_new_tokens=10, temperature=0.0).token_ids
 
 
-def test_a_provider_that_did_not_propose_catches_up_during_each_step(
+def test_a_provider_that_did_not_propose_catches_up_during_the_steps(
         tiny_target: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Plain decoding plays every step; the lookup arm beside it is handed the sequences each
-    step started from (so its next proposal indexes one step's tokens, not all since its last
-    play); the provider that proposed is not (it caught up in its proposal); the tokens are
-    the same as without the calls."""
+    """Plain decoding plays every step; the lookup arm beside it is handed the sequences a step
+    started from once it has sat out IDLE_CATCH_UP_TOKENS tokens a row (so its next proposal
+    indexes a few steps' tokens, not all since its last play); the provider that proposed is
+    not (it caught up in its proposal); the tokens are the same as without the calls."""
     from flashspec_lookup.lookup import PromptLookupDraft
+
+    from flashspec_core.policy import IDLE_CATCH_UP_TOKENS
 
     config = {"target": {"model": str(tiny_target), "dtype": "float32"},
               "arm": [{"use": "none"}, {"use": "prompt_lookup", "gamma": 3, "min_ngram": 1}],
               "selector": {"use": "fixed", "arm": 0}}
     prompts = [[1, 2, 3, 1, 2], [4, 5, 4, 5, 4, 5, 6]]
-    want = build_pipeline(config).generate(prompts, max_new_tokens=6, temperature=0.0)
+    steps = 2 * IDLE_CATCH_UP_TOKENS + 4
+    want = build_pipeline(config).generate(prompts, max_new_tokens=steps, temperature=0.0)
 
     calls: list[list[int]] = []
     real = PromptLookupDraft.catch_up
@@ -159,17 +162,16 @@ def test_a_provider_that_did_not_propose_catches_up_during_each_step(
 
     monkeypatch.setattr(PromptLookupDraft, "catch_up", spy)
     pipe = build_pipeline(config)
-    steps: list[list[int]] = []
-    pipe.on_step = lambda record: steps.append(list(record.accepted))
-    got = pipe.generate(prompts, max_new_tokens=6, temperature=0.0)
-    assert got.token_ids == want.token_ids
-    # the prefill's call, then one per step with that step's starting lengths (a token a row a step)
-    assert len(steps) == 6 and calls == [[5, 7]] + [[5 + i, 7 + i] for i in range(6)]
+    got = pipe.generate(prompts, max_new_tokens=steps, temperature=0.0)
+    assert got.token_ids == want.token_ids and all(len(t) == steps for t in got.token_ids)
+    # the prefill's call, then one each IDLE_CATCH_UP_TOKENS steps (a token a row a step)
+    k = IDLE_CATCH_UP_TOKENS
+    assert calls == [[5, 7], [5 + k, 7 + k], [5 + 2 * k, 7 + 2 * k]]
     lookup = pipe.policy.arms[1].provider
-    assert [len(row.seq) for row in lookup._rows] == [10, 12]  # indexed up to the last step's start
+    assert [len(row.seq) for row in lookup._rows] == [5 + 2 * k, 7 + 2 * k]
 
     # the arm that proposes is not handed what it has just read
     calls.clear()
     config["selector"] = {"use": "fixed", "arm": 1}
-    build_pipeline(config).generate(prompts, max_new_tokens=6, temperature=0.0)
+    build_pipeline(config).generate(prompts, max_new_tokens=steps, temperature=0.0)
     assert calls == [[5, 7]]
