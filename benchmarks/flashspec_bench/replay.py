@@ -7,21 +7,27 @@ over ``r`` live rows draws one of ``k``'s steps at the recorded batch size neare
 and takes its time and ``r`` of its rows' accepted counts (drawn with replacement where
 it had fewer rows); rows finish at their request's recorded length, so a batch drifts
 down through the batch sizes as in the engine. Steps slower than 5x their arm's median
-are graph captures, not the arm's cost, and are left out of the pool.
+are graph captures, not the arm's cost, and are left out of the pool. At each batch size only
+the arms recorded at three quarters of it or more take part (``arms`` of each batch).
 
 In the run's domain order (``replay_domains``, from each sweep's fixed-arm runs, ``sweeps`` in
 the steps file): each batch size's requests in the batches and order of its bench run
 (HumanEval, code edits, chat, code, prose), one policy carried across them; a replayed step
 of arm ``k`` gives each live row the accepted count of ``k``'s recorded step that covered
 the row's position in the same request, and the time of one of ``k``'s steps at the nearest
-live-row count. Per domain: tokens/s over target-only.
+live-row count; an arm's first step in a batch takes one of its recorded first steps of a
+batch (a draft model prefills the prompts there: 7-16 ms against 5.5 ms for the 0.5B at
+batch 8), each batch the target-only run's time outside its steps (the prefill), and the
+arms are in the bench config's order (a selector opens them in that order). Per domain:
+tokens/s over target-only, beside what the bench measured for its own selector runs
+(``measured``), so the replay can be read against them.
 
 Systems, all through :class:`~flashspec_core.policy.StepPolicy` with the throughput
 reward and draw-ahead as in the engine, each arm's gamma its widest recorded step (what
 the policy tells a selector that sees widths): the per-bucket ``thompson`` (buckets
 1, 2, 4, 8, 16, 32), ``factored`` (one selector for every batch), ``factored_per_request``
-(the same with ``request_rows = 8``, each request's own acceptance counts, as the shipped configs
-set it; they also set ``plain_per_class``, which this replay leaves at 0), every arm fixed, and
+(the same with ``request_rows = 8``, each request's own acceptance counts, and
+``plain_per_class = 2``: the shipped configs' selector), every arm fixed, and
 per batch size the best fixed arm in hindsight. Each seed runs the recorded requests in
 batches of the batch size, one policy for the whole run (about 100 steps at batch 8).
 Regret: seconds beyond the best fixed arm's for the same tokens, per request.
@@ -34,6 +40,7 @@ import bisect
 import json
 import math
 import statistics
+import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,6 +58,7 @@ OUT = DOCS / "bandit-replay.json"
 BUCKETS = (1, 2, 4, 8, 16, 32)
 CAPTURE = 5.0  # a step this many times its arm's median is a graph capture
 REQUEST_ROWS = 8.0  # factored's request_rows in flashspec_core/configs/default.toml
+PLAIN_PER_CLASS = 2  # and its plain_per_class
 
 Pool = dict[int, list[tuple[int, float, tuple[int, ...]]]]  # batch size -> (width, step_s, accepted per row)
 
@@ -68,27 +76,43 @@ def extract(bench_paths: Sequence[Path]) -> dict[str, Any]:
                     [s["batch_size"], s["gamma"], round(s["step_ms"], 4), s["accepted"]])
         requests = [r["new_tokens"] for r in data["runs"]["target_only"]["requests"]]
         lengths = requests if len(requests) > len(lengths) else lengths  # the fullest list of requests
-        sweeps[str(data["args"]["batch_size"])] = sweep(data["runs"])
+        sweeps[str(data["args"]["batch_size"])] = sweep(data["runs"], arm_order(data.get("config")))
     sources = [f"{Path(p).parent.name}/{Path(p).name}" for p in bench_paths]
     return {"sources": sources, "request_tokens": lengths, "arms": arms, "sweeps": sweeps}
 
 
-def sweep(runs: dict[str, Any]) -> dict[str, Any]:
+def arm_order(config: str | None) -> list[str]:
+    """The arm names of a bench run's config (TOML text), in its order: the order a selector
+    opens its arms in (empty where the config is not there)."""
+    if not config:
+        return []
+    return [str(a.get("name", a.get("use", ""))) for a in tomllib.loads(config).get("arm", [])]
+
+
+def sweep(runs: dict[str, Any], order: Sequence[str] = ()) -> dict[str, Any]:
     """One bench run in its order: its batches of requests ``[prompt, domain, new tokens]``, and
     for each fixed arm each request's row's steps ``[position, accepted, width]`` and the steps'
-    ``[rows, width, ms]`` (rows are a step's live rows in prompt order, as the bench decodes them)."""
+    ``[rows, width, ms]`` (rows are a step's live rows in prompt order, as the bench decodes them),
+    each batch's first step apart (``firsts``: a draft model prefills the prompts in it); each batch's time outside its steps in the target-only run (``outside_ms``: the
+    prefill, the same for every system); the config's arm order (``order``); and each selector
+    run's measured tokens/s over target-only per domain (``measured``), for the replay to be
+    read against."""
     target = runs["target_only"]["requests"]
     out: dict[str, Any] = {"batches": [[[q["prompt"], q["domain"], q["new_tokens"]] for q in batch]
-                                       for batch in _batches(target)], "arms": {}}
+                                       for batch in _batches(target)], "arms": {}, "order": list(order)}
+    walls: dict[str, list[tuple[str, int, float, float]]] = {}  # system -> per batch: domain, tokens, wall, steps ms
     for system, run in runs.items():
-        if not (system.startswith("fixed:") or system == "target_only") or not run["requests"]:
+        if not run.get("requests"):
             continue
+        fixed = system.startswith("fixed:") or system == "target_only"
         traces: dict[str, list[list[int]]] = {}
         times: list[list[float]] = []
+        firsts: list[list[float]] = []
         steps = iter(run["steps"])
         for batch in _batches(run["requests"]):
             left = {q["prompt"]: q["new_tokens"] for q in batch}
             pos = dict.fromkeys(left, 0)
+            step_ms, first = 0.0, True
             while any(n > 0 for n in left.values()):
                 s = next(steps)
                 live = [p for p in sorted(left) if left[p] > 0]
@@ -96,10 +120,37 @@ def sweep(runs: dict[str, Any]) -> dict[str, Any]:
                     traces.setdefault(str(p), []).append([pos[p], a, s["gamma"]])
                     got = min(a + 1, left[p])
                     left[p], pos[p] = left[p] - got, pos[p] + got
-                times.append([len(s["accepted"]), s["gamma"], round(s["step_ms"], 4)])
-        name = "none" if system == "target_only" else system.removeprefix("fixed:")
-        out["arms"][name] = {"traces": traces, "times": times}
+                (firsts if first else times).append([len(s["accepted"]), s["gamma"], round(s["step_ms"], 4)])
+                first = False
+                step_ms += s["step_ms"]
+            if "wall_s" in batch[0]:
+                walls.setdefault(system, []).extend(
+                    (q["domain"], q["new_tokens"], 1e3 * q["wall_s"] / len(batch), step_ms / len(batch)) for q in batch)
+        if fixed:
+            name = "none" if system == "target_only" else system.removeprefix("fixed:")
+            out["arms"][name] = {"traces": traces, "times": times, "firsts": firsts}
+    if "target_only" in walls:
+        rows = iter(walls["target_only"])
+        out["outside_ms"] = [round(sum(w - s for _, _, w, s in (next(rows) for _ in batch)), 4)
+                             for batch in out["batches"]]
+        out["measured"] = {system: _domain_ratios(w, walls["target_only"]) for system, w in walls.items()
+                           if not (system.startswith("fixed:") or system == "target_only")}
     return out
+
+
+def _domain_ratios(rows: list[tuple[str, int, float, float]], target: list[tuple[str, int, float, float]]) -> dict[str, float]:
+    """Tokens/s over target-only per domain and overall (``all``), from each request's share of
+    its batch's wall time."""
+    def rates(entries: list[tuple[str, int, float, float]]) -> dict[str, float]:
+        tokens: dict[str, float] = {}
+        ms: dict[str, float] = {}
+        for domain, n, wall, _ in entries:
+            for key in (domain, "all"):
+                tokens[key] = tokens.get(key, 0.0) + n
+                ms[key] = ms.get(key, 0.0) + wall
+        return {k: tokens[k] / ms[k] for k in tokens}
+    mine, base = rates(rows), rates(target)
+    return {k: round(v / base[k], 3) for k, v in mine.items() if k in base}
 
 
 def _batches(requests: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -181,7 +232,8 @@ def systems(names: list[str], gammas: Sequence[int], seed: int) -> dict[str, Cal
             names, gammas, lambda k: Thompson(ThompsonConfig(seed=seed * 1000 + next(counter)), k), BUCKETS),
         "factored": _policy(names, gammas, lambda k: Factored(FactoredConfig(seed=seed), k), (1,)),
         "factored_per_request": _policy(
-            names, gammas, lambda k: Factored(FactoredConfig(seed=seed, request_rows=REQUEST_ROWS), k), (1,)),
+            names, gammas, lambda k: Factored(FactoredConfig(seed=seed, request_rows=REQUEST_ROWS,
+                                                             plain_per_class=PLAIN_PER_CLASS), k), (1,)),
     }
     for i, name in enumerate(names):
         out[f"fixed:{name}"] = _policy(names, gammas, _fixed(i), (1,))
@@ -199,11 +251,15 @@ def _ci(values: list[float]) -> list[float]:
 
 
 def replay(recorded: dict[str, Any], batches: Sequence[int], seeds: int) -> dict[str, Any]:
-    names, pool, dropped = pools(recorded)
-    gammas = widths(recorded, names)
+    all_names, all_pool, dropped = pools(recorded)
+    all_gammas = widths(recorded, all_names)
     lengths = recorded["request_tokens"]
     results: dict[str, Any] = {}
     for batch in batches:
+        # The arms recorded at this batch size or near it (from 3/4 of it up): an arm's steps at 8
+        # rows priced as steps at 32 would make it look four times cheaper than it is.
+        kept = [k for k, p in enumerate(all_pool) if max(p) * 4 >= batch * 3]
+        names, pool, gammas = [all_names[k] for k in kept], [all_pool[k] for k in kept], [all_gammas[k] for k in kept]
         per: dict[str, dict[str, list[float]]] = {}
         for seed in range(seeds):
             for name, make in systems(names, gammas, seed).items():
@@ -216,7 +272,7 @@ def replay(recorded: dict[str, Any], batches: Sequence[int], seeds: int) -> dict
         fixed = {n: float(np.mean(e["tokens_per_s"])) for n, e in per.items() if n.startswith("fixed:")}
         best = max(fixed, key=lambda n: fixed[n])
         target = per["fixed:none"]["tokens_per_s"]
-        row: dict[str, Any] = {"best_fixed_arm": best.removeprefix("fixed:"), "systems": {}}
+        row: dict[str, Any] = {"best_fixed_arm": best.removeprefix("fixed:"), "arms": names, "systems": {}}
         for name, e in per.items():
             tps = e["tokens_per_s"]
             regret = [(s - b) / len(lengths) for s, b in zip(e["seconds"], per[best]["seconds"], strict=True)]
@@ -228,8 +284,8 @@ def replay(recorded: dict[str, Any], batches: Sequence[int], seeds: int) -> dict
                 "plays": dict(zip(names, np.mean(e["plays"], axis=0).round(1).tolist(), strict=True)),
             }
         results[str(batch)] = row
-    return {"arms": names, "arm_widths": gammas, "captures_dropped": dropped, "requests": len(lengths), "seeds": seeds,
-            "batches": results}
+    return {"arms": all_names, "arm_widths": all_gammas, "captures_dropped": dropped, "requests": len(lengths),
+            "seeds": seeds, "batches": results}
 
 
 def _relative(path: Path, root: Path) -> str:
@@ -275,25 +331,30 @@ class Trace:
     accepted count of ``k``'s recorded step that covered the row's position in the same request
     (greedy decoding writes the same tokens under every arm, so positions line up), and the step
     the time of one of ``k``'s recorded steps at the nearest live-row count, drafting or not as
-    the replayed step is."""
+    the replayed step is (the arm's first step in a batch: one of its recorded first steps of a
+    batch, where recorded); each batch also takes the target-only run's time outside its steps."""
 
     def __init__(self, recorded: dict[str, Any], names: Sequence[str]) -> None:
         self.names = list(names)
         self.batches = recorded["batches"]
+        self.outside_s = [ms / 1e3 for ms in recorded.get("outside_ms", [0.0] * len(self.batches))]
         self.steps: list[dict[int, tuple[list[int], list[int], list[int]]]] = []  # per arm: prompt -> starts, acc, widths
         self.times: list[dict[tuple[int, bool], list[float]]] = []  # per arm: (rows, drafts) -> seconds
+        self.firsts: list[dict[tuple[int, bool], list[float]]] = []  # the same, of the batches' first steps
         for name in self.names:
             arm = recorded["arms"][name]
             steps = {}
             for prompt, trace in arm["traces"].items():
                 steps[int(prompt)] = ([t[0] for t in trace], [t[1] for t in trace], [t[2] for t in trace])
             self.steps.append(steps)
-            median = statistics.median(t[2] for t in arm["times"])
-            times: dict[tuple[int, bool], list[float]] = {}
-            for rows, width, ms in arm["times"]:
-                if ms <= CAPTURE * median:
-                    times.setdefault((rows, width > 0), []).append(ms / 1e3)
-            self.times.append(times)
+            median = statistics.median(t[2] for t in arm["times"] or arm.get("firsts", []))
+            pools: tuple[dict[tuple[int, bool], list[float]], ...] = ({}, {})
+            for pool, recorded_steps in zip(pools, (arm["times"], arm.get("firsts", [])), strict=True):
+                for rows, width, ms in recorded_steps:
+                    if ms <= CAPTURE * median:
+                        pool.setdefault((rows, width > 0), []).append(ms / 1e3)
+            self.times.append(pools[0])
+            self.firsts.append(pools[1])
 
     def row(self, arm: int, prompt: int, position: int) -> tuple[int, int]:
         """Accepted count and width of ``arm``'s recorded step over ``position`` of ``prompt``."""
@@ -301,8 +362,10 @@ class Trace:
         i = max(bisect.bisect_right(starts, position) - 1, 0)
         return acc[i], width[i]
 
-    def step_s(self, arm: int, rows: int, drafts: bool, rng: np.random.Generator) -> float:
-        times = self.times[arm]
+    def step_s(self, arm: int, rows: int, drafts: bool, rng: np.random.Generator, first: bool = False) -> float:
+        """One of ``arm``'s recorded step times at the nearest live-row count, drafting or not;
+        with ``first``, of its first steps of a batch where those were recorded."""
+        times = self.firsts[arm] if first and self.firsts[arm] else self.times[arm]
         key = min(times, key=lambda k: (k[1] != drafts, abs(k[0] - rows), -k[0]))
         pool = times[key]
         return pool[int(rng.integers(len(pool)))]
@@ -314,11 +377,15 @@ def run_in_order(make_policy: Callable[[], StepPolicy], trace: Trace,
     one policy throughout (its state carried across domains, as in the bench)."""
     policy, plays = make_policy(), [0] * len(trace.names)
     per: dict[str, list[float]] = {}
-    for batch in trace.batches:
+    for index, batch in enumerate(trace.batches):
         prompts = [q[0] for q in batch]
         domains = [q[1] for q in batch]
         left = [q[2] for q in batch]
         pos = [0] * len(batch)
+        for domain in domains:  # the batch's prefill, shared by its rows
+            entry = per.setdefault(domain, [0.0, 0.0])
+            entry[0] += trace.outside_s[index] / len(batch)
+        played: set[int] = set()
         policy.begin(len(batch))
         while any(n > 0 for n in left):
             rows = [b for b, n in enumerate(left) if n > 0]
@@ -326,7 +393,8 @@ def run_in_order(make_policy: Callable[[], StepPolicy], trace: Trace,
             got = [trace.row(plan.arm, prompts[b], pos[b]) for b in rows]
             width = max(w for _, w in got)
             acc = [min(a, width) for a, _ in got]
-            step_s = trace.step_s(plan.arm, len(rows), width > 0, rng)
+            step_s = trace.step_s(plan.arm, len(rows), width > 0, rng, first=plan.arm not in played)
+            played.add(plan.arm)
             emitted = 0
             for b, n in zip(rows, acc, strict=True):
                 out = min(n + 1, left[b])
@@ -345,9 +413,11 @@ def replay_domains(recorded: dict[str, Any], seeds: int) -> dict[str, Any]:
     the run's order (domains one after another, selector state carried across them)."""
     out: dict[str, Any] = {}
     for batch, sweep_data in recorded.get("sweeps", {}).items():
-        names = sorted(sweep_data["arms"], key=lambda n: (n != "none", n))
+        order = [n for n in sweep_data.get("order", []) if n in sweep_data["arms"]]  # the config's: the opening order
+        names = order + sorted((n for n in sweep_data["arms"] if n not in order), key=lambda n: (n != "none", n))
         trace = Trace(sweep_data, names)
-        gammas = [max(t[1] for t in sweep_data["arms"][n]["times"]) for n in names]
+        gammas = [max(t[1] for t in sweep_data["arms"][n]["times"] + sweep_data["arms"][n].get("firsts", []))
+                  for n in names]
         per: dict[str, dict[str, list[list[float]]]] = {}
         plays: dict[str, list[list[int]]] = {}
         for seed in range(seeds):
@@ -373,5 +443,6 @@ def replay_domains(recorded: dict[str, Any], seeds: int) -> dict[str, Any]:
         best = {d: max((n for n in tps if n.startswith("fixed:")), key=lambda n: tps[n][d]) for d in tps["fixed:none"]}
         row["best_fixed_by_domain"] = {d: [n.removeprefix("fixed:"), round(tps[n][d] / tps["fixed:none"][d], 3)]
                                        for d, n in best.items()}
+        row["measured"] = sweep_data.get("measured", {})  # the bench's own selector runs, for comparison
         out[batch] = row
     return out

@@ -112,3 +112,66 @@ def test_per_request_counts_leave_a_lookup_that_stopped_matching() -> None:
     # Pooled, the lookup's domain-a counts keep it played on b; per request, the draft takes b.
     assert systems["factored"]["by_domain"]["b"] < 1.2
     assert systems["factored_per_request"]["by_domain"]["b"] > 1.4
+
+
+def _timed_runs(outside_ms: float = 5.0, first_ms: float = 9.0) -> dict[str, object]:
+    """:func:`_bench_runs` with each batch's wall time (its steps plus ``outside_ms``), the draft's
+    first step of every batch at ``first_ms`` (its prefill), and a selector run that played the
+    lookup throughout."""
+    runs = _bench_runs()
+    runs["bandit:x"] = {"requests": [dict(q) for q in runs["fixed:lookup"]["requests"]],  # type: ignore[index]
+                        "steps": runs["fixed:lookup"]["steps"]}  # type: ignore[index]
+    for system, run in runs.items():
+        steps = iter(run["steps"])  # type: ignore[index]
+        for q in run["requests"]:  # type: ignore[index]
+            left, ms, first = q["new_tokens"], 0.0, True
+            while left > 0:
+                s = next(steps)
+                if system == "fixed:draft" and first:
+                    s["step_ms"] = first_ms
+                first = False
+                ms += s["step_ms"]
+                left -= min(s["accepted"][0] + 1, left)
+            q["wall_s"] = (ms + outside_ms) / 1e3
+    return runs
+
+
+def test_sweep_keeps_first_steps_outside_time_order_and_the_measured_selectors() -> None:
+    data = replay.sweep(_timed_runs(), ["draft", "lookup", "none"])  # type: ignore[arg-type]
+    assert data["order"] == ["draft", "lookup", "none"]
+    assert data["outside_ms"] == [5.0] * 20
+    assert data["arms"]["draft"]["firsts"] == [[1, 3, 9.0]] * 10 + [[1, 3, 9.0]] * 10
+    assert data["arms"]["none"]["firsts"][0] == [1, 0, 2.0]
+    # the selector run is the lookup's: tokens/s over target-only per domain, prefill included
+    a_lookup, a_plain = 12 * 2.0 + 5.0, 60 * 2.0 + 5.0  # domain a: 4 accepted of 6 -> 12 steps
+    assert data["measured"]["bandit:x"]["a"] == round(a_plain / a_lookup, 3)
+    assert data["measured"]["bandit:x"]["b"] == 1.0
+
+
+def test_arm_order_reads_the_config() -> None:
+    config = '[[arm]]\nuse = "suffix"\n\n[[arm]]\nuse = "none"\nname = "plain"\n'
+    assert replay.arm_order(config) == ["suffix", "plain"]
+    assert replay.arm_order(None) == []
+
+
+def test_an_arms_first_step_of_a_batch_and_the_prefill_are_charged() -> None:
+    data = replay.sweep(_timed_runs(first_ms=12.0), ["none", "lookup", "draft"])  # type: ignore[arg-type]
+    trace = replay.Trace(data, ["none", "lookup", "draft"])
+    rng = np.random.default_rng(0)
+    assert trace.step_s(2, 1, True, rng, first=True) == 0.012 and trace.step_s(2, 1, True, rng) == 0.003
+    result = replay.replay_domains({"sweeps": {"1": data}}, seeds=1)["1"]
+    assert result["arms"] == ["none", "lookup", "draft"]  # the config's order
+    # fixed draft on domain b: 20 steps of 3 ms (2 accepted of 3) a request, the first at 12 ms (a capture would be over 5x the median), plus 5 ms
+    b_draft, b_plain = 12.0 + 19 * 3.0 + 5.0, 60 * 2.0 + 5.0
+    assert result["systems"]["fixed:draft"]["by_domain"]["b"] == round(b_plain / b_draft, 3)
+    assert result["measured"]["bandit:x"]["b"] == 1.0
+
+
+def test_only_arms_recorded_near_the_batch_size_take_part() -> None:
+    """An arm recorded at one row only is left out at eight rows (its one-row steps would price
+    an eight-row step); at one row both take part."""
+    recorded = {**RECORDED, "arms": {**RECORDED["arms"], "lookup": [[1, 4, 2.1, [2]], [1, 4, 2.1, [3]]]}}
+    result = replay.replay(recorded, [1, 8], seeds=1)
+    assert result["batches"]["1"]["arms"] == ["none", "draft", "lookup"]
+    assert result["batches"]["8"]["arms"] == ["none", "draft"]
+    assert "fixed:lookup" not in result["batches"]["8"]["systems"]
