@@ -2,8 +2,9 @@
 
 Tables (a) to (c) come from docs/benchmarks/bandit-sim.json (``benchmarks/bandit_sim.py``),
 (d) from docs/benchmarks/bandit-workload.json (``benchmarks/bandit_workload.py``: a replay
-with modelled step costs) and (e) from docs/benchmarks/e2e-h200.json (``benchmarks/e2e_h200.py``:
-measured end to end). They live between the ``bandit-tables`` and ``workload-tables`` markers
+with modelled step costs), (e) from docs/benchmarks/e2e-h200.json (``benchmarks/e2e_h200.py``:
+measured end to end), and the two replays of recorded H200 steps from
+docs/benchmarks/bandit-replay.json (``benchmarks/bandit_replay.py``). They live between the ``bandit-tables``, ``workload-tables``, ``replay-batches`` and ``replay-domains`` markers
 and are replaced whole. ``--check`` exits 1 when the page is out of date instead of writing it.
 """
 
@@ -171,6 +172,62 @@ def render_gpu(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+REPLAYED = (("thompson_per_bucket", "`thompson`, one per bucket"), ("factored", "`factored`, pooled"),
+            ("factored_per_request", "`factored`, shipped (`request_rows = 8`, `plain_per_class = 2`)"))
+IN_ORDER = (*REPLAYED[1:], ("factored_mean", "`factored`, shipped, scored by the rows' mean (`static_batch = false`)"))
+DOMAINS = (("humaneval", "HumanEval"), ("code_edit", "code edit"), ("chat", "chat"), ("code", "code"), ("prose", "prose"))
+
+
+def render_replay_batches(data: dict[str, Any]) -> str:
+    """The pooled replay of recorded H200 steps (bandit-replay.json ``batches``)."""
+    lines = [
+        f"**Replay of recorded H200 steps** (`docs/benchmarks/bandit-replay.json`, `batches`; {data['requests']} "
+        f"requests per run in batches of the batch size, {data['seeds']} seeds, {data['captures_dropped']} capture "
+        f"steps left out, each arm's gamma its widest recorded step, the arms recorded at 3/4 of the batch size or "
+        f"more; {data['date']}): tokens/s over target-only (plain steps), and regret in ms per request against the "
+        "best fixed arm in hindsight. Modelled from recorded steps, not measured.",
+        "",
+        "| batch | arms | best fixed arm | best fixed | " + " | ".join(t for _, t in REPLAYED)
+        + " | " + " | ".join(f"regret, {t} (ms/request)" for _, t in REPLAYED) + " |",
+        "|---:|---:|---|---:|" + "---:|" * (2 * len(REPLAYED)),
+    ]
+    for batch, row in data["batches"].items():
+        best, systems = row["best_fixed_arm"], row["systems"]
+        ratios = " | ".join(f"{systems[k]['vs_target_only']:.2f}x" for k, _ in REPLAYED)
+        regrets = " | ".join("{:.2f} [{:.2f}, {:.2f}]".format(*systems[k]["regret_ms_per_request"]) for k, _ in REPLAYED)
+        lines.append(f"| {batch} | {len(row['arms'])} | `{best}` | {systems['fixed:' + best]['vs_target_only']:.2f}x | "
+                     f"{ratios} | {regrets} |")
+    return "\n".join(lines)
+
+
+def render_replay_domains(data: dict[str, Any]) -> str:
+    """The replay in each sweep's run order, per domain, beside the bench's own measured run
+    (bandit-replay.json ``domains``)."""
+    lines = [
+        f"**Replay in the sweep's domain order** (`docs/benchmarks/bandit-replay.json`, `domains`; "
+        f"{data['config']['domain_seeds']} seeds; {data['date']}): tokens/s over target-only per domain and over "
+        "the whole run, each batch's prefill included. Modelled from recorded steps, not measured; the selector's "
+        "own host time is not in it. `measured` is the bench's own run of the shipped selector in the same sweep "
+        "(`domains[b].measured`), what the replay is to be read against.",
+        "",
+        "| batch | selector | " + " | ".join(t for _, t in DOMAINS) + " | all |",
+        "|---:|---|" + "---:|" * (len(DOMAINS) + 1),
+    ]
+    for batch, row in data["domains"].items():
+        systems = row["systems"]
+        for key, title in IN_ORDER:
+            cells = " | ".join(f"{systems[key]['by_domain'][d]:.2f}x" for d, _ in DOMAINS)
+            lines.append(f"| {batch} | {title} | {cells} | {systems[key]['vs_target_only']:.2f}x |")
+        measured = row.get("measured", {}).get("bandit:Factored")
+        if measured:
+            cells = " | ".join(f"{measured[d]:.2f}x" for d, _ in DOMAINS)
+            lines.append(f"| {batch} | measured, shipped | {cells} | {measured['all']:.2f}x |")
+        best = row["best_fixed_by_domain"]
+        cells = " | ".join(f"{best[d][1]:.2f}x `{best[d][0]}`" for d, _ in DOMAINS)
+        lines.append(f"| {batch} | best fixed arm of the domain | {cells} | |")
+    return "\n".join(lines)
+
+
 def splice(page: str, block: str, tables: str) -> str:
     begin, end = f"<!-- BEGIN {block} (benchmarks/render_bandit_tables.py) -->", f"<!-- END {block} -->"
     if begin not in page or end not in page:
@@ -193,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     new = splice(page, "bandit-tables", render(load("bandit-sim.json")))
     new = splice(new, "workload-tables", render_replay(load("bandit-workload.json")) + "\n\n"
                  + render_gpu(load("e2e-h200.json")))
+    replayed = load("bandit-replay.json")
+    new = splice(new, "replay-batches", render_replay_batches(replayed))
+    new = splice(new, "replay-domains", render_replay_domains(replayed))
     if args.check:
         if new != page:
             print(f"{PAGE} is out of date: run python benchmarks/render_bandit_tables.py", file=sys.stderr)

@@ -93,10 +93,13 @@ def sweep(runs: dict[str, Any], order: Sequence[str] = ()) -> dict[str, Any]:
     """One bench run in its order: its batches of requests ``[prompt, domain, new tokens]``, and
     for each fixed arm each request's row's steps ``[position, accepted, width]`` and the steps'
     ``[rows, width, ms]`` (rows are a step's live rows in prompt order, as the bench decodes them),
-    each batch's first step apart (``firsts``: a draft model prefills the prompts in it); each batch's time outside its steps in the target-only run (``outside_ms``: the
-    prefill, the same for every system); the config's arm order (``order``); and each selector
+    each batch's first step apart (``firsts``: a draft model prefills the prompts in it); each
+    batch's time outside its steps in the target-only run (``outside_ms``: the prefill, the same
+    for every system); the config's arm order (``order``); each selector
     run's measured tokens/s over target-only per domain (``measured``), for the replay to be
-    read against."""
+    read against; and per fixed arm and domain, over its static batches, a row's mean accepted
+    count a step, the least of a step's rows' on average, and the slowest row's
+    (``static_rows``: what a static batch waits on, against what a selector can score it by)."""
     target = runs["target_only"]["requests"]
     out: dict[str, Any] = {"batches": [[[q["prompt"], q["domain"], q["new_tokens"]] for q in batch]
                                        for batch in _batches(target)], "arms": {}, "order": list(order)}
@@ -108,14 +111,18 @@ def sweep(runs: dict[str, Any], order: Sequence[str] = ()) -> dict[str, Any]:
         traces: dict[str, list[list[int]]] = {}
         times: list[list[float]] = []
         firsts: list[list[float]] = []
+        slow: dict[str, list[list[float]]] = {}  # domain -> per batch: _slowest
         steps = iter(run["steps"])
         for batch in _batches(run["requests"]):
             left = {q["prompt"]: q["new_tokens"] for q in batch}
             pos = dict.fromkeys(left, 0)
-            step_ms, first = 0.0, True
+            step_ms, first, count, full = 0.0, True, 0, []
             while any(n > 0 for n in left.values()):
                 s = next(steps)
                 live = [p for p in sorted(left) if left[p] > 0]
+                count += 1
+                if len(live) == len(batch):
+                    full += s["accepted"]
                 for p, a in zip(live, s["accepted"], strict=False):
                     traces.setdefault(str(p), []).append([pos[p], a, s["gamma"]])
                     got = min(a + 1, left[p])
@@ -123,12 +130,20 @@ def sweep(runs: dict[str, Any], order: Sequence[str] = ()) -> dict[str, Any]:
                 (firsts if first else times).append([len(s["accepted"]), s["gamma"], round(s["step_ms"], 4)])
                 first = False
                 step_ms += s["step_ms"]
+            if fixed and len(batch) > 1 and full:
+                domains = {q["domain"] for q in batch}
+                key = domains.pop() if len(domains) == 1 else "mixed"
+                slow.setdefault(key, []).append(_slowest(full, len(batch), max(q["new_tokens"] for q in batch), count))
             if "wall_s" in batch[0]:
                 walls.setdefault(system, []).extend(
                     (q["domain"], q["new_tokens"], 1e3 * q["wall_s"] / len(batch), step_ms / len(batch)) for q in batch)
         if fixed:
             name = "none" if system == "target_only" else system.removeprefix("fixed:")
             out["arms"][name] = {"traces": traces, "times": times, "firsts": firsts}
+            if slow:
+                out.setdefault("static_rows", {})[name] = {
+                    d: dict(zip(("mean", "least_of_step", "slowest_row"), np.mean(v, axis=0).round(3).tolist(),
+                                strict=True)) for d, v in slow.items()}
     if "target_only" in walls:
         rows = iter(walls["target_only"])
         out["outside_ms"] = [round(sum(w - s for _, _, w, s in (next(rows) for _ in batch)), 4)
@@ -136,6 +151,17 @@ def sweep(runs: dict[str, Any], order: Sequence[str] = ()) -> dict[str, Any]:
         out["measured"] = {system: _domain_ratios(w, walls["target_only"]) for system, w in walls.items()
                            if not (system.startswith("fixed:") or system == "target_only")}
     return out
+
+
+def _slowest(full: list[int], rows: int, longest: int, steps: int) -> list[float]:
+    """Of a static batch of ``rows`` rows that took ``steps`` steps for its longest request of
+    ``longest`` tokens, from the accepted counts of its steps over every row (``full``): a row's
+    mean accepted count a step, the least of a step's ``rows`` counts on average (what
+    :func:`flashspec_selectors.selectors.expected_least` predicts from their histogram), and the
+    slowest row's, ``longest / steps - 1``."""
+    counts = np.bincount(np.asarray(full, dtype=np.int64))
+    at_least = 1.0 - np.cumsum(counts)[:-1] / len(full)  # P(X >= j), j = 1..
+    return [float(np.mean(full)), float((at_least**rows).sum()), longest / steps - 1.0]
 
 
 def _domain_ratios(rows: list[tuple[str, int, float, float]], target: list[tuple[str, int, float, float]]) -> dict[str, float]:
@@ -234,6 +260,10 @@ def systems(names: list[str], gammas: Sequence[int], seed: int) -> dict[str, Cal
         "factored_per_request": _policy(
             names, gammas, lambda k: Factored(FactoredConfig(seed=seed, request_rows=REQUEST_ROWS,
                                                              plain_per_class=PLAIN_PER_CLASS), k), (1,)),
+        "factored_mean": _policy(  # the shipped selector scoring a static batch by its rows' mean
+            names, gammas, lambda k: Factored(FactoredConfig(seed=seed, request_rows=REQUEST_ROWS,
+                                                             plain_per_class=PLAIN_PER_CLASS, static_batch=False), k),
+            (1,)),
     }
     for i, name in enumerate(names):
         out[f"fixed:{name}"] = _policy(names, gammas, _fixed(i), (1,))

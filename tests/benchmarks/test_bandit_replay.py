@@ -51,7 +51,7 @@ def test_replay_ranks_the_draft_at_one_row_and_plain_steps_at_eight(tmp_path: Pa
     for batch in ("1", "8"):
         systems = result["batches"][batch]["systems"]
         assert systems["fixed:none"]["vs_target_only"] == 1.0
-        assert set(systems) == {"thompson_per_bucket", "factored", "factored_per_request", "fixed:none", "fixed:draft"}
+        assert set(systems) == {"thompson_per_bucket", "factored", "factored_per_request", "factored_mean", "fixed:none", "fixed:draft"}
     steps = tmp_path / "steps.json"
     steps.write_text(json.dumps(RECORDED))
     out = tmp_path / "replay.json"
@@ -175,3 +175,27 @@ def test_only_arms_recorded_near_the_batch_size_take_part() -> None:
     assert result["batches"]["1"]["arms"] == ["none", "draft", "lookup"]
     assert result["batches"]["8"]["arms"] == ["none", "draft"]
     assert "fixed:lookup" not in result["batches"]["8"]["systems"]
+
+
+def test_static_rows_compare_a_steps_least_row_with_the_slowest_row() -> None:
+    """Two rows, one accepting 3 of 3 each step and one 0 (it never matches): the slowest row
+    accepts nothing; two rows that accept 3 and 0 in turn: the slowest row accepts 1.5 a step.
+    The steps' counts have the same histogram (mean 1.5), so the least of two rows drawn from
+    it, what the selector scores a static batch by, is 0.75 in both."""
+    def runs(pattern: list[list[int]]) -> dict[str, object]:
+        requests = [{"prompt": p, "domain": "a", "new_tokens": 40, "batch_id": 0} for p in (0, 1)]
+        left, steps, i = [40, 40], [], 0
+        while any(n > 0 for n in left):
+            live = [b for b in (0, 1) if left[b] > 0]
+            acc = [pattern[i % len(pattern)][b] for b in live]
+            steps.append({"arm_name": "draft", "batch_size": len(live), "gamma": 3, "step_ms": 3.0, "accepted": acc})
+            for b, a in zip(live, acc, strict=True):
+                left[b] -= min(a + 1, left[b])
+            i += 1
+        plain = [{"arm_name": "none", "batch_size": 2, "gamma": 0, "step_ms": 2.0, "accepted": [0, 0]}] * 40
+        return {"target_only": {"requests": requests, "steps": plain}, "fixed:draft": {"requests": requests, "steps": steps}}
+
+    apart = replay.sweep(runs([[3, 0]]))["static_rows"]["draft"]["a"]  # type: ignore[arg-type]
+    assert apart == {"mean": 1.5, "least_of_step": 0.75, "slowest_row": 0.0}
+    turns = replay.sweep(runs([[3, 0], [0, 3]]))["static_rows"]["draft"]["a"]  # type: ignore[arg-type]
+    assert turns == {"mean": 1.5, "least_of_step": 0.75, "slowest_row": 1.5}
