@@ -474,5 +474,6 @@ def replay_domains(recorded: dict[str, Any], seeds: int) -> dict[str, Any]:
         row["best_fixed_by_domain"] = {d: [n.removeprefix("fixed:"), round(tps[n][d] / tps["fixed:none"][d], 3)]
                                        for d, n in best.items()}
         row["measured"] = sweep_data.get("measured", {})  # the bench's own selector runs, for comparison
+        row["static_rows"] = sweep_data.get("static_rows", {})  # what its static batches waited on (sweep)
         out[batch] = row
     return out
