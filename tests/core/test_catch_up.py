@@ -142,9 +142,8 @@ def test_a_provider_that_did_not_propose_catches_up_during_the_steps(
     started from once it has sat out IDLE_CATCH_UP_TOKENS tokens a row (so its next proposal
     indexes a few steps' tokens, not all since its last play); the provider that proposed is
     not (it caught up in its proposal); the tokens are the same as without the calls."""
-    from flashspec_lookup.lookup import PromptLookupDraft
-
     from flashspec_core.policy import IDLE_CATCH_UP_TOKENS
+    from flashspec_lookup.lookup import PromptLookupDraft
 
     config = {"target": {"model": str(tiny_target), "dtype": "float32"},
               "arm": [{"use": "none"}, {"use": "prompt_lookup", "gamma": 3, "min_ngram": 1}],
