@@ -1,46 +1,47 @@
-"""NF4 4-bit weights through bitsandbytes (its CPU back-end serves the tests)."""
+"""NF4 4-bit weights (:mod:`flashspec_kernels.nf4_format`): a fused dequantize-GEMM on CUDA.
+
+Each linear layer's weight is stored as NF4 (a quarter of bf16's bytes plus a float32 scale
+per 64 weights). On CUDA, with Triton installed, a forward of at most 16 rows (a decoding
+step) runs :func:`flashspec_kernels.nf4.nf4_gemv`, which dequantizes inside the kernel and
+so reads the 4-bit weights once; wider forwards (prefills), the CPU and installs without
+Triton multiply by the dequantized matrix. The values are bitsandbytes' NF4 with blocks of
+64, so checkpoints and numbers compare with it; bitsandbytes itself is not needed.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import importlib.util
 
 import attrs
 import torch
 
 from flashspec_fast.model import Weights
+from flashspec_kernels.nf4_format import dequantize, quantize
 
 
 class NF4Linear:
-    """A weight ``[out, in]`` stored as NF4; called like ``F.linear(x, w, b)``."""
+    """A weight ``[out, in]`` stored as NF4; called like ``F.linear(x, w, b)``. ``kernel``:
+    the fused kernel for forwards of few rows (default: on CUDA where Triton is installed)."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
-        import bitsandbytes.functional as bf
-
+    def __init__(self, weight: torch.Tensor, kernel: bool | None = None) -> None:
         self.shape = weight.shape
         self.dtype = weight.dtype
-        self.packed, self.state = bf.quantize_4bit(weight, quant_type="nf4")
+        self.packed, self.scales = quantize(weight)
+        self.kernel = (weight.is_cuda and importlib.util.find_spec("triton") is not None) if kernel is None else kernel
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        import bitsandbytes as bnb
+        if self.kernel:
+            from flashspec_kernels.nf4 import nf4_linear
 
-        return bnb.matmul_4bit(x, self.packed.t(), quant_state=self.state, bias=bias)
+            return nf4_linear(x, self.packed, self.scales, bias)
+        return torch.nn.functional.linear(x, dequantize(self.packed, self.scales, x.dtype, x.shape[-1]), bias)
 
 
-def quantize_weights(w: Weights) -> Weights:
+def quantize_weights(w: Weights, kernel: bool | None = None) -> Weights:
     """Quantize every linear layer's weight (not the embedding, norms or LM head)."""
-    try:
-        import bitsandbytes  # noqa: F401
-    except ImportError:
-        raise RuntimeError("quantization = 'nf4' needs bitsandbytes: pip install 'flashspec-engine[nf4]'") from None
-    layers: list[Any] = []
-    for layer in w.layers:
-        layers.append(
-            attrs.evolve(
-                layer,
-                wqkv=NF4Linear(layer.wqkv),
-                wo=NF4Linear(layer.wo),
-                w_gate_up=NF4Linear(layer.w_gate_up),
-                w_down=NF4Linear(layer.w_down),
-            )
-        )
+    layers = [
+        attrs.evolve(layer, wqkv=NF4Linear(layer.wqkv, kernel), wo=NF4Linear(layer.wo, kernel),
+                     w_gate_up=NF4Linear(layer.w_gate_up, kernel), w_down=NF4Linear(layer.w_down, kernel))
+        for layer in w.layers
+    ]
     return attrs.evolve(w, layers=layers)

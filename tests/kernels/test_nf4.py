@@ -1,0 +1,102 @@
+"""flashspec_kernels.nf4 (Triton's interpreter on the CPU) against its plain-torch reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from flashspec_kernels.nf4 import MAX_ROWS, nf4_gemv, nf4_linear  # noqa: E402
+from flashspec_kernels.nf4_format import GROUP, NF4_VALUES, dequantize, quantize  # noqa: E402
+
+DTYPES = [torch.float32, torch.bfloat16]
+# rows, columns, input width: one row; a column block cut short; K past a group and a
+# kernel step (not a multiple of either); a full 16-row tile; K under one group
+SHAPES = [(1, 64, 128), (3, 45, 200), (16, 96, 320), (7, 33, 40)]
+
+
+def _weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn((n, k), generator=torch.Generator().manual_seed(seed)) * 0.05
+
+
+def _reference(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """float32 sums of the dequantized weight (rounded once to x's dtype), rounded once."""
+    w = dequantize(packed, scales, x.dtype, x.shape[-1]).float()
+    return torch.nn.functional.linear(x.float(), w, None if bias is None else bias.float()).to(x.dtype)
+
+
+def test_the_format_is_the_nearest_code_times_the_groups_absmax() -> None:
+    book = torch.tensor(NF4_VALUES)
+    # each weight exactly a code times its group's scale (the absmax, since +-1 is in the book)
+    idx = torch.randint(0, 16, (4, 2 * GROUP), generator=torch.Generator().manual_seed(1))
+    idx[:, 0] = 15  # a +1 code in every group, so the absmax is the scale
+    idx[:, GROUP] = 0  # and a -1 in the second
+    scale = torch.tensor([[0.5, 2.0], [1.0, 0.25], [3.0, 1.0], [0.125, 4.0]])
+    w = book[idx] * scale.repeat_interleave(GROUP, 1)
+    packed, scales = quantize(w)
+    assert packed.dtype == torch.uint8 and packed.shape == (4, GROUP) and scales.shape == (4, 2)
+    assert torch.equal(scales, scale)
+    assert torch.equal(packed & 15, idx[:, 0::2].to(torch.uint8)) and torch.equal(packed >> 4, idx[:, 1::2].to(torch.uint8))
+    assert torch.equal(dequantize(packed, scales, torch.float32), w)
+    # anything else goes to its nearest code; a zero group stays zero
+    w = _weight(8, 3 * GROUP)
+    w[2, :GROUP] = 0.0
+    packed, scales = quantize(w)
+    got = dequantize(packed, scales, torch.float32)
+    norm = (w.reshape(8, 3, GROUP) / scales[..., None].clamp_min(1e-30)).reshape(8, -1)
+    nearest = book[(norm[..., None] - book).abs().argmin(-1)] * scales.repeat_interleave(GROUP, 1)
+    assert torch.allclose(got, nearest) and not got[2, :GROUP].any()
+
+
+def test_the_format_is_bitsandbytes_nf4() -> None:
+    bnb = pytest.importorskip("bitsandbytes.functional")
+    w = _weight(48, 4 * GROUP, seed=2)
+    packed, scales = quantize(w)
+    q, state = bnb.quantize_4bit(w, quant_type="nf4", blocksize=GROUP)
+    assert torch.equal(dequantize(packed, scales, torch.float32), bnb.dequantize_4bit(q, state, quant_type="nf4"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("m", "n", "k"), SHAPES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_kernel_is_the_dequantized_matmul(dtype: torch.dtype, m: int, n: int, k: int, bias: bool) -> None:
+    packed, scales = quantize(_weight(n, k))
+    g = torch.Generator().manual_seed(m * n + k)
+    x = torch.randn((m, k), generator=g).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    got, want = nf4_gemv(x, packed, scales, b), _reference(x, packed, scales, b)
+    assert got.dtype == dtype and got.shape == (m, n)
+    if dtype == torch.float32:  # the same products, summed in another order
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    else:  # one rounding of float32 sums that differ in their last bits at most
+        torch.testing.assert_close(got, want, rtol=2**-7, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_rows_result_does_not_depend_on_the_other_rows(dtype: torch.dtype) -> None:
+    packed, scales = quantize(_weight(80, 256, seed=3))
+    x = torch.randn((MAX_ROWS, 256), generator=torch.Generator().manual_seed(4)).to(dtype)
+    together = nf4_gemv(x, packed, scales)
+    for i in (0, 5, MAX_ROWS - 1):
+        assert torch.equal(nf4_gemv(x[i : i + 1], packed, scales)[0], together[i])
+
+
+def test_nf4_linear_takes_any_leading_shape_and_wide_inputs_dequantize() -> None:
+    packed, scales = quantize(_weight(24, 128, seed=5))
+    x = torch.randn((2, 3, 128), generator=torch.Generator().manual_seed(6))
+    got = nf4_linear(x, packed, scales)
+    assert got.shape == (2, 3, 24)
+    torch.testing.assert_close(got, nf4_linear(x, packed, scales, kernel=False), rtol=1e-5, atol=1e-6)
+    wide = torch.randn((MAX_ROWS + 1, 128), generator=torch.Generator().manual_seed(7))
+    torch.testing.assert_close(nf4_linear(wide, packed, scales), _reference(wide, packed, scales, None))
+
+
+def test_bad_inputs_are_named() -> None:
+    packed, scales = quantize(_weight(24, 128))
+    with pytest.raises(ValueError, match=f"at most {MAX_ROWS} rows, got 17: use nf4_linear"):
+        nf4_gemv(torch.zeros((17, 128)), packed, scales)
+    with pytest.raises(ValueError, match=r"x \[1, 192\] does not fit the NF4 weight"):
+        nf4_gemv(torch.zeros((1, 192)), packed, scales)
+    with pytest.raises(ValueError, match="2-D weight"):
+        quantize(torch.zeros(4))
