@@ -100,3 +100,29 @@ def test_bad_inputs_are_named() -> None:
         nf4_gemv(torch.zeros((1, 192)), packed, scales)
     with pytest.raises(ValueError, match="2-D weight"):
         quantize(torch.zeros(4))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_the_kernel_on_cuda_matches_and_replays_in_a_graph(dtype: torch.dtype) -> None:
+    """On the GPU: the 1.5B's QKV shape at 1 and 4 rows against the dequantized matmul, a row
+    alone and in the tile with the same bits, and a CUDA-graph replay equal to the eager call."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    n, k = 2048, 1536
+    w = _weight(n, k, seed=8).cuda()
+    packed, scales = quantize(w)
+    b = torch.randn(n, device="cuda").to(dtype)
+    x = torch.randn((4, k), device="cuda").to(dtype)
+    got, want = nf4_gemv(x, packed, scales, b), _reference(x, packed, scales, b)
+    torch.testing.assert_close(got, want, rtol=1e-5 if dtype == torch.float32 else 2**-7, atol=1e-5 if dtype == torch.float32 else 1e-2)
+    assert torch.equal(nf4_gemv(x[2:3], packed, scales, b)[0], got[2])
+    static = x[:1].clone()
+    nf4_gemv(static, packed, scales, b)  # compiled before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = nf4_gemv(static, packed, scales, b)
+    static.copy_(x[3:4])
+    graph.replay()
+    assert torch.equal(out, nf4_gemv(x[3:4], packed, scales, b))
