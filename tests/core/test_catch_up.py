@@ -85,6 +85,20 @@ def test_generate_hands_each_request_to_the_provider_once_after_the_prefill(
     assert ahead.token_ids == lazy.token_ids
 
 
+def spy_catch_up(monkeypatch: pytest.MonkeyPatch, provider: type) -> list[list[int]]:
+    """The lengths of every ``catch_up`` call on ``provider``'s instances from now on (the calls
+    still go through)."""
+    calls: list[list[int]] = []
+    real = provider.catch_up  # type: ignore[attr-defined]
+
+    def spy(self: Any, tokens: torch.Tensor, lengths: list[int]) -> None:
+        calls.append(list(lengths))
+        real(self, tokens, lengths)
+
+    monkeypatch.setattr(provider, "catch_up", spy)
+    return calls
+
+
 class _PlainOnly:
     """A selector that plays its second arm (plain) and says so (NarrowsArms)."""
 
@@ -117,14 +131,7 @@ def test_only_the_providers_of_arms_that_may_play_catch_up(
     stub = _PlainOnly()
     if case == "narrowed":
         pipe.policy.selectors[0] = stub  # type: ignore[assignment]
-    calls: list[list[int]] = []
-    real = SuffixDraft.catch_up
-
-    def spy(self: SuffixDraft, tokens: torch.Tensor, lengths: list[int]) -> None:
-        calls.append(list(lengths))
-        real(self, tokens, lengths)
-
-    monkeypatch.setattr(SuffixDraft, "catch_up", spy)
+    calls = spy_catch_up(monkeypatch, SuffixDraft)
     got = pipe.generate(prompts, max_new_tokens=10, temperature=0.0).token_ids
     assert calls == ([] if case in ("narrowed", "limited") else [[5, 7]])
     if case == "narrowed":  # asked at the prefill and during each step, with the live rows
@@ -152,14 +159,7 @@ def test_a_provider_that_did_not_propose_catches_up_during_the_steps(
     steps = 2 * IDLE_CATCH_UP_TOKENS + 4
     want = build_pipeline(config).generate(prompts, max_new_tokens=steps, temperature=0.0)
 
-    calls: list[list[int]] = []
-    real = PromptLookupDraft.catch_up
-
-    def spy(self: PromptLookupDraft, tokens: torch.Tensor, lengths: list[int]) -> None:
-        calls.append(list(lengths))
-        real(self, tokens, lengths)
-
-    monkeypatch.setattr(PromptLookupDraft, "catch_up", spy)
+    calls = spy_catch_up(monkeypatch, PromptLookupDraft)
     pipe = build_pipeline(config)
     got = pipe.generate(prompts, max_new_tokens=steps, temperature=0.0)
     assert got.token_ids == want.token_ids and all(len(t) == steps for t in got.token_ids)
