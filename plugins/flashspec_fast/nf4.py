@@ -28,6 +28,10 @@ class NF4Linear:
         self.dtype = weight.dtype
         self.packed, self.scales = quantize(weight)
         self.kernel = (weight.is_cuda and importlib.util.find_spec("triton") is not None) if kernel is None else kernel
+        if self.kernel and weight.is_cuda:  # the split-K counters, made before any graph capture
+            from flashspec_kernels.gemv import prepare
+
+            prepare(weight.device)
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.kernel:

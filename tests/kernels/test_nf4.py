@@ -7,6 +7,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from flashspec_kernels.gemv import Config, pick  # noqa: E402
 from flashspec_kernels.nf4 import MAX_ROWS, nf4_gemv, nf4_linear  # noqa: E402
 from flashspec_kernels.nf4_format import GROUP, NF4_VALUES, dequantize, quantize  # noqa: E402
 
@@ -71,6 +72,26 @@ def test_the_kernel_is_the_dequantized_matmul(dtype: torch.dtype, m: int, n: int
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     else:  # one rounding of float32 sums that differ in their last bits at most
         torch.testing.assert_close(got, want, rtol=2**-7, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("config", [Config(16, 64, 3), Config(32, 128, 2), None], ids=["split3", "split2", "picked"])
+def test_slices_of_k_add_up_to_the_dequantized_matmul(dtype: torch.dtype, config: Config | None) -> None:
+    """K split over programs (the last slice to arrive adds the partials in order), with a slice
+    boundary inside a group and a last slice cut short; ``None``: what ``pick`` chooses for a
+    narrow matrix with a long K, which splits it."""
+    n, k = 40, 1000
+    if config is None:
+        assert pick(n, k).split_k > 1
+    packed, scales = quantize(_weight(n, k, seed=9))
+    g = torch.Generator().manual_seed(10)
+    x, b = torch.randn((5, k), generator=g).to(dtype), torch.randn(n, generator=g).to(dtype)
+    got, want = nf4_gemv(x, packed, scales, b, config=config), _reference(x, packed, scales, b)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    else:
+        torch.testing.assert_close(got, want, rtol=2**-7, atol=1e-2)
+    assert torch.equal(nf4_gemv(x[1:2], packed, scales, b, config=config)[0], got[1])  # a row alone: the same bits
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
