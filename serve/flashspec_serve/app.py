@@ -83,13 +83,14 @@ class ServeSettings:
     # how much the engine warms up before the server takes requests (flashspec_serve.warmup):
     # "full", "basic" or "off"; True is the default level, False "off"
     warmup: str = attrs.field(default=DEFAULT_WARMUP, converter=warmup_level)
+    seed: int | None = None  # the engine's draws for requests without a seed (None: a fresh seed each start)
 
 
 def create_app(pipeline: Pipeline, settings: ServeSettings) -> FastAPI:
     """An app whose engine starts (warmed up at ``settings.warmup``'s level, unless it is off)
     with the app's lifespan and stops (gracefully) with it."""
     metrics = Metrics()
-    engine = Engine(pipeline, metrics, settings.max_batch, settings.max_waiting, settings.context)
+    engine = Engine(pipeline, metrics, settings.max_batch, settings.max_waiting, settings.context, seed=settings.seed)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -60,6 +60,9 @@ def parser() -> argparse.ArgumentParser:
                    help="graph captures made before the server listens: full (every slot count, span and width: "
                         "no capture left to a request, minutes on a GPU), basic (sequences up to 512 tokens, no "
                         "draft prewarm: a longer request captures its graphs then), off (default: %(default)s)")
+    p.add_argument("--seed", type=_integer(0, 2**63 - 1), help="seed of the draws of requests that give no seed of their own "
+                   "(default: a fresh one each start); a request's own seed gives it the same tokens whatever else "
+                   "is in the batch")
     p.add_argument("--no-warmup", dest="warmup", action="store_const", const="off",
                    help="--warmup off: take requests at once (captures and compiles then fall inside the first "
                         "requests; for tests and development)")
@@ -109,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pipeline = load_pipeline(config, progress=lambda msg: print(f"[flashspec] {msg}", file=sys.stderr, flush=True))
     settings = ServeSettings(model_name=args.served_model_name or model_name(pipeline.config),
                              max_batch=args.max_batch, max_waiting=args.max_waiting, context=args.max_model_len,
-                             shutdown_grace_s=args.shutdown_grace, warmup=args.warmup)
+                             shutdown_grace_s=args.shutdown_grace, warmup=args.warmup, seed=args.seed)
     app = create_app(pipeline, settings)
     # Streamed chunks need TCP_NODELAY on every connection; uvicorn (0.55) never sets it, but it
     # binds host:port with loop.create_server, whose sockets have proto IPPROTO_TCP, so asyncio's

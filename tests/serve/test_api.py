@@ -77,6 +77,21 @@ def test_a_seeded_request_is_reproducible(client: openai.OpenAI, alone: Pipeline
     assert texts == {alone.generate([PROMPT], max_new_tokens=12, rows=rows).texts[0]}
 
 
+def test_the_servers_seed_makes_unseeded_requests_reproducible(tiny_models: dict[str, Path]) -> None:
+    """``flashspec serve --seed`` (ServeSettings.seed): a request without a seed of its own gets
+    the same tokens from two servers started with the same seed, others from another seed."""
+    args = {"model": MODEL, "prompt": PROMPT, "max_tokens": 12, "temperature": 1.0}
+    texts = []
+    for seed in (7, 7, 8):
+        srv = serve(make_pipeline(tiny_models), seed=seed)
+        try:
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+            texts.append(client.completions.create(**args).choices[0].text)  # type: ignore[call-overload]
+        finally:
+            srv.stop()
+    assert texts[0] == texts[1] and texts[2] != texts[0]
+
+
 def test_models_and_health(server: Server) -> None:
     models = httpx.get(server.url + "/v1/models").json()
     assert [m["id"] for m in models["data"]] == [MODEL] and models["data"][0]["max_model_len"] == 512

@@ -65,13 +65,14 @@ GOOD = '[target]\nmodel = "{model}"\n[[arm]]\nuse = "prompt_lookup"\n'
         (["--max-batch", "0"], GOOD, "flashspec serve: error: argument --max-batch: must be an integer >= 1, got 0"),
         (["--max-waiting", "-1"], GOOD, "flashspec serve: error: argument --max-waiting: must be an integer >= 0, got -1"),
         (["--max-model-len", "0"], GOOD, "flashspec serve: error: argument --max-model-len: must be an integer >= 1, got 0"),
+        (["--seed", "-1"], GOOD, "flashspec serve: error: argument --seed: must be an integer in 0..9223372036854775807, got -1"),
         (["--shutdown-grace", "nan"], GOOD,
          "flashspec serve: error: argument --shutdown-grace: must be a finite number of seconds >= 0, got nan"),
         ([], GOOD + "gama = 3\n", "flashspec: error: {config}: [arm.0] key 'gama': unknown key for draft 'prompt_lookup'"),
         (["--port", "{busy}"], GOOD, "flashspec: error: --host 127.0.0.1 --port {busy}: cannot listen there ("),
         (["--host", "no.such.host.invalid"], GOOD, "flashspec: error: --host no.such.host.invalid: not an address"),
     ],
-    ids=["port-range", "port-text", "max-batch-0", "max-waiting-negative", "max-model-len-0", "grace-nan",
+    ids=["port-range", "port-text", "max-batch-0", "max-waiting-negative", "max-model-len-0", "seed-negative", "grace-nan",
          "config-key", "port-taken", "host-unknown"],
 )
 def test_serve_refuses_bad_arguments_before_torch(options: list[str], config: str, message: str, tmp_path: Path) -> None:
