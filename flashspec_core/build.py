@@ -96,7 +96,8 @@ def build_pipeline(
         on_step = lambda record: hook.flashspec_step_end(record=record)  # noqa: E731
     settings = PolicySettings(speculate_max_batch=config.speculate_max_batch, draw_ahead=config.draw_ahead,
                               first=index[config.first] if config.first is not None else None,
-                              batch_buckets=config.batch_buckets, first_explore=config.first_explore)
+                              batch_buckets=config.batch_buckets, first_explore=config.first_explore,
+                              first_tokens=config.first_tokens)
     policy = StepPolicy(arms, make_selector(), make_reward(config.reward), settings, make_selector)
     origins = {"target": _origin(registry, "target", config.target.use),
                "verifier": _origin(registry, "verifier", verifier_use)}

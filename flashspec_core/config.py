@@ -284,6 +284,7 @@ class PipelineConfig:
     draw_ahead: bool = True  # [selector] key: draw the next step's choice while the device runs this one
     batch_buckets: tuple[int, ...] = (1,)  # [selector] key: smallest live-row count of each bucket (one selector each)
     first_explore: int = 8  # [selector] key: one of every N first-arm proposals goes against its gate (0: no gate)
+    first_tokens: int | None = None  # [selector] key: positions a first-arm step verifies over the batch, about
 
 
 def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -385,6 +386,15 @@ def parse_config(
                               f"arm {a.name!r} has select = false and is neither an arm's fallback nor [selector] first, "
                               "so it would never run")
     reward, limit, draw_ahead, buckets, first_explore = _selector_keys(sel_table, source)
+    first_tokens = sel_table.pop("first_tokens", None)
+    if first_tokens is not None:
+        if isinstance(first_tokens, bool) or not isinstance(first_tokens, int) or first_tokens < 2:
+            raise ConfigError(source, "selector", "first_tokens",
+                              f"must be an integer >= 2 (positions a step of the first arm verifies over the batch: "
+                              f"at most first_tokens // rows - 1 draft tokens a row), got {first_tokens!r}")
+        if first is None:
+            raise ConfigError(source, "selector", "first_tokens",
+                              "caps the proposals of the first arm, but [selector] names no first arm (first = ...)")
     selector = _choice(registry, "selector", sel_table, source, "selector", "fixed", base_dir)
     arms_problem = getattr(selector.config, "arms_problem", None)  # a keys class's check against the arm count
     if callable(arms_problem):
@@ -393,7 +403,7 @@ def parse_config(
             raise ConfigError(source, "selector", found[0], found[1])
     generation = _generation(data, source)
     return PipelineConfig(source, target, arms, verifier, selector, reward, generation, limit, first, draw_ahead, buckets,
-                          first_explore)
+                          first_explore, first_tokens)
 
 
 def _arm_tables(data: dict[str, Any], source: str) -> list[dict[str, Any]]:

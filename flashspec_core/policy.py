@@ -45,6 +45,12 @@ Vocabulary:
   learns, from the emitted tokens per second of past steps, whether in that bucket the
   first arm's proposals beat the selector's choice (over many rows one matched row
   widens every row's verify forward); ``first_explore`` (default 8; 0: always play).
+  ``first_tokens`` caps the first arm's proposal by the batch: at most
+  ``max(1, first_tokens // B - 1)`` tokens per row over ``B`` rows (:meth:`StepPolicy.first_gamma`),
+  so its verify forward scores at most about ``first_tokens`` positions. On the H200 the
+  1.5B target's forward over 32 rows took 2.0 ms at 4 positions a row and 3.1 ms at 9 (a
+  lookup of gamma 8), against 1.95 ms at one: a short lookup still pays where a long one
+  costs. The cap is a function of the batch size alone, so the law stays the target's.
 * *fallback* -- where an arm proposes nothing, its fallback arm proposes instead; the
   switch depends on the sequences alone, never on the step's random draws, so it is
   part of a deterministic arm and keeps the output law.
@@ -137,6 +143,9 @@ class PolicySettings:
     # The first arm's gate (FirstGate): one of every ``first_explore`` non-empty proposals goes the
     # way the gate does not prefer; 0 turns the gate off (a non-empty proposal always plays).
     first_explore: int = attrs.field(default=8, validator=[attrs.validators.instance_of(int), attrs.validators.ge(0)])
+    # Positions a first-arm step verifies over the batch, about (StepPolicy.first_gamma); None: the arm's gamma.
+    first_tokens: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional([attrs.validators.instance_of(int), attrs.validators.ge(2)]))
     # The smallest live-row count of each bucket: (1,) is one bucket for every batch.
     batch_buckets: tuple[int, ...] = attrs.field(default=(1,), converter=_buckets, validator=_check_buckets)
 
@@ -549,12 +558,24 @@ class StepPolicy:
             arm.provider.rollback([0] * len(accepted))
         return self.learn(plan, width, [accepted[b] for b in plan.rows], step_s, captured=captured, defer=defer)
 
+    def first_gamma(self, batch: int) -> int:
+        """Tokens per row the first arm may propose over a batch of ``batch`` rows: its gamma,
+        capped at ``max(1, first_tokens // batch - 1)`` where ``first_tokens`` is set (the rows
+        of the verify forward, finished ones too, not only the live rows: the forward computes them all)."""
+        first, cap = self.settings.first, self.settings.first_tokens
+        if first is None:
+            raise ValueError("first_gamma: the policy has no first arm (settings.first is None)")
+        gamma = self.arms[first].gamma
+        return gamma if cap is None else max(1, min(gamma, cap // max(batch, 1) - 1))
+
     def _first_proposal(self, first: int, tokens: torch.Tensor, lengths: Sequence[int], sampling: SamplingParams,
                         generator: torch.Generator) -> Draft:
-        """The first arm's proposal; when it is empty, its provider is rolled back at once (it
-        proposed nothing, so nothing of it entered the sequences) and the selector's arm drafts."""
+        """The first arm's proposal (at most :meth:`first_gamma` tokens a row); when it is empty,
+        its provider is rolled back at once (it proposed nothing, so nothing of it entered the
+        sequences) and the selector's arm drafts."""
         gate = self.arms[first]
-        draft = _checked(gate.provider.propose(tokens, lengths, gate.gamma, sampling, generator), gate)
+        gamma = self.first_gamma(len(lengths))
+        draft = _checked(gate.provider.propose(tokens, lengths, gamma, sampling, generator), gate)
         if _empty(draft):
             gate.provider.rollback([0] * len(lengths))
         return draft

@@ -555,6 +555,23 @@ def test_a_gated_first_proposal_is_rolled_back_and_the_selector_chooses_and_both
     assert policy.first_gates[0].played == {1: [1, 6 / 0.01]} and policy.first_gates[0].skipped == {1: [1, 6 / 0.02]}  # 3 rows: class 1
 
 
+def test_first_tokens_caps_the_first_arms_proposal_by_the_batch_size() -> None:
+    """first_tokens = 12 over the 3-row batch: at most 12 // 3 - 1 = 3 tokens a row (the arm's
+    gamma 8 asked no more), 1 at least however many rows; None asks the arm's own gamma."""
+    log: list[tuple[Any, ...]] = []
+    arms = [Arm("lookup", FakeProvider("lookup", log, [8]), 8, selectable=False), Arm("d", FakeProvider("d", log), 3)]
+    policy = _policy(log, arms, first=0, draw_ahead=False, first_explore=0, first_tokens=12)
+    assert [policy.first_gamma(b) for b in (1, 2, 3, 4, 6, 64)] == [8, 5, 3, 2, 1, 1]
+    plan, drafter, _ = _step(policy, [0, 1, 2], [3, 0, 1])
+    assert plan.by_first and drafter is arms[0] and plan.draft is not None and plan.draft.tokens.shape == (3, 3)
+    assert log[0] == ("propose", "lookup", 3) and ("main", 3, (3, 0, 1), 7, 0.01) not in log
+    assert ("first", 3, (3, 0, 1), 7, 0.01) in log  # scored at the width it played
+    policy.settings = attrs.evolve(policy.settings, first_tokens=None)
+    assert policy.first_gamma(3) == 8
+    with pytest.raises(ValueError, match="no first arm"):
+        _policy(log, arms[1:], draw_ahead=False).first_gamma(3)
+
+
 def test_each_bucket_has_a_first_gate_of_its_own() -> None:
     log: list[tuple[Any, ...]] = []
     arms = [Arm("lookup", FakeProvider("lookup", log, [2]), 4, selectable=False), Arm("d", FakeProvider("d", log), 3)]
