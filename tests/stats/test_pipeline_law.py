@@ -79,19 +79,22 @@ def test_law_holds_with_a_selector_per_batch_bucket(law_setup: dict[str, Any], s
 def test_law_holds_with_a_gated_first_arm(law_setup: dict[str, Any]) -> None:
     """A match-only lookup tried first, its proposals played or rolled back unplayed by each
     bucket's first gate (exploring every second proposal, so both happen often), the selector
-    choosing among the drafts and plain decoding where the gate skips or nothing matched: the
-    gate reads past steps only, so the law is the target's."""
+    choosing among the drafts and plain decoding where the gate skips or nothing matched, the
+    lookup's length capped by the batch size: the gate and the cap read past steps and the
+    batch only, so the law is the target's."""
     sampling = SAMPLINGS[0]
     config = seeded(pipeline_dict(law_setup["target"], law_setup["drafts"], "thompson", dtype="float32",
                                   batch_buckets=BUCKETS), law_setup["registry"])
     config["arm"] = [{"use": "prompt_lookup", "gamma": 4, "min_ngram": 1, "fill": False, "select": False,
                       "name": "lookup-first"}, *config["arm"], {"use": "none", "name": "plain"}]
-    config["selector"] |= {"first": "lookup-first", "first_explore": 2}
+    # first_tokens: over the gate's batches of 2000 rows the lookup proposes 6000 // 2000 - 1 = 2 a row, not 4
+    config["selector"] |= {"first": "lookup-first", "first_explore": 2, "first_tokens": 6000}
     pipe = build_pipeline(config, law_setup["registry"])
     assert gate(pipe, law_of(law_setup, sampling), sampling) > ALPHA
     gates = pipe.policy.first_gates
     # each side of the gate ran (the gate's batches are few, wide steps: a dozen or so proposals)
     assert sum(g.steps(played=True) for g in gates) >= 5 and sum(g.steps(played=False) for g in gates) >= 5
+    assert pipe.policy.first_gamma(2000) == 2
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS[1:], ids=["top_k", "top_p"])
