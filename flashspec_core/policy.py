@@ -47,10 +47,10 @@ Vocabulary:
   widens every row's verify forward); ``first_explore`` (default 8; 0: always play).
   ``first_tokens`` caps the first arm's proposal by the batch: at most
   ``max(1, first_tokens // B - 1)`` tokens per row over ``B`` rows (:meth:`StepPolicy.first_gamma`),
-  so its verify forward scores at most about ``first_tokens`` positions. On the H200 the
-  1.5B target's forward over 32 rows took 2.0 ms at 4 positions a row and 3.1 ms at 9 (a
-  lookup of gamma 8), against 1.95 ms at one: a short lookup still pays where a long one
-  costs. The cap is a function of the batch size alone, so the law stays the target's.
+  so its verify forward scores at most about ``first_tokens`` positions: over 32 rows on the
+  H200 a forward of 4 positions a row costs about one of 1, one of 9 (a lookup of gamma 8)
+  well more, so a short lookup still pays where a long one costs. The cap is a function of
+  the batch size alone, so the law stays the target's.
 * *fallback* -- where an arm proposes nothing, its fallback arm proposes instead; the
   switch depends on the sequences alone, never on the step's random draws, so it is
   part of a deterministic arm and keeps the output law.

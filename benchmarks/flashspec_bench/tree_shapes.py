@@ -31,6 +31,11 @@ ARMS: dict[str, tuple[dict[str, Any], int]] = {
     "chain-g4": ({"gamma": 4}, 4),
     "dynamic-d4-k4-n15": ({"gamma": 15, "tree_depth": 4, "tree_expand": 4}, 4),
     "dynamic-d4-k4-n31": ({"gamma": 31, "tree_depth": 4, "tree_expand": 4}, 4),
+    "chain-g5": ({"gamma": 5}, 5),
+    "dynamic-d5-k4-n31": ({"gamma": 31, "tree_depth": 5, "tree_expand": 4}, 5),
+    "chain-g6": ({"gamma": 6}, 6),
+    "dynamic-d6-k4-n31": ({"gamma": 31, "tree_depth": 6, "tree_expand": 4}, 6),
+    "dynamic-d6-k6-n63": ({"gamma": 63, "tree_depth": 6, "tree_expand": 6}, 6),
 }
 
 
