@@ -24,11 +24,11 @@
 # between start and the first chunk has cost minutes of device time).
 #
 # The sections of the training-free arms (flashspec_bench.arm_sections, budgets in its BUDGETS;
-# 1,045 s, model loads included), most wanted first, in three multi calls so that each stays
+# 1,050 s, model loads included), most wanted first, in three multi calls so that each stays
 # under the 10 min a call may run:
-#   multi sweep_b1:150 tree_b1:270 sweep_b32:75
-#   multi sweep_b16:75 sweep_b8:75 sweep_b4:80
-#   multi tree_t07:240 tree_b4:80
+#   multi sweep_b1:150 tree_b1:300
+#   multi sweep_b32:75 sweep_b16:75 sweep_b8:75 sweep_b4:80
+#   multi tree_t07:215 tree_b4:80
 # On the H100 the sweep sections took 141/95/70/84/72 s at b1/b4/b8/b16/b32 (model load included):
 # sweep_b32:75 stopped before its last systems, so give it 100.
 #

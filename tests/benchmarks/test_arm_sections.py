@@ -34,7 +34,7 @@ def test_tree_config_pairs_trees_with_chains_of_as_many_draft_forwards() -> None
     kinds = arm_summary.arm_kinds(secs.tree_toml(PATHS, "reference", 768, True))
     forwards = {k["draft_forwards"] for k in kinds.values() if k["family"] == "model" and k["tree"]}
     chains = {k["draft_forwards"] for k in kinds.values() if k["family"] == "model" and not k["tree"]}
-    assert forwards == chains == {3, 4, 5}  # every tree has a chain of as many draft forwards
+    assert forwards == chains == {3, 4, 5, 6}  # every tree has a chain of as many draft forwards
     assert kinds[secs.dynamic_name(4, 4, 15)] == {"family": "model", "tree": True, "gamma": 15, "draft_forwards": 4}
     assert secs.tree_levels((3, 2, 1), 12) == 3 and secs.tree_levels((4, 2, 2, 1), 12) == 2
     assert kinds["lookup-match-g12-b3"] == {"family": "prompt_lookup", "tree": True, "gamma": 12, "draft_forwards": 0}
