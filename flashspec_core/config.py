@@ -385,16 +385,10 @@ def parse_config(
             raise ConfigError(source, f"arm.{i}", "select",
                               f"arm {a.name!r} has select = false and is neither an arm's fallback nor [selector] first, "
                               "so it would never run")
-    reward, limit, draw_ahead, buckets, first_explore = _selector_keys(sel_table, source)
-    first_tokens = sel_table.pop("first_tokens", None)
-    if first_tokens is not None:
-        if isinstance(first_tokens, bool) or not isinstance(first_tokens, int) or first_tokens < 2:
-            raise ConfigError(source, "selector", "first_tokens",
-                              f"must be an integer >= 2 (positions a step of the first arm verifies over the batch: "
-                              f"at most first_tokens // rows - 1 draft tokens a row), got {first_tokens!r}")
-        if first is None:
-            raise ConfigError(source, "selector", "first_tokens",
-                              "caps the proposals of the first arm, but [selector] names no first arm (first = ...)")
+    reward, limit, draw_ahead, buckets, first_explore, first_tokens = _selector_keys(sel_table, source)
+    if first_tokens is not None and first is None:
+        raise ConfigError(source, "selector", "first_tokens",
+                          "caps the proposals of the first arm, but [selector] names no first arm (first = ...)")
     selector = _choice(registry, "selector", sel_table, source, "selector", "fixed", base_dir)
     arms_problem = getattr(selector.config, "arms_problem", None)  # a keys class's check against the arm count
     if callable(arms_problem):
@@ -420,9 +414,10 @@ def _arm_tables(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
     return arms
 
 
-def _selector_keys(sel_table: dict[str, Any], source: str) -> tuple[str, int | None, bool, tuple[int, ...], int]:
+def _selector_keys(sel_table: dict[str, Any], source: str
+                   ) -> tuple[str, int | None, bool, tuple[int, ...], int, int | None]:
     """Pop and check the [selector] keys the pipeline reads: reward, speculate_max_batch, draw_ahead,
-    batch_buckets, first_explore."""
+    batch_buckets, first_explore, first_tokens."""
     reward = sel_table.pop("reward", "acceptance")
     if reward not in REWARDS:
         raise ConfigError(source, "selector", "reward", f"must be one of {REWARDS}, got {reward!r}")
@@ -442,7 +437,13 @@ def _selector_keys(sel_table: dict[str, Any], source: str) -> tuple[str, int | N
         raise ConfigError(source, "selector", "first_explore",
                           f"must be an integer >= 0 (one of every N first-arm proposals explores; 0: the first arm "
                           f"always plays), got {first_explore!r}")
-    return reward, limit, draw_ahead, tuple(buckets), first_explore
+    first_tokens = sel_table.pop("first_tokens", None)
+    if first_tokens is not None and (isinstance(first_tokens, bool) or not isinstance(first_tokens, int)
+                                     or first_tokens < 2):
+        raise ConfigError(source, "selector", "first_tokens",
+                          f"must be an integer >= 2 (positions a step of the first arm verifies over the batch: "
+                          f"at most first_tokens // rows - 1 draft tokens a row), got {first_tokens!r}")
+    return reward, limit, draw_ahead, tuple(buckets), first_explore, first_tokens
 
 
 def batch_buckets_problem(buckets: object) -> str | None:
