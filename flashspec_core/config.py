@@ -61,7 +61,7 @@ if TYPE_CHECKING:  # imports torch
 
 REWARDS = ("acceptance", "throughput")
 TREE_CHILDREN = ("topk", "sample")  # how a sampling draft step picks a tree node's children
-MAX_GAMMA = 64
+MAX_GAMMA = 64  # the triton verifier takes trees of this many nodes (flashspec_kernels.verify_tree.MAX_NODES)
 _TOP_LEVEL = {"target", "arm", "verifier", "selector", "generation"}
 GENERATION_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
 _FLOAT_MAX = sys.float_info.max  # a finite temperature is at most this: inf is refused

@@ -8,7 +8,7 @@ A component may also offer an optional *capability*: a small runtime-checkable
 protocol below (:class:`RequestAware`, :class:`ObservesSteps`, :class:`SeesRowIds`, :class:`DeclaresExactness`,
 :class:`VerifiesWithNoise`, :class:`HasTokenizer`, :class:`Prewarmable`,
 :class:`CapturesGraphs`, :class:`NamesModel`, :class:`VerifiesRows`, :class:`HasContext`,
-:class:`ForgetsRequests`, :class:`PrefillsRows`, :class:`ResetsRows`, :class:`NarrowsArms`, and for draft trees :class:`ProposesTrees`, :class:`ScoresTrees`, :class:`VerifiesTrees`). Code that uses a capability tests
+:class:`ForgetsRequests`, :class:`PrefillsRows`, :class:`ResetsRows`, :class:`NarrowsArms`, and for draft trees :class:`ProposesTrees`, :class:`ScoresTrees`, :class:`VerifiesTrees`, :class:`LimitsTreeNodes`). Code that uses a capability tests
 ``isinstance(component, Capability)``, never ``hasattr``, so every capability a caller
 relies on is declared and documented here.
 
@@ -630,6 +630,20 @@ class VerifiesTrees(Protocol):
 
 
 @runtime_checkable
+class LimitsTreeNodes(Protocol):
+    """Optional extra of a :class:`Target` with :class:`ScoresTrees` or a :class:`Verifier` with
+    :class:`VerifiesTrees`: the most nodes a tree it scores or verifies may have.
+
+    An arm's ``gamma`` bounds its trees' nodes (a proposal is ``[B, <= gamma]``), so the pipeline
+    refuses, when it is built, a tree arm whose ``gamma`` is above the target's or the verifier's
+    ``max_tree_nodes``, naming the arm and the limit, rather than failing at its first step.
+    Without it a component takes trees of any size.
+    """
+
+    max_tree_nodes: int
+
+
+@runtime_checkable
 class VerifiesRows(Protocol):
     """Optional extra of a :class:`Verifier`: per-row sampling settings and seeds in one batch.
 
@@ -764,6 +778,7 @@ CAPABILITIES: tuple[type, ...] = (
     ProposesTrees,
     ScoresTrees,
     VerifiesTrees,
+    LimitsTreeNodes,
     VerifiesRows,
     HasContext,
     ForgetsRequests,

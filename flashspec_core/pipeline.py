@@ -6,7 +6,8 @@ the policy, which rolls the draft providers back and updates the selector. A dra
 (``Draft.parents``) is scored with ``score_tree``, verified with ``verify_tree`` and its
 accepted path committed with ``commit_path`` (:class:`~flashspec_core.contracts.ScoresTrees`,
 :class:`~flashspec_core.contracts.VerifiesTrees`); the pipeline refuses a tree arm on a
-target or verifier without them when it is built.
+target or verifier without them, or whose ``gamma`` is above either's node limit
+(:class:`~flashspec_core.contracts.LimitsTreeNodes`), when it is built.
 
 One host read per step: the verdict (``num_accepted`` and the emitted tokens) is
 copied to the host once, because the loop must know what was emitted to stop rows
@@ -41,6 +42,7 @@ from flashspec_core.contracts import (
     Draft,
     GraphCounter,
     HasContext,
+    LimitsTreeNodes,
     RowSampling,
     SamplingParams,
     ScoresTrees,
@@ -459,7 +461,8 @@ class Pipeline:
             cast(ScoresTrees, self.target).commit_path(paths)
 
     def _check_trees(self) -> None:
-        """A tree arm needs a target that scores trees and a verifier that verifies them."""
+        """A tree arm needs a target that scores trees and a verifier that verifies them, each
+        taking trees of its ``gamma`` nodes (:class:`~flashspec_core.contracts.LimitsTreeNodes`)."""
         drafts = {a.name: a.draft.use for a in getattr(self.config, "arms", ())}
         target_use = getattr(getattr(self.config, "target", None), "use", type(self.target).__name__)
         verifier_use = getattr(getattr(self.config, "verifier", None), "use", type(self.verifier).__name__)
@@ -473,6 +476,11 @@ class Pipeline:
             if not isinstance(self.verifier, VerifiesTrees):
                 raise ValueError(f"{who}, but verifier {verifier_use!r} ({type(self.verifier).__name__}) cannot "
                                  "verify them (it lacks VerifiesTrees): use verifier 'reference', or a chain arm")
+            for part, use, component in (("target", target_use, self.target), ("verifier", verifier_use, self.verifier)):
+                if isinstance(component, LimitsTreeNodes) and arm.gamma > component.max_tree_nodes:
+                    raise ValueError(f"{who} of up to gamma = {arm.gamma} nodes, but {part} {use!r} takes trees of "
+                                     f"at most {component.max_tree_nodes} nodes: set the arm's gamma to at most "
+                                     f"{component.max_tree_nodes}")
 
     def _observe(self, record: StepRecord, bucket: int = 1) -> None:
         """Log the step (with its batch bucket's smallest row count) and hand it to ``on_step``."""

@@ -33,7 +33,12 @@ every tree of ``N`` nodes when its tables are graph inputs and its outputs are s
 on the depth (:func:`verify_tree_tables`; the ``triton`` verifier passes ``N``): a dynamic
 tree, whose shape changes from step to step at a fixed node count, replays one graph. Philox
 mode draws the uniforms and the race's exponentials from the ``(seed, counter)`` state as the
-chain does, and advances the counter with one device add after the walk.
+chain does, and advances the counter with one device add after the walk. Each row owns
+``MAX_NODES`` offsets of the accept stream (row ``b``'s node ``n`` draws offset
+``b * MAX_NODES + n``), so every node draws its own uniform; hence a tree has at most
+``MAX_NODES`` (64) nodes, the most an arm drafts (``flashspec_core.config.MAX_GAMMA``).
+:func:`check_inputs` holds greedy and exact mode to it too, so the verifier's limit
+(:class:`~flashspec_core.contracts.LimitsTreeNodes`) does not depend on its noise.
 
 Flags. Each row gets :class:`~flashspec_core.contracts.Broken` bits in
 :attr:`TreeVerdict.flags <flashspec_core.tree.TreeVerdict.flags>` (``[B]`` int32, on the
@@ -68,15 +73,16 @@ from flashspec_core.tree import (
     verify_tree_random,
 )
 from flashspec_kernels import verify as chain
-from flashspec_kernels.verify_jit import _ACCEPT_STRIDE, _argmax_partial_kernel, _lse_partial_kernel
+from flashspec_kernels.verify_jit import _argmax_partial_kernel, _lse_partial_kernel
 from flashspec_kernels.verify_tree_jit import (
+    _TREE_ACCEPT_STRIDE,
     BUG_SIBLING_RESIDUAL,
     BUG_ZERO_PROBABILITY,
     _tree_greedy_kernel,
     _tree_walk_kernel,
 )
 
-MAX_NODES = int(_ACCEPT_STRIDE)  # philox accept offsets per row
+MAX_NODES = int(_TREE_ACCEPT_STRIDE)  # philox accept offsets per row: one uniform per node (module doc)
 # Planted bugs the mutation tests switch on (flashspec_core.testing.tree_mutants); None in use.
 Bug = Literal["sibling_residual_not_updated", "zero_probability_accepted"]
 _BUGS = {None: 0, "sibling_residual_not_updated": BUG_SIBLING_RESIDUAL.value,
@@ -259,8 +265,8 @@ def verify_tree_tables(
         _check_noise(noise, batch, nodes, vocab)
         uniform, expo, state = (noise.uniform.contiguous() if nodes else out), noise.exponential.contiguous(), out
     else:
-        if batch * vocab >= 1 << 31:
-            raise ValueError(f"philox mode needs B * V < 2**31, got {batch} * {vocab}")
+        if batch * max(vocab, MAX_NODES) >= 1 << 31:  # the race's and the accept stream's offsets
+            raise ValueError(f"philox mode needs B * V < 2**31 and B * {MAX_NODES} < 2**31, got {batch} * {vocab}")
         uniform = expo = out  # unused pointers
     q = draft_probs.contiguous() if draft_probs is not None else out
     block, warps = chain.PASS_CONFIG[logits.element_size()]

@@ -8,7 +8,12 @@ import triton
 import triton.language as tl
 
 from flashspec_core.contracts import Broken
-from flashspec_kernels.verify_jit import _ACCEPT_STREAM, _ACCEPT_STRIDE, _batch_rows, _lowest_argmax, _philox_uniform
+from flashspec_kernels.verify_jit import _ACCEPT_STREAM, _batch_rows, _lowest_argmax, _philox_uniform
+
+# Philox accept offsets per tree row: node n of row b draws offset _ACCEPT_STREAM + b * stride + n,
+# so a tree of at most this many nodes gives every (row, node) its own uniform. 64 holds the most
+# nodes a config's arm drafts (flashspec_core.config.MAX_GAMMA); the chain's rows keep 32 each.
+_TREE_ACCEPT_STRIDE = tl.constexpr(64)
 
 # Planted bugs for the mutation tests (flashspec_core.testing.tree_mutants); 0 in the product.
 BUG_NONE = tl.constexpr(0)
@@ -171,7 +176,7 @@ def _tree_walk_kernel(
         if EXACT:
             u = tl.load(u_ptr + b * N + n)
         else:
-            u, _r1, _r2, _r3 = _philox_uniform(seed, counter, _ACCEPT_STREAM + b * _ACCEPT_STRIDE + n)
+            u, _r1, _r2, _r3 = _philox_uniform(seed, counter, _ACCEPT_STREAM + b * _TREE_ACCEPT_STRIDE + n)
         if BUG == BUG_ZERO_PROBABILITY:
             accept = live & (u * q_x <= p_x)
         else:

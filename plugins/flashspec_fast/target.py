@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from flashspec_core.ragged import right_align
-from flashspec_core.tree import TreeBlock, ancestor_bits, check_parents, node_depths
+from flashspec_core.tree import MAX_MASK_NODES, TreeBlock, ancestor_bits, check_parents, node_depths
 from flashspec_fast.graphs import GraphCache
 from flashspec_fast.model import Transformer
 from flashspec_fast.options import FastOptions, build_model
@@ -298,6 +298,11 @@ class FastTarget:
     def max_context(self) -> int:
         """The longest sequence it scores (HasContext): ``max_len`` slots, one of them scratch."""
         return int(self.model.max_len) - 1
+
+    @property
+    def max_tree_nodes(self) -> int:
+        """The most nodes of a tree it scores (LimitsTreeNodes): one int64 ancestor bitmask a node."""
+        return MAX_MASK_NODES
 
     def fit(self, batch: int) -> None:
         """Make the cache hold ``batch`` rows; a reallocated (zeroed) cache drops the captured

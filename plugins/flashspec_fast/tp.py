@@ -436,8 +436,8 @@ def spawn_workers(opts: FastOptions, world: int, init: str, timeout_s: float) ->
 class TensorParallelTarget:
     """Rank 0's target: the fast target over this rank's shard, each call replayed by the others.
 
-    Offers what the pipeline and the server ask of the fast target (``Target``,
-    ``ScoresTrees``, ``PrefillsRows``, ``HasContext``, ``HasTokenizer``, ``CapturesGraphs``)
+    Offers what the pipeline and the server ask of the fast target (``Target``, ``ScoresTrees``,
+    ``LimitsTreeNodes``, ``PrefillsRows``, ``HasContext``, ``HasTokenizer``, ``CapturesGraphs``)
     with the logits of the whole vocabulary.
     """
 
@@ -458,6 +458,10 @@ class TensorParallelTarget:
     @property
     def max_context(self) -> int:
         return self.local.max_context
+
+    @property
+    def max_tree_nodes(self) -> int:
+        return self.local.max_tree_nodes
 
     @property
     def tensor_parallel(self) -> int:

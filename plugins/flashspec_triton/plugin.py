@@ -13,7 +13,9 @@ a block by its mass and then a race in it; :mod:`flashspec_kernels.verify`, "Phi
 Trees (:class:`flashspec_core.contracts.VerifiesTrees`): ``verify_tree`` and
 ``verify_tree_with_noise`` run :mod:`flashspec_kernels.verify_tree` with the same noise
 conventions (exact mode: the reference verifier's tokens), graph-replayed per node count: the
-tree's shape is copied into the graph as data, so a dynamic tree replays one graph.
+tree's shape is copied into the graph as data, so a dynamic tree replays one graph. A tree has at
+most ``max_tree_nodes`` (:data:`flashspec_kernels.verify_tree.MAX_NODES`, 64) nodes
+(:class:`flashspec_core.contracts.LimitsTreeNodes`).
 Inputs outside the contract are flagged per row in the verdict's ``flags`` on the device, on
 every device (no host sync; the pipeline reads them with its one copy): the kernels flag draft
 ids outside ``[0, V)`` and logits NaN, ``+inf`` or all ``-inf`` at a position as they read them,
@@ -53,9 +55,11 @@ class TritonVerifier(RowsOverVerify):
 
     def __init__(self, config: TritonVerifierConfig, device: torch.device | str | None = None) -> None:
         from flashspec_kernels import verify as ops  # triton is imported here, not at plugin load
+        from flashspec_kernels.verify_tree import MAX_NODES
 
         self._ops = ops
         self.config = config
+        self.max_tree_nodes = MAX_NODES  # LimitsTreeNodes: the pipeline refuses a larger tree arm when built
         self.device = torch.device(device) if device is not None else None
         self._graphs = StepGraphs(config.graph_max_bytes, pin=config.graph_pin)
 

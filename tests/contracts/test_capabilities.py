@@ -17,6 +17,7 @@ from flashspec_core.contracts import (
     DeclaresExactness,
     DraftContext,
     HasTokenizer,
+    LimitsTreeNodes,
     NamesModel,
     NarrowsArms,
     Prewarmable,
@@ -35,6 +36,7 @@ def test_model_backends(backend: str, tiny: dict[str, Path]) -> None:
     target = tc.load_target(backend, model_keys(backend, tiny["target"]))
     assert isinstance(target, HasTokenizer) and target.tokenizer is not None
     assert isinstance(target, CapturesGraphs) == (backend == "fast")
+    assert isinstance(target, LimitsTreeNodes) == (backend == "fast")  # hf: a dense tree mask, any size
     context = DraftContext(target=target, vocab=target.vocab, device=target.device)
     draft = dc.load_draft(backend, context, model_keys(backend, tiny["draft"]))
     assert isinstance(draft, Prewarmable) == isinstance(draft, CapturesGraphs) == (backend == "fast")
@@ -60,7 +62,9 @@ def test_verifiers(name: str, with_noise: bool, exact: bool) -> None:
 
 
 def test_triton_verifies_with_noise() -> None:
-    assert isinstance(vc.load_verifier_or_skip("triton"), VerifiesWithNoise)
+    verifier = vc.load_verifier_or_skip("triton")
+    assert isinstance(verifier, VerifiesWithNoise) and isinstance(verifier, LimitsTreeNodes)
+    assert not isinstance(vc.load_verifier("reference"), LimitsTreeNodes)
 
 
 def test_request_thompson_and_factored_are_the_request_aware_selectors() -> None:

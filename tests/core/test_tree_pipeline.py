@@ -107,6 +107,44 @@ def test_tree_arm_on_a_target_without_trees_is_refused(models: dict[str, Path]) 
         pipe.arms = [Arm("tree", PromptLookupDraft(LookupConfig(branches=3)), 6)]
 
 
+def test_tree_arm_above_the_verifiers_node_limit_is_refused_at_build(models: dict[str, Path],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config whose tree arm may propose more nodes (its gamma) than the verifier takes fails when
+    the pipeline is built, naming the arm and the limit, not at the arm's first step."""
+    pytest.importorskip("triton")
+    from flashspec_kernels import verify_tree
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the triton verifier off CUDA
+    with monkeypatch.context() as patch:
+        patch.setattr(verify_tree, "MAX_NODES", 5)  # config refuses gamma > 64 = MAX_NODES itself
+        with pytest.raises(ValueError, match=r"arm 'tree' \(prompt_lookup\) proposes draft trees of up to gamma = "
+                                             r"6 nodes, but verifier 'triton' takes trees of at most 5 nodes"):
+            build_pipeline(_config(models, TREE_ARMS["lookup-tree"], verifier={"use": "triton"}))
+    pipe = build_pipeline(_config(models, {**TREE_ARMS["lookup-tree"], "gamma": verify_tree.MAX_NODES},
+                                  verifier={"use": "triton"}))
+    with pytest.raises(ValueError, match=rf"gamma = {verify_tree.MAX_NODES + 1} nodes, .* at most "
+                                         rf"{verify_tree.MAX_NODES} nodes"):
+        pipe.arms = [Arm("tree", PromptLookupDraft(LookupConfig(branches=3)), verify_tree.MAX_NODES + 1)]
+
+
+def test_tree_arm_above_the_targets_node_limit_is_refused(models: dict[str, Path]) -> None:
+    class Limited:  # a target that scores trees of at most 4 nodes (the fast target: 63)
+        max_tree_nodes = 4
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    pipe = _plain(models)
+    pipe.target = Limited(pipe.target)
+    pipe.arms = [Arm("tree", PromptLookupDraft(LookupConfig(branches=3)), 4)]
+    with pytest.raises(ValueError, match=r"arm 'tree' \(PromptLookupDraft\) proposes draft trees of up to gamma = 6 "
+                                         r"nodes, but target .* takes trees of at most 4 nodes"):
+        pipe.arms = [Arm("tree", PromptLookupDraft(LookupConfig(branches=3)), 6)]
+
+
 def test_a_tree_from_a_provider_that_does_not_declare_trees_is_a_clear_error(models: dict[str, Path]) -> None:
     class Sneaky:
         def reset(self) -> None: ...

@@ -14,9 +14,10 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from flashspec_core.contracts import Broken, SamplingParams, VerifiesTrees  # noqa: E402
+from flashspec_core.config import MAX_GAMMA  # noqa: E402
+from flashspec_core.contracts import Broken, LimitsTreeNodes, SamplingParams, VerifiesTrees  # noqa: E402
 from flashspec_core.sampling import Noise  # noqa: E402
-from flashspec_core.tree import TreeVerdict, chain_parents, node_depths  # noqa: E402
+from flashspec_core.tree import TreeVerdict, chain_parents, grow_tree, node_depths  # noqa: E402
 from flashspec_kernels import verify as ops  # noqa: E402
 from flashspec_kernels import verify_tree as tree_ops  # noqa: E402
 from flashspec_triton.plugin import TritonVerifier, TritonVerifierConfig  # noqa: E402
@@ -38,6 +39,18 @@ def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
 def random_parents(nodes: int, g: torch.Generator) -> tuple[int, ...]:
     """A random tree shape in topological order: each node's parent is the root or an earlier node."""
     return tuple(int(torch.randint(-1, n, (1,), generator=g)) if n else -1 for n in range(nodes))
+
+
+def dynamic_parents(depth: int, expand: int, nodes: int, seed: int) -> tuple[int, ...]:
+    """The shape of a dynamic tree (grow_tree, as a ``tree_depth``/``tree_expand`` arm grows it)
+    over a confident draft's random log-probabilities (its best paths reach the last level)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def logp(k: int) -> torch.Tensor:  # [1, k, 40]
+        return torch.log_softmax(torch.randn((1, k, 40), generator=g) * 4, dim=-1)
+
+    grown = grow_tree(logp(1)[:, 0], lambda feed: logp(feed.tokens.shape[1]), expand, depth, nodes)
+    return tuple(grown.parents.tolist())
 
 
 def tree_inputs(b: int, parents: tuple[int, ...], v: int, mode: str, seed: int, dtype: torch.dtype = torch.float32):
@@ -95,6 +108,75 @@ def test_exact_matches_reference_bf16_and_wide_trees(small_blocks, mode: str) ->
     parents = (-1, -1, -1, -1, 0, 0, 0, 1, 1, 2, 4, 4, 4, 7, 10, 10)  # width 4 at the root, depth 4
     logits, tokens, probs, noise = tree_inputs(3, parents, 1271, mode, seed=5, dtype=torch.bfloat16)
     check_exact(logits, tokens, parents, probs, S(0.9), noise, mode)
+
+
+# Trees past the 32 nodes the kernels once took: the d6-k6-n63 benchmark arm's dynamic shape, a
+# random ragged tree and a chain of the most nodes (depth 64), and a fan of 64 children of the root.
+BIG_TREES = {
+    "dynamic-d6-k6-n63": dynamic_parents(6, 6, 63, seed=0),
+    "random-64": random_parents(64, torch.Generator().manual_seed(64)),
+    "chain-64": tuple(range(-1, 63)),
+    "fan-64": (-1,) * 64,
+}
+
+
+def test_the_node_limit_takes_every_tree_a_config_allows() -> None:
+    assert tree_ops.MAX_NODES >= MAX_GAMMA  # an arm's gamma bounds its trees' nodes
+    assert max(map(len, BIG_TREES.values())) == tree_ops.MAX_NODES == 64
+    assert max(node_depths(BIG_TREES["dynamic-d6-k6-n63"])) == 6
+
+
+@pytest.mark.parametrize(
+    ("tree", "mode"),
+    [*(("dynamic-d6-k6-n63", m) for m in MODES), ("random-64", "without"), ("random-64", "iid"),
+     ("chain-64", "deterministic"), ("fan-64", "mixed")],
+)
+def test_exact_matches_reference_up_to_the_node_limit(small_blocks, tree: str, mode: str) -> None:
+    """Exact and greedy mode give the reference's verdict on trees of 63 and 64 nodes (not every
+    mode on every tree: a 64-wide fan without replacement alone takes 16 s in the interpreter)."""
+    parents = BIG_TREES[tree]
+    logits, tokens, probs, noise = tree_inputs(2, parents, 300, mode, seed=len(parents))
+    check_exact(logits, tokens, parents, probs, S(0.8), noise, mode)
+    check_exact(logits, tokens, parents, probs, S(0.0), None, mode)
+
+
+def test_plugin_verifies_a_dynamic_tree_of_63_nodes(small_blocks) -> None:
+    """The verifier's own path (the one the d6-k6-n63 arm took): exact mode gives the reference
+    verifier's verdict, philox mode runs and is deterministic given the generator."""
+    from flashspec_reference.plugin import ReferenceVerifier
+
+    parents = torch.tensor(BIG_TREES["dynamic-d6-k6-n63"], dtype=torch.int64)
+    logits, tokens, _, noise = tree_inputs(2, tuple(parents.tolist()), 300, "deterministic", seed=63)
+    exact, philox = TritonVerifier(TritonVerifierConfig(noise="exact"), DEV), TritonVerifier(TritonVerifierConfig(), DEV)
+    assert isinstance(philox, LimitsTreeNodes) and philox.max_tree_nodes == tree_ops.MAX_NODES
+    for sampling in (S(0.9), S(0.0)):
+        given = None if sampling.greedy else noise
+        assert_same(exact.verify_tree_with_noise(logits, tokens, parents, None, sampling, given),
+                    ReferenceVerifier().verify_tree_with_noise(logits, tokens, parents, None, sampling, given))
+    runs = [philox.verify_tree(logits, tokens, parents, None, S(0.9), torch.Generator(device=DEV).manual_seed(7))
+            for _ in range(2)]  # fmt: skip
+    assert_same(runs[0], runs[1])
+
+
+def test_philox_accept_uniforms_are_distinct_across_rows_of_the_largest_tree() -> None:
+    """Every (row, node) of a tree of ``MAX_NODES`` nodes draws its own accept uniform. The root's
+    ``MAX_NODES`` children are distinct one-hot tokens of ``p = 1/128`` each, so a row accepts its
+    first child ``I`` in ``0..N-1`` with probability 1/128 each (and none with 1/2), independently
+    of the next row. Were row ``b``'s node ``s + k`` to share row ``b + 1``'s node ``k``'s uniform
+    (rows ``s < N`` offsets apart), ``I_b = I_{b+1} + s`` would follow nearly whenever row
+    ``b + 1`` accepts: ~160 pairs at ``s = 32`` instead of ~2."""
+    rows, n, v = 1024, tree_ops.MAX_NODES, 256
+    probs = torch.cat([torch.full((n,), 1 / 128), torch.full((v - n,), 0.5 / (v - n))])
+    logits = torch.log(probs).expand(rows, n + 1, v).contiguous().to(DEV)
+    tokens = torch.arange(n, device=DEV).expand(rows, n).contiguous()
+    state = ops.new_philox_state(torch.Generator(device=DEV).manual_seed(8), DEV)
+    out = tree_ops.verify_tree_triton(logits, tokens, (-1,) * n, None, S(1.0), state=state)
+    first = torch.where(out.num_accepted > 0, out.path[:, 0], n).cpu()  # [B] the accepted child, n for none
+    took = first[1:] < n
+    lags = (first[:-1] - first[1:])[took & (first[:-1] > first[1:])]
+    counts = torch.bincount(lags, minlength=n)
+    assert 0.003 < float((first < n).double().mean()) / n < 0.013  # 1/128 per child
+    assert int(counts.max()) < 20, counts  # independence: at most ~4 expected at any lag
 
 
 def test_without_replacement_with_repeated_and_zero_mass_siblings(small_blocks) -> None:
@@ -280,6 +362,10 @@ def test_bad_inputs_name_the_argument() -> None:
         run(logits, tokens, (-1, 0), None, S(1.0), noise=noise, without_replacement=True)
     with pytest.raises(ValueError, match=r"parents must be a \[N\] CPU tensor"):
         run(logits, tokens, torch.tensor([[-1, 0]]), None, S(0.0))
+    big = tree_ops.MAX_NODES + 1
+    logits, tokens, _, _ = tree_inputs(2, (-1,) * big, 64, "iid", seed=15)
+    with pytest.raises(ValueError, match=rf"a tree has at most {tree_ops.MAX_NODES} nodes, .* has {big}"):
+        run(logits, tokens, (-1,) * big, None, S(0.0))
 
 
 def test_plugin_verifies_trees(small_blocks) -> None:

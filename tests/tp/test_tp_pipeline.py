@@ -22,6 +22,7 @@ from flashspec_core.contracts import (
     CapturesGraphs,
     HasContext,
     HasTokenizer,
+    LimitsTreeNodes,
     PrefillsRows,
     SamplingParams,
     ScoresTrees,
@@ -39,9 +40,10 @@ def pipes(family: dict[str, Path]) -> Iterator[tuple[Pipeline, Pipeline]]:
 
 def test_the_sharded_target_offers_what_the_fast_target_does(pipes: tuple[Pipeline, Pipeline]) -> None:
     one, two = pipes
-    for protocol in (ScoresTrees, PrefillsRows, HasContext, HasTokenizer, CapturesGraphs):
+    for protocol in (ScoresTrees, LimitsTreeNodes, PrefillsRows, HasContext, HasTokenizer, CapturesGraphs):
         assert isinstance(two.target, protocol) == isinstance(one.target, protocol) == True  # noqa: E712
     assert (two.target.vocab, two.target.max_context) == (one.target.vocab, one.target.max_context) == (16, 255)
+    assert two.target.max_tree_nodes == one.target.max_tree_nodes == 63
     assert two.target.workers[0].is_alive()
     w = two.target.local.model.w  # rank 0's shard: half the vocabulary, heads and MLP columns
     assert (w.embed.shape, w.lm_head.shape, w.layers[0].w_down.weight.shape) == ((8, 32), (8, 32), (32, 32))
