@@ -8,7 +8,7 @@ A component may also offer an optional *capability*: a small runtime-checkable
 protocol below (:class:`RequestAware`, :class:`ObservesSteps`, :class:`SeesRowIds`, :class:`DeclaresExactness`,
 :class:`VerifiesWithNoise`, :class:`HasTokenizer`, :class:`Prewarmable`,
 :class:`CapturesGraphs`, :class:`NamesModel`, :class:`VerifiesRows`, :class:`HasContext`,
-:class:`ForgetsRequests`, :class:`PrefillsRows`, :class:`ResetsRows`, :class:`NarrowsArms`, and for draft trees :class:`ProposesTrees`, :class:`ScoresTrees`, :class:`VerifiesTrees`, :class:`LimitsTreeNodes`). Code that uses a capability tests
+:class:`ForgetsRequests`, :class:`PrefillsRows`, :class:`ResetsRows`, :class:`NarrowsArms`, and for draft trees :class:`ProposesTrees`, :class:`ScoresTrees`, :class:`VerifiesTrees`, :class:`LimitsTreeNodes`; :class:`LimitsChainTokens`). Code that uses a capability tests
 ``isinstance(component, Capability)``, never ``hasattr``, so every capability a caller
 relies on is declared and documented here.
 
@@ -644,6 +644,18 @@ class LimitsTreeNodes(Protocol):
 
 
 @runtime_checkable
+class LimitsChainTokens(Protocol):
+    """Optional extra of a :class:`Verifier`: the most draft tokens of a chain it verifies.
+
+    An arm's ``gamma`` bounds its chains' length, so the pipeline refuses, when it is built, a
+    chain arm whose ``gamma`` is above the verifier's ``max_chain_tokens``, naming the arm and the
+    limit, rather than failing at its first step. Without it a verifier takes chains of any length.
+    """
+
+    max_chain_tokens: int
+
+
+@runtime_checkable
 class VerifiesRows(Protocol):
     """Optional extra of a :class:`Verifier`: per-row sampling settings and seeds in one batch.
 
@@ -779,6 +791,7 @@ CAPABILITIES: tuple[type, ...] = (
     ScoresTrees,
     VerifiesTrees,
     LimitsTreeNodes,
+    LimitsChainTokens,
     VerifiesRows,
     HasContext,
     ForgetsRequests,

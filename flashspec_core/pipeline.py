@@ -7,7 +7,8 @@ the policy, which rolls the draft providers back and updates the selector. A dra
 accepted path committed with ``commit_path`` (:class:`~flashspec_core.contracts.ScoresTrees`,
 :class:`~flashspec_core.contracts.VerifiesTrees`); the pipeline refuses a tree arm on a
 target or verifier without them, or whose ``gamma`` is above either's node limit
-(:class:`~flashspec_core.contracts.LimitsTreeNodes`), when it is built.
+(:class:`~flashspec_core.contracts.LimitsTreeNodes`), and a chain arm whose ``gamma`` is above
+the verifier's (:class:`~flashspec_core.contracts.LimitsChainTokens`), when it is built.
 
 One host read per step: the verdict (``num_accepted`` and the emitted tokens) is
 copied to the host once, because the loop must know what was emitted to stop rows
@@ -42,6 +43,7 @@ from flashspec_core.contracts import (
     Draft,
     GraphCounter,
     HasContext,
+    LimitsChainTokens,
     LimitsTreeNodes,
     RowSampling,
     SamplingParams,
@@ -462,12 +464,20 @@ class Pipeline:
 
     def _check_trees(self) -> None:
         """A tree arm needs a target that scores trees and a verifier that verifies them, each
-        taking trees of its ``gamma`` nodes (:class:`~flashspec_core.contracts.LimitsTreeNodes`)."""
+        taking trees of its ``gamma`` nodes (:class:`~flashspec_core.contracts.LimitsTreeNodes`);
+        a chain arm, a verifier taking chains of its ``gamma`` tokens
+        (:class:`~flashspec_core.contracts.LimitsChainTokens`)."""
         drafts = {a.name: a.draft.use for a in getattr(self.config, "arms", ())}
         target_use = getattr(getattr(self.config, "target", None), "use", type(self.target).__name__)
         verifier_use = getattr(getattr(self.config, "verifier", None), "use", type(self.verifier).__name__)
         for arm in self.policy.arms:
             if not proposes_trees(arm.provider):
+                limit = self.verifier.max_chain_tokens if isinstance(self.verifier, LimitsChainTokens) else None
+                if limit is not None and arm.gamma > limit:
+                    raise ValueError(f"arm {arm.name!r} ({drafts.get(arm.name, type(arm.provider).__name__)}) "
+                                     f"proposes up to gamma = {arm.gamma} draft tokens, but verifier {verifier_use!r} "
+                                     f"takes chains of at most {limit}: set the arm's gamma to at most {limit}, "
+                                     "or use verifier 'reference'")
                 continue
             who = f"arm {arm.name!r} ({drafts.get(arm.name, type(arm.provider).__name__)}) proposes draft trees"
             if not isinstance(self.target, ScoresTrees):

@@ -60,6 +60,7 @@ class TritonVerifier(RowsOverVerify):
         self._ops = ops
         self.config = config
         self.max_tree_nodes = MAX_NODES  # LimitsTreeNodes: the pipeline refuses a larger tree arm when built
+        self.max_chain_tokens = ops.MAX_GAMMA  # LimitsChainTokens: the pipeline refuses a longer chain arm when built
         self.device = torch.device(device) if device is not None else None
         self._graphs = StepGraphs(config.graph_max_bytes, pin=config.graph_pin)
 

@@ -17,6 +17,7 @@ from flashspec_core.contracts import (
     DeclaresExactness,
     DraftContext,
     HasTokenizer,
+    LimitsChainTokens,
     LimitsTreeNodes,
     NamesModel,
     NarrowsArms,
@@ -64,7 +65,8 @@ def test_verifiers(name: str, with_noise: bool, exact: bool) -> None:
 def test_triton_verifies_with_noise() -> None:
     verifier = vc.load_verifier_or_skip("triton")
     assert isinstance(verifier, VerifiesWithNoise) and isinstance(verifier, LimitsTreeNodes)
-    assert not isinstance(vc.load_verifier("reference"), LimitsTreeNodes)
+    assert isinstance(verifier, LimitsChainTokens) and verifier.max_chain_tokens == 16
+    assert not isinstance(vc.load_verifier("reference"), (LimitsTreeNodes, LimitsChainTokens))
 
 
 def test_request_thompson_and_factored_are_the_request_aware_selectors() -> None:

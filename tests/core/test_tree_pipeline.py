@@ -127,6 +127,24 @@ def test_tree_arm_above_the_verifiers_node_limit_is_refused_at_build(models: dic
         pipe.arms = [Arm("tree", PromptLookupDraft(LookupConfig(branches=3)), verify_tree.MAX_NODES + 1)]
 
 
+def test_chain_arm_above_the_verifiers_chain_limit_is_refused_at_build(models: dict[str, Path],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The triton verifier takes chains of at most 16 draft tokens (config allows gamma 64): a longer
+    chain arm fails when the pipeline is built, naming the arm and the limit; the reference takes it."""
+    pytest.importorskip("triton")
+    from flashspec_kernels import verify
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the triton verifier off CUDA
+    chain = {"use": "prompt_lookup", "gamma": verify.MAX_GAMMA + 1}
+    with pytest.raises(ValueError, match=rf"arm 'tree' \(prompt_lookup\) proposes up to gamma = {verify.MAX_GAMMA + 1} "
+                                         rf"draft tokens, but verifier 'triton' takes chains of at most {verify.MAX_GAMMA}"):
+        build_pipeline(_config(models, chain, verifier={"use": "triton"}))
+    pipe = build_pipeline(_config(models, {**chain, "gamma": verify.MAX_GAMMA}, verifier={"use": "triton"}))
+    with pytest.raises(ValueError, match=rf"at most {verify.MAX_GAMMA}: set the arm's gamma"):
+        pipe.arms = [Arm("long", PromptLookupDraft(LookupConfig()), verify.MAX_GAMMA + 1)]
+    assert build_pipeline(_config(models, chain)).policy.arms[0].gamma == verify.MAX_GAMMA + 1
+
+
 def test_tree_arm_above_the_targets_node_limit_is_refused(models: dict[str, Path]) -> None:
     class Limited:  # a target that scores trees of at most 4 nodes (the fast target: 63)
         max_tree_nodes = 4
