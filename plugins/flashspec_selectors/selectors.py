@@ -795,6 +795,8 @@ class _View:
     width: np.ndarray  # mean drafted tokens per row: a draw's ceiling
     least: np.ndarray  # accepted per row -> the least live row's (static batch; else 1)
     opens: np.ndarray  # whether an arm without steps may open here (Factored._openings)
+    gate: np.ndarray  # an arm the gate prices: its prior value (tokens/s) to beat; else nan
+    costed: np.ndarray  # bool: the arms whose values the gate compares with
 
 
 class Factored:
@@ -1022,7 +1024,7 @@ class Factored:
             df=n + self.prior_rows,
             width=width,
             least=least,
-            opens=self._openings(x, mean, step_mean, least),
+            **self._openings(x, mean, step_mean, least),
         )
         return view
 
@@ -1043,19 +1045,8 @@ class Factored:
             self.outstanding[first] = min(self.outstanding[first] + 1, opening - 1)
             return first
         view = self._view()
-        steps = self.steps.tolist()
-        for k, (n, out) in enumerate(zip(steps, self.outstanding.tolist(), strict=True)):
-            if n + out < opening and (n > 0 or view.opens[k]):  # an opening play, where it may pay
-                self.outstanding[k] += 1
-                return k
-        played = [k for k, n in enumerate(steps) if n > 0]
-        if len(played) == 1:  # every other arm is held back by the gate: the draw cannot pick them
-            return played[0]
-        # Student-t, not normal: the spread is itself estimated, and a few unlucky equal counts
-        # read as a tight normal would keep a good arm unplayed for the rest of the run.
-        step_s = view.step_mean + view.spread * self.rng.standard_normal(self.num_arms)
-        step_s = np.maximum(step_s, max(0.5 * self.fastest, 1e-9))  # no step is near-free
         mean, var, rows = view.acc_mean, view.acc_var, view.df
+        opens = view.opens
         if self.request_rows > 0:
             # The pooled posterior (as of the last refit) is the prior of this request's own counts
             # (current: they change every step), worth at most request_rows rows, fewer where finished
@@ -1067,6 +1058,20 @@ class Factored:
             mean = (rs + weight * mean) / (rn + weight)
             var = (spread + weight * var) / (rn + weight)
             rows = rn + weight
+            if self.rows == 1:
+                opens = self._gated(view, mean)
+        steps = self.steps.tolist()
+        for k, (n, out) in enumerate(zip(steps, self.outstanding.tolist(), strict=True)):
+            if n + out < opening and (n > 0 or opens[k]):  # an opening play, where it may pay
+                self.outstanding[k] += 1
+                return k
+        played = [k for k, n in enumerate(steps) if n > 0]
+        if len(played) == 1:  # every other arm is held back by the gate: the draw cannot pick them
+            return played[0]
+        # Student-t, not normal: the spread is itself estimated, and a few unlucky equal counts
+        # read as a tight normal would keep a good arm unplayed for the rest of the run.
+        step_s = view.step_mean + view.spread * self.rng.standard_normal(self.num_arms)
+        step_s = np.maximum(step_s, max(0.5 * self.fastest, 1e-9))  # no step is near-free
         accepted = np.clip(mean + np.sqrt(var / rows) * self.rng.standard_t(rows), 0.0, view.width)
         scores = predicted_throughput(self.rows, accepted * view.least, step_s)
         # An arm with no step observed (the gate kept it from opening) has no width or acceptance
@@ -1103,7 +1108,8 @@ class Factored:
         one = expected_least(self.counts, 1)
         return np.where(one > 0, expected_least(self.counts, self.rows) / np.maximum(one, 1e-12), 1.0)
 
-    def _openings(self, x: np.ndarray, mean: np.ndarray, step_mean: np.ndarray, least: np.ndarray) -> np.ndarray:
+    def _openings(self, x: np.ndarray, mean: np.ndarray, step_mean: np.ndarray,
+                  least: np.ndarray) -> dict[str, np.ndarray]:
         """Whether each arm's opening may start at the live rows (``[K]`` bool). Once a step is
         costed and the arm's width is known (:meth:`see_widths`) or a draft seen, an arm with
         no step observed (an opening play drawn ahead and dropped at a request's end does not
@@ -1115,20 +1121,26 @@ class Factored:
         :meth:`_posterior`: the least intercept of the played arms, and ``token_cost`` per
         drafted token until a draft is costed). At 32 rows the least row of a chain expects a
         few hundredths of a token, and an opening play there costs several plain steps; as
-        rows finish the live rows fall and a held-back arm opens where it may pay."""
+        rows finish the live rows fall and a held-back arm opens where it may pay.
+
+        Returns the view's ``opens``, and for :meth:`select` with ``request_rows`` the priced
+        arms' prior values (``gate``, nan elsewhere) and the ``costed`` arms: at one live row the
+        best costed arm is valued at this request's own acceptance, as its draw is (:meth:`_gated`)."""
         opens = np.ones(self.num_arms, dtype=bool)
         costed = self.fitted > 0
+        gate = np.full(self.num_arms, np.nan)
+        out = {"opens": opens, "gate": gate, "costed": costed}
         if not costed.any():
-            return opens
+            return out
         if self.gammas is not None:  # the arms' own widths, costed before any draft is seen
             tops = self.gammas
         elif self.width.any():
             tops = np.full(self.num_arms, float(math.ceil(float((self.width / np.maximum(self.steps, 1)).max()))))
         else:
-            return opens
+            return out
         closed = (self.steps == 0) & (tops >= 1)  # [K] the arms the gate prices (another plain arm opens)
         if not closed.any():
-            return opens
+            return out
         rows = float(self.rows)
         n, s, _ = self.acc
         accepted = (s + self.prior_rows * chain_acceptance_prior(x[:, 2] / rows)) / (n + self.prior_rows)
@@ -1152,6 +1164,24 @@ class Factored:
         value = predicted_throughput(self.rows, prior, np.maximum(mean @ wx.T, floor))  # [K, W]
         value = np.where(widths <= tops[:, None], value, -np.inf).max(1)  # [K] each arm's best width
         opens[closed] = value[closed] > known[costed].max()
+        gate[closed] = value[closed]
+        return out
+
+    def _gated(self, view: _View, mean: np.ndarray) -> np.ndarray:
+        """``view.opens`` with the best costed arm valued at acceptance ``mean`` (``[K]``, this
+        request's own counts over the pooled posterior, as :meth:`select` draws from): an arm
+        the gate held back opens in a request where the arms played so far match little, though
+        they pay on the requests the pooled counts come from (a suffix arm on copied code, say,
+        priced in a request of new code). :meth:`select` asks it at one live row only: there the
+        request's counts are the sequence being decoded, while over several rows they mix rows and
+        an opening play costs a step over all of them (replayed at 4 rows it opened the 0.5B draft
+        where it lost: ``docs/benchmarks/bandit-replay.json``)."""
+        if not view.costed.any() or np.isnan(view.gate).all():
+            return view.opens
+        known = predicted_throughput(self.rows, mean * view.least, np.maximum(view.step_mean, max(0.5 * self.fastest, 1e-9)))
+        priced = ~np.isnan(view.gate)
+        opens = view.opens.copy()
+        opens[priced] = view.gate[priced] > known[view.costed].max()
         return opens
 
     def observe(self, arm: int, rows: int, width: int, accepted: Sequence[int], step_s: float) -> None:

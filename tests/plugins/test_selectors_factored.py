@@ -786,3 +786,36 @@ def test_plain_plays_per_class_end_even_when_their_steps_never_count() -> None:
     selector.see_rows(32)
     drawn = [selector.select() for _ in range(5)]  # drawn ahead, never observed
     assert drawn[:2] == [0, 0] and selector.plain_drawn[5] == 2 and selector._plain_here() is None
+
+
+def _lookup_that_matched_before(request_rows: float) -> Factored:
+    """Plain decoding (2 ms) and a lookup of width 8 (2.1 ms) that accepted 6 of 8 in every
+    earlier request: an unseen draft of width 3 cannot beat that lookup's pooled value."""
+    selector = Factored(FactoredConfig(seed=0, request_rows=request_rows), 3)
+    selector.see_widths([0, 8, 3])
+    for _ in range(10):
+        selector.begin_request(1)
+        selector.see_rows(1)
+        for _ in range(3):
+            feed(selector, 0, 1, 0, 0, 2e-3)
+        for _ in range(20):
+            feed(selector, 1, 1, 8, 6, 2.1e-3)
+    return selector
+
+
+@pytest.mark.parametrize(("request_rows", "rows", "opens"), [(8.0, 1, True), (8.0, 4, False), (0.0, 1, False)])
+def test_an_arm_held_back_opens_in_a_request_where_the_played_arms_match_nothing(
+        request_rows: float, rows: int, opens: bool) -> None:
+    # A new request in which the lookup matches nothing: at one live row the gate weighs the best
+    # costed arm by this request's own counts (request_rows, worth 8 rows of the pooled 6), so the
+    # draft opens once some 25 empty steps pull the lookup's value under the draft's prior; over 4
+    # rows, or without request_rows, the pooled value holds it back.
+    selector = _lookup_that_matched_before(request_rows)
+    selector.begin_request(rows)
+    selector.see_rows(rows)
+    assert selector.select() != 2  # the lookup's pooled value beats the draft's prior here
+    chosen = []
+    for _ in range(40):
+        feed(selector, 1, rows, 8, 0, 2.1e-3 * (1 + 0.05 * (rows - 1)))
+        chosen.append(selector.select())
+    assert (2 in chosen) == opens
