@@ -12,7 +12,8 @@ shape's GEMMs are 1.23 ms of a 1.94 ms forward in ``docs/benchmarks/fast-profile
 ``SPLIT_K`` equal slices of ``K``, in steps of ``BLOCK_K``, with ``tl.dot`` and float32
 accumulation. :func:`pick` chooses ``BLOCK_N`` and ``SPLIT_K`` from ``N`` and ``K`` alone
 so that a launch has about ``PROGRAMS_PER_SM`` programs per SM (small ``N``: several
-slices of ``K``). With ``SPLIT_K > 1`` each program writes its float32 partial sums and
+slices of ``K``), and as many pipeline stages (buffered steps of ``K``) as the device's shared
+memory holds (:func:`fit`). With ``SPLIT_K > 1`` each program writes its float32 partial sums and
 bumps a per-tile counter; the program that arrives last adds the slices in slice order
 (so the result does not depend on which program finished first), applies the epilogue and
 resets the counter for the next launch: one launch, deterministic.
@@ -44,17 +45,21 @@ a larger batch, goes through the same arithmetic.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK_M = 16  # rows per tile whatever M is: the same dot shape for every row
 PROGRAMS_PER_SM = 2  # aimed-at programs per SM of a launch (SPLIT_K is raised until reached)
 SMS = 132  # the H200's; a launch on another GPU reads its own count
+SHARED = 232448  # bytes of shared memory a program may take on the H100 and H200 (sm_90); a launch reads its GPU's
 MAX_SPLIT_K = 8
 COUNTERS = 1 << 14  # per-device int32 counters of split-K launches (row tiles * column blocks)
 
@@ -208,7 +213,13 @@ def _sms(device: torch.device) -> int:
     return SMS
 
 
-def pick(n: int, k: int, glu: bool = False, sms: int = SMS) -> Config:
+def _shared(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).shared_memory_per_block_optin)
+    return SHARED
+
+
+def blocks(n: int, k: int, glu: bool = False, sms: int = SMS) -> Config:
     """Blocks and slices for an ``[n, k]`` weight (``n`` output columns; with ``glu`` two
     matrices per column): the widest ``BLOCK_N`` that still gives ``PROGRAMS_PER_SM``
     programs per SM, else the narrowest with ``K`` split until it does. Depends on the
@@ -222,6 +233,62 @@ def pick(n: int, k: int, glu: bool = False, sms: int = SMS) -> Config:
     steps = triton.cdiv(k, block_k)
     split = max(1, min(MAX_SPLIT_K, steps // 2, triton.cdiv(want, triton.cdiv(n, block_n))))
     return Config(block_n, block_k, split)
+
+
+def fit(cfg: Config, need: Callable[[Config], int], shared: int) -> Config:
+    """``cfg`` with fewer stages, then (one stage left) shorter steps of ``K``, until the
+    ``need(cfg)`` bytes of shared memory fit in ``shared``. Stages leave the arithmetic as it
+    is; a shorter step adds the products in other groups, and only a GPU with less than the
+    H100's shared memory needs one."""
+    while need(cfg) > shared:
+        if cfg.num_stages > 1:
+            cfg = attrs.evolve(cfg, num_stages=cfg.num_stages - 1)
+        elif cfg.block_k > 16:  # tl.dot's smallest K
+            cfg = attrs.evolve(cfg, block_k=cfg.block_k // 2)
+        else:
+            raise ValueError(f"{cfg} needs {need(cfg)} bytes of shared memory, more than the {shared} a program has")
+    return cfg
+
+
+def shared_bytes(cfg: Config, itemsize: int, glu: bool) -> int:
+    """Shared memory of a ``_gemv_kernel`` program (with the norm), an upper bound of what Triton
+    3.9 gives it (``tests/kernels/test_shared_memory.py``): with one stage, a step's x and W
+    tiles in float32 (the dot's layout changes); with more, ``num_stages - 1`` buffers of a
+    step's loads (x, W's one or two tiles, the norm's weights) and x's tile in float32."""
+    if cfg.num_stages == 1:
+        return cfg.block_k * (BLOCK_M + cfg.block_n) * 4
+    step = cfg.block_k * (BLOCK_M + cfg.block_n * (2 if glu else 1) + 1) * itemsize
+    return (cfg.num_stages - 1) * step + cfg.block_k * BLOCK_M * 4
+
+
+def pick(n: int, k: int, glu: bool = False, sms: int = SMS, itemsize: int = 2, shared: int = SHARED) -> Config:
+    """:func:`blocks` for the matrix, with as many stages as a GPU with ``sms`` SMs and
+    ``shared`` bytes of shared memory per program holds for weights of ``itemsize`` bytes."""
+    return fit(blocks(n, k, glu, sms), lambda cfg: shared_bytes(cfg, itemsize, glu), shared)
+
+
+_stages: dict[tuple[Any, ...], int] = {}  # a launch's specialization -> the stages its GPU took, where fewer
+
+
+def launch(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...], cfg: Config, **constexprs: Any) -> None:
+    """``kernel[grid](*args, **constexprs)`` with ``cfg``'s warps and stages, or with fewer stages
+    where the GPU refuses the shared memory the compiled kernel asks for (Triton raises
+    OutOfResources before anything is launched). :func:`fit` keeps the picks inside its bound,
+    so this catches only a compiler that allocates more than that; the stages found are
+    remembered per specialization, so the retry happens once, at the first call (made before
+    any graph capture). Stages do not change the bits of the result."""
+    x = args[0]
+    key = (kernel, x.device, x.dtype, cfg, tuple(constexprs.items()))
+    stages = _stages.get(key, cfg.num_stages)
+    while True:
+        try:
+            kernel[grid](*args, **constexprs, num_warps=cfg.num_warps, num_stages=stages)
+            return
+        except OutOfResources as exc:
+            if stages == 1 or exc.name != "shared memory":
+                raise
+            stages -= 1
+            _stages[key] = stages
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, norm: torch.Tensor | None,
@@ -258,7 +325,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
     out = residual if residual is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    cfg = config or pick(n, k, glu, _sms(x.device))
+    cfg = config or pick(n, k, glu, _sms(x.device), x.element_size(), _shared(x.device))
     tiles = triton.cdiv(m, BLOCK_M)
     grid = (tiles, triton.cdiv(n, cfg.block_n), cfg.split_k)
     counters = part = out  # unused pointers where SPLIT_K == 1
@@ -269,12 +336,13 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, 
         part = torch.empty((cfg.split_k * (2 if glu else 1) * tiles * BLOCK_M * n,), dtype=torch.float32,
                            device=x.device)
     dummy = x  # for absent bias / norm
-    _gemv_kernel[grid](
-        x, w, norm if norm is not None else dummy, bias if bias is not None else dummy, out, part, counters,
-        m, n, k, x.stride(0), out.stride(0), eps,
+    launch(
+        _gemv_kernel, grid,
+        (x, w, norm if norm is not None else dummy, bias if bias is not None else dummy, out, part, counters,
+         m, n, k, x.stride(0), out.stride(0), eps), cfg,
         BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         NORM=norm is not None, BIAS=bias is not None, RESID=residual is not None, GLU=glu,
-        INTERPRET=_interpreting(x.device), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        INTERPRET=_interpreting(x.device),
     )
     return out
 

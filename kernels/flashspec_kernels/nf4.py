@@ -4,7 +4,7 @@ A weight is stored as NF4 (:mod:`flashspec_kernels.nf4_format`). A decoding forw
 the weights once per forward, so 4-bit weights read a quarter of bf16's bytes; the cost is
 dequantizing them, which a separate pass would pay in bf16 bytes written and read again.
 
-``_nf4_kernel``, grid ``(column blocks, slices of K)`` as :func:`flashspec_kernels.gemv.pick`
+``_nf4_kernel``, grid ``(column blocks, slices of K)`` as :func:`flashspec_kernels.gemv.blocks`
 chooses them for the matrix (so narrow matrices split ``K`` to fill the GPU, and a row's bits
 do not depend on the other rows): program ``(j, s)`` computes ``y[:, cols] = x @ W[cols]^T``
 over slice ``s`` for every row of ``x`` (at most :data:`MAX_ROWS`, one 16-row tile), stepping
@@ -13,6 +13,10 @@ reads its value from the 16-entry table and multiplies it by its group's scale (
 rounds it once to the model dtype (what :func:`dequantize` gives), and accumulates
 ``tl.dot`` in float32; the slices' float32 partials are added in slice order by the last to
 arrive (gemv's counters), the bias joins the float32 sum, and the result is rounded once.
+Triton buffers each step's code-book values and scales as float32 tiles in shared memory,
+four times the bytes of gemv's bf16 weight tile, so :func:`pick` gives a launch as many
+pipeline stages as the GPU's shared memory holds (the 1.5B's gate-up matrix: two on an H100,
+where three would take 278528 bytes of its 232448).
 Wider inputs (a prefill) dequantize the whole matrix and call ``F.linear``
 (:func:`nf4_linear`). In Triton's interpreter the dot runs in float32 and bfloat16 casts
 round to nearest by hand, as in :mod:`flashspec_kernels.gemv`, so the CPU tests check the
@@ -26,10 +30,24 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from flashspec_kernels.gemv import COUNTERS, Config, _dot, _interpreting, _round, _sms, pick, prepare
+from flashspec_kernels.gemv import (
+    COUNTERS,
+    SHARED,
+    SMS,
+    Config,
+    _dot,
+    _interpreting,
+    _round,
+    _shared,
+    _sms,
+    blocks,
+    fit,
+    launch,
+    prepare,
+)
 from flashspec_kernels.nf4_format import GROUP, NF4_VALUES, code_book, dequantize, quantize
 
-__all__ = ["GROUP", "MAX_ROWS", "NF4_VALUES", "dequantize", "nf4_gemv", "nf4_linear", "quantize"]
+__all__ = ["GROUP", "MAX_ROWS", "NF4_VALUES", "dequantize", "nf4_gemv", "nf4_linear", "pick", "quantize"]
 MAX_ROWS = 16  # rows the kernel takes (one tile); wider inputs dequantize the matrix
 
 
@@ -89,11 +107,27 @@ def _nf4_store(acc, rows, cols, rmask, cmask, b_ptr, out_ptr, stride_om, BIAS: t
     tl.store(ptrs, _round(acc, dt, INTERPRET).to(dt), mask=rmask[:, None] & cmask[None, :])
 
 
+def shared_bytes(cfg: Config, itemsize: int) -> int:
+    """Shared memory of a ``_nf4_kernel`` program, an upper bound of what Triton 3.9 gives it
+    (``tests/kernels/test_shared_memory.py``): ``num_stages - 1`` buffers of a step's loads (x,
+    and per weight its code-book value and its scale in float32), and a step's x and W tiles
+    in float32 (the dot's layout changes)."""
+    step = cfg.block_k * (MAX_ROWS * itemsize + cfg.block_n * 8)
+    return (cfg.num_stages - 1) * step + cfg.block_k * (MAX_ROWS + cfg.block_n) * 4
+
+
+def pick(n: int, k: int, sms: int = SMS, itemsize: int = 2, shared: int = SHARED) -> Config:
+    """:func:`flashspec_kernels.gemv.blocks` for an ``[n, k]`` weight, with as many stages as a
+    GPU with ``sms`` SMs and ``shared`` bytes of shared memory per program holds for inputs of
+    ``itemsize`` bytes."""
+    return fit(blocks(n, k, sms=sms), lambda cfg: shared_bytes(cfg, itemsize), shared)
+
+
 def nf4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
              config: Config | None = None) -> torch.Tensor:
     """``x [M, K] @ W^T (+ bias)`` for ``M <= MAX_ROWS``, ``W [N, K]`` the NF4 weight
-    ``(packed, scales)`` of :func:`quantize`; ``[M, N]`` in ``x``'s dtype. Column blocks and
-    slices of ``K`` as :func:`flashspec_kernels.gemv.pick` chooses them for the matrix (never
+    ``(packed, scales)`` of :func:`quantize`; ``[M, N]`` in ``x``'s dtype. Column blocks,
+    slices of ``K`` and stages as :func:`pick` chooses them for the matrix and the GPU (never
     for ``M``), or ``config``. No host sync; graph-capturable once
     :func:`flashspec_kernels.gemv.prepare` has run for the device."""
     m, k = x.shape
@@ -108,7 +142,7 @@ def nf4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bias: 
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    cfg = config or pick(n, k, sms=_sms(x.device))
+    cfg = config or pick(n, k, _sms(x.device), x.element_size(), _shared(x.device))
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     counters = part = out  # unused where SPLIT_K == 1
     if cfg.split_k > 1:
@@ -116,11 +150,12 @@ def nf4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bias: 
         if grid[0] > COUNTERS:
             raise ValueError(f"nf4_gemv: {grid[0]} column blocks of split-K partials exceed {COUNTERS} counters")
         part = torch.empty((cfg.split_k * MAX_ROWS * n,), dtype=torch.float32, device=x.device)
-    _nf4_kernel[grid](
-        x, packed, scales, code_book(x.device), bias if bias is not None else out, out, part, counters, m, n, k,
-        x.stride(0), packed.stride(0), scales.stride(0), out.stride(0), BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, GROUP=GROUP, BIAS=bias is not None,
-        INTERPRET=_interpreting(x.device), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    launch(
+        _nf4_kernel, grid,
+        (x, packed, scales, code_book(x.device), bias if bias is not None else out, out, part, counters, m, n, k,
+         x.stride(0), packed.stride(0), scales.stride(0), out.stride(0)), cfg,
+        BLOCK_M=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, GROUP=GROUP,
+        BIAS=bias is not None, INTERPRET=_interpreting(x.device),
     )
     return out
 
