@@ -797,6 +797,7 @@ class _View:
     opens: np.ndarray  # whether an arm without steps may open here (Factored._openings)
     gate: np.ndarray  # an arm the gate prices: its prior value (tokens/s) to beat; else nan
     costed: np.ndarray  # bool: the arms whose values the gate compares with
+    priced: bool  # the gate prices some arm (a per-request gate has something to decide)
 
 
 class Factored:
@@ -1045,21 +1046,10 @@ class Factored:
             self.outstanding[first] = min(self.outstanding[first] + 1, opening - 1)
             return first
         view = self._view()
-        mean, var, rows = view.acc_mean, view.acc_var, view.df
-        opens = view.opens
-        if self.request_rows > 0:
-            # The pooled posterior (as of the last refit) is the prior of this request's own counts
-            # (current: they change every step), worth at most request_rows rows, fewer where finished
-            # requests differ (request_prior_rows): an arm that matches nothing in this request is
-            # priced by that after a try or two.
-            rn, rs, rss = self._own()
-            weight = np.minimum(self.request_weight, rows)
-            spread = np.maximum(rss - rs * rs / np.maximum(rn, 1.0), 0.0)
-            mean = (rs + weight * mean) / (rn + weight)
-            var = (spread + weight * var) / (rn + weight)
-            rows = rn + weight
-            if self.rows == 1:
-                opens = self._gated(view, mean)
+        opens, drawn = view.opens, None
+        if self.request_rows > 0 and self.rows == 1 and view.priced:
+            drawn = self._acceptance(view)
+            opens = self._gated(view, drawn[0])
         steps = self.steps.tolist()
         for k, (n, out) in enumerate(zip(steps, self.outstanding.tolist(), strict=True)):
             if n + out < opening and (n > 0 or opens[k]):  # an opening play, where it may pay
@@ -1072,11 +1062,29 @@ class Factored:
         # read as a tight normal would keep a good arm unplayed for the rest of the run.
         step_s = view.step_mean + view.spread * self.rng.standard_normal(self.num_arms)
         step_s = np.maximum(step_s, max(0.5 * self.fastest, 1e-9))  # no step is near-free
+        mean, var, rows = drawn or self._acceptance(view)
         accepted = np.clip(mean + np.sqrt(var / rows) * self.rng.standard_t(rows), 0.0, view.width)
         scores = predicted_throughput(self.rows, accepted * view.least, step_s)
         # An arm with no step observed (the gate kept it from opening) has no width or acceptance
         # yet: scored here it would read as plain decoding at another cost and win a lucky draw.
         return _argmax(np.where(self.steps > 0, scores, -np.inf).tolist())
+
+    def _acceptance(self, view: _View) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The acceptance posterior :meth:`select` draws from (``[K]`` mean, spread over rows,
+        degrees of freedom): the view's pooled one, and with ``request_rows`` this request's own
+        counts over it (current: they change every step, where the view changes at a refit)."""
+        mean, var, rows = view.acc_mean, view.acc_var, view.df
+        if self.request_rows > 0:
+            # The pooled posterior is the prior of this request's own counts, worth at most
+            # request_rows rows, fewer where finished requests differ (request_prior_rows): an
+            # arm that matches nothing in this request is priced by that after a try or two.
+            rn, rs, rss = self._own()
+            weight = np.minimum(self.request_weight, rows)
+            spread = np.maximum(rss - rs * rs / np.maximum(rn, 1.0), 0.0)
+            mean = (rs + weight * mean) / (rn + weight)
+            var = (spread + weight * var) / (rn + weight)
+            rows = rn + weight
+        return mean, var, rows
 
     def likely_arms(self, rows: int) -> list[int]:
         """The arms :meth:`select` may play over ``rows`` live rows as the state stands
@@ -1109,7 +1117,7 @@ class Factored:
         return np.where(one > 0, expected_least(self.counts, self.rows) / np.maximum(one, 1e-12), 1.0)
 
     def _openings(self, x: np.ndarray, mean: np.ndarray, step_mean: np.ndarray,
-                  least: np.ndarray) -> dict[str, np.ndarray]:
+                  least: np.ndarray) -> dict[str, Any]:
         """Whether each arm's opening may start at the live rows (``[K]`` bool). Once a step is
         costed and the arm's width is known (:meth:`see_widths`) or a draft seen, an arm with
         no step observed (an opening play drawn ahead and dropped at a request's end does not
@@ -1129,7 +1137,7 @@ class Factored:
         opens = np.ones(self.num_arms, dtype=bool)
         costed = self.fitted > 0
         gate = np.full(self.num_arms, np.nan)
-        out = {"opens": opens, "gate": gate, "costed": costed}
+        out: dict[str, Any] = {"opens": opens, "gate": gate, "costed": costed, "priced": False}
         if not costed.any():
             return out
         if self.gammas is not None:  # the arms' own widths, costed before any draft is seen
@@ -1165,6 +1173,7 @@ class Factored:
         value = np.where(widths <= tops[:, None], value, -np.inf).max(1)  # [K] each arm's best width
         opens[closed] = value[closed] > known[costed].max()
         gate[closed] = value[closed]
+        out["priced"] = True
         return out
 
     def _gated(self, view: _View, mean: np.ndarray) -> np.ndarray:
@@ -1176,7 +1185,7 @@ class Factored:
         request's counts are the sequence being decoded, while over several rows they mix rows and
         an opening play costs a step over all of them (replayed at 4 rows it opened the 0.5B draft
         where it lost: ``docs/benchmarks/bandit-replay.json``)."""
-        if not view.costed.any() or np.isnan(view.gate).all():
+        if not view.priced:
             return view.opens
         known = predicted_throughput(self.rows, mean * view.least, np.maximum(view.step_mean, max(0.5 * self.fastest, 1e-9)))
         priced = ~np.isnan(view.gate)
