@@ -39,7 +39,9 @@
 #
 # Every stage writes its log and results under $OUT (res-STAGE.tgz: the sections' bench.json
 # folders); `e2e_h200.py summarize` turns them into docs/benchmarks/e2e-h200.json (the raw rows
-# go to the git-ignored benchmarks/.results/).
+# go to the git-ignored benchmarks/.results/). On an H100 lease merge into e2e-h100.json instead
+# (`--merge docs/benchmarks/e2e-h100.json`, then rename the written e2e-h200.json): the device is
+# in each section's bench.json, and the two files must not mix.
 set -uo pipefail
 FS=/tmp/fs SITE=/tmp/site MODELS=/tmp/fsmodels RES=/tmp/fsout LOGS=/tmp/fslogs
 BF16=/tmp/fsbf16 PEER=/tmp/peersite  # the converted models (flashspec_bench.sections); the peer's own folder

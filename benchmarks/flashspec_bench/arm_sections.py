@@ -44,8 +44,8 @@ SWEEP_TOKENS = 64
 TREES = (((2, 2, 1), 10), ((3, 2, 1), 12), ((2, 1, 1, 1, 1), 10))
 # Dynamic trees by (tree_depth, tree_expand, gamma = node budget): tree_depth draft forwards per
 # step, the best of the CPU shape sweep (docs/benchmarks/tree-shapes-cpu.json), and the six-level
-# tree of 63 nodes, which accepted 1.33x the six-draft chain per target forward in a shorter CPU
-# run of benchmarks/tree_shapes.py's depth-5/6 arms (not in that file: it holds depths 3-4).
+# tree of 63 nodes, which accepts 1.38x the six-draft chain per target forward on an H100
+# (docs/benchmarks/e2e-h100.json, summary.tree.accepted_per_forward).
 DYNAMIC_TREES = ((3, 4, 15), (4, 4, 15), (6, 6, 63))
 CHAIN_GAMMAS = (3, 4, 5, 6)
 LOOKUP_GAMMA, LOOKUP_TREE_GAMMA, LOOKUP_BRANCHES = 6, 12, 3
