@@ -255,6 +255,13 @@ def _check(target_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_probs:
         raise ValueError(f"draft_probs must be [B, gamma, V], got {tuple(draft_probs.shape)}")
 
 
+def readable(logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` as the kernels read them: float64 (a float64 target's) cast to float32 first. The
+    kernels compute in float32 and their launch settings are per 2- and 4-byte logits; the
+    reference verifier casts to float32 too (``filter_logits``), so the tokens are the same."""
+    return logits.float() if logits.dtype == torch.float64 else logits
+
+
 def _prepare(target_logits: torch.Tensor, sampling: SamplingParams) -> tuple[torch.Tensor, float]:
     """Logits the kernels read and the factor they scale them by."""
     if sampling.filtered:
@@ -263,7 +270,7 @@ def _prepare(target_logits: torch.Tensor, sampling: SamplingParams) -> tuple[tor
 
 
 def verify_triton(
-    target_logits: torch.Tensor,  # [B, gamma+1, V] float32 / bfloat16 / float16
+    target_logits: torch.Tensor,  # [B, gamma+1, V] float32 / bfloat16 / float16 (float64: read as float32)
     draft_tokens: torch.Tensor,  # [B, gamma] int64
     draft_probs: torch.Tensor | None,  # [B, gamma, V] float or None (one-hot q)
     sampling: SamplingParams,
@@ -311,6 +318,7 @@ def _verify(
     draw: Draw = "auto",
 ) -> tuple[Verdict, torch.Tensor | None]:
     _check(target_logits, draft_tokens, draft_probs)
+    target_logits = readable(target_logits)
     batch, gamma = draft_tokens.shape
     vocab = target_logits.shape[-1]
     dev = target_logits.device

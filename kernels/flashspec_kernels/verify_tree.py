@@ -153,7 +153,7 @@ def _check_noise(noise: Noise, batch: int, nodes: int, vocab: int) -> None:
 
 
 def verify_tree_triton(
-    target_logits: torch.Tensor,  # [B, N+1, V] float32 / bfloat16 / float16: the root, then each node
+    target_logits: torch.Tensor,  # [B, N+1, V] float (float64 read as float32): the root, then each node
     draft_tokens: torch.Tensor,  # [B, N] int64 node tokens
     parents: torch.Tensor | Sequence[int],  # [N] int64 CPU, -1 = a child of the root
     draft_probs: torch.Tensor | None,  # [B, N, V] float or None (every node deterministic)
@@ -194,7 +194,7 @@ def _check_tables(nodes: int, node_table: torch.Tensor, elder: torch.Tensor | No
 
 
 def verify_tree_tables(
-    target_logits: torch.Tensor,  # [B, N+1, V] float32 / bfloat16 / float16: the root, then each node
+    target_logits: torch.Tensor,  # [B, N+1, V] float (float64 read as float32): the root, then each node
     draft_tokens: torch.Tensor,  # [B, N] int64 node tokens
     node_table: torch.Tensor,  # [3, N] int32 on the device (tree_tables): the tree's shape, as data
     elder: torch.Tensor | None,  # [N, W] int32 on the device (tree_tables); only without replacement reads it
@@ -219,6 +219,7 @@ def verify_tree_tables(
     vocab, dev = target_logits.shape[2], target_logits.device
     check_inputs(target_logits, draft_tokens, nodes, draft_probs)
     _check_tables(nodes, node_table, elder, depth, dev)
+    target_logits = chain.readable(target_logits)
     if without_replacement and draft_probs is None:
         raise ValueError("without_replacement needs draft_probs: deterministic (None) siblings are not draws")
     if without_replacement and elder is None:

@@ -232,3 +232,19 @@ def test_tree_drafts_keep_the_draft_contract(models: dict[str, Path], tree: str,
         return _hf_draft(models, (2, 2), "sample" if tree == "hf-sampled" else "topk")
 
     dc.check_script(make, vocab=16, sampling=sampling)
+
+
+@pytest.mark.parametrize("arm", [{"use": "prompt_lookup", "gamma": 4}, TREE_ARMS["lookup-tree"]], ids=["chain", "tree"])
+def test_a_float64_target_runs_on_the_triton_verifier(models: dict[str, Path], arm: dict[str, Any],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dtype = "float64"`` is a target option, and on CUDA ``auto`` verifies with triton, whose kernels
+    take 2- and 4-byte logits: float64 logits are read as float32, as the reference reads them, so
+    the tokens are the reference's (exact noise), not a KeyError at the first step."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the triton verifier off CUDA
+    tokens = {}
+    for verifier in ({"use": "reference"}, {"use": "triton", "noise": "exact"}):
+        pipe = build_pipeline(_config(models, arm, dtype="float64", verifier=verifier))
+        tokens[verifier["use"]] = [pipe.generate(PROMPTS, max_new_tokens=5, temperature=t, seed=3).token_ids
+                                   for t in (0.0, 1.0)]
+    assert tokens["triton"] == tokens["reference"]
