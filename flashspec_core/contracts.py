@@ -677,12 +677,14 @@ class VerifiesRows(Protocol):
 
 @runtime_checkable
 class HasContext(Protocol):
-    """Optional extra of a :class:`Target`: the longest sequence it can score.
+    """Optional extra of a :class:`Target` or a :class:`DraftProvider`: the longest sequence it
+    can score, or draft after.
 
     ``max_context`` counts tokens: prompt, generated tokens and a step's draft slots
     together (fast: its cache's ``max_len - 1``, one slot being scratch; hf: the model's
-    ``max_position_embeddings``). The server answers 400 to a prompt that leaves no room,
-    and the pipeline refuses one before it prefills.
+    ``max_position_embeddings``). The pipeline's context is the least of its target's and its
+    arms' providers' (a fast draft's cache may be shorter than its target's): the server answers
+    400 to a prompt that leaves no room in it, and the pipeline refuses one before it prefills.
     """
 
     max_context: int

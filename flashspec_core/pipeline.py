@@ -287,15 +287,29 @@ class Pipeline:
         self.policy.settle()  # the selector has seen every step once generate returns
         return out, steps
 
+    @property
+    def max_context(self) -> int | None:
+        """The longest sequence every part holds: the least :class:`HasContext` ``max_context`` of
+        the target and the arms' providers (a draft over its own static cache holds fewer tokens
+        than its target where its ``max_len`` is smaller); None where none declares one."""
+        limits = [limit for _, limit in self._contexts()]
+        return min(limits) if limits else None
+
+    def _contexts(self) -> list[tuple[str, int]]:
+        """Each part with a :class:`HasContext`, as errors name it, and its ``max_context``."""
+        parts: list[tuple[str, object]] = [("the target's context", self.target)]
+        parts += [(f"the context of arm {a.name!r}'s draft", a.provider) for a in self.policy.arms]
+        return [(who, int(part.max_context)) for who, part in parts if isinstance(part, HasContext)]
+
     def check_context(self, prompt_len: int, max_new: int) -> None:
         """A clear error where a prompt of ``prompt_len`` tokens and ``max_new`` new ones (plus the
-        widest arm's draft slots) would outrun the target's :class:`HasContext` ``max_context``."""
-        if not isinstance(self.target, HasContext):
-            return
+        widest arm's draft slots) would outrun the target's or a draft's :class:`HasContext`
+        ``max_context``, before anything is prefilled."""
         gamma = max(a.gamma for a in self.policy.arms)
-        if prompt_len + max_new + gamma > self.target.max_context:
-            raise ValueError(f"a prompt of {prompt_len} tokens plus max_new_tokens = {max_new} plus {gamma} draft "
-                             f"slots exceeds the target's context of {self.target.max_context} tokens")
+        for who, limit in self._contexts():
+            if prompt_len + max_new + gamma > limit:
+                raise ValueError(f"a prompt of {prompt_len} tokens plus max_new_tokens = {max_new} plus {gamma} "
+                                 f"draft slots exceeds {who} of {limit} tokens")
 
     def step(
         self,

@@ -122,6 +122,15 @@ class FastDraft:
         self._fed = 0  # draft tokens the last proposal's loop fed through the model
         self._tree = False  # the last proposal's nodes sit at tree slots (a tree_width draft)
 
+    @property
+    def max_context(self) -> int:
+        """The longest sequence it drafts after (:class:`~flashspec_core.contracts.HasContext`), as the
+        fast target's: ``max_len`` slots, one of them scratch; a dynamic tree's fed block (``(D - 1) k``
+        slots, where more than the arm's draft slots) takes the rest. The pipeline and the server keep
+        a request within it, so that a draft whose ``max_len`` is below its target's refuses a long
+        prompt before the prefill, rather than failing at the first step."""
+        return int(self.model.max_len) - 1 - max(0, (self.tree_depth - 1) * self.tree_expand - 1)
+
     def reset(self) -> None:
         self.seen = []
 

@@ -52,7 +52,6 @@ import structlog
 import torch
 
 from flashspec_core.contracts import (
-    HasContext,
     PrefillsRows,
     ResetsRows,
     RowSampling,
@@ -198,9 +197,10 @@ def _put_all(items: list[tuple[Handle, Event]]) -> None:
 
 
 def context_length(pipeline: Pipeline) -> int | None:
-    """The target's context in tokens where it declares one (:class:`HasContext`); else None."""
-    target = pipeline.target
-    return int(target.max_context) if isinstance(target, HasContext) else None
+    """The pipeline's context in tokens: the least the target and the drafts declare
+    (:class:`~flashspec_core.contracts.HasContext`, :attr:`Pipeline.max_context`); None where
+    none declares one."""
+    return pipeline.max_context
 
 
 class _Row:
@@ -244,7 +244,13 @@ class Engine:
         # waiting for it would only hold each token back by a step.
         self.overlap = pipeline.target.device.type == "cuda" if overlap is None else overlap
         self.max_batch, self.max_waiting = max_batch, max_waiting
-        self.context = context if context is not None else context_length(pipeline)
+        held = context_length(pipeline)
+        if context is not None and held is not None and context > held:
+            # a request past what the caches hold would fail inside a step, taking the batch with it
+            raise ValueError(f"--max-model-len {context} is above the pipeline's context of {held} tokens (the "
+                             f"least of its target's and drafts' contexts): pass at most {held}, or raise the "
+                             "max_len keys in the config")
+        self.context = context if context is not None else held
         self.max_gamma = max(a.gamma for a in pipeline.arms)
         for selector in pipeline.policy.selectors:  # finished rows' slots take new requests here
             if isinstance(selector, SeesRefills):

@@ -264,7 +264,7 @@ def warm_widths(pipeline: Pipeline, widths: Sequence[Arm], sizes: Sequence[int],
     if not widths:
         return 0
     schedule = [(arm, sampling) for arm in widths]
-    context = getattr(pipeline.target, "max_context", None)
+    context = pipeline.max_context
     room = _room(len(schedule), max(a.gamma for a in widths))
     steps = 0
     with _quiet(pipeline), _forced(pipeline.policy) as force:

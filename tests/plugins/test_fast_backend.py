@@ -215,6 +215,22 @@ def test_max_len_too_small_is_a_clear_error(models: dict[str, Path]) -> None:
         build_pipeline(cfg).generate([PROMPTS[2]], max_new_tokens=8)
 
 
+def test_a_draft_with_less_context_than_its_target_refuses_a_long_prompt_before_the_prefill(
+        models: dict[str, Path]) -> None:
+    """A fast draft's own cache holds ``max_len - 1`` tokens: a request its target holds but the
+    draft does not is refused before the prefill, naming the draft, not at the first step; the
+    pipeline's context (the server's) is the least of them."""
+    arms = [{"use": "fast", "model": str(models["close"]), "gamma": 3, "dtype": "float64", "name": "close",
+             "max_len": 16}, {"use": "fast", "model": str(models["far"]), "gamma": 2, "dtype": "float64",
+                              "name": "tree", "max_len": 32, "tree_depth": 3, "tree_expand": 4}]
+    pipe = build_pipeline(_config(models, "fast", "float64", arms=arms))
+    assert pipe.max_context == 15 and pipe.policy.arms[1].provider.max_context == 32 - 1 - (2 * 4 - 1)
+    with pytest.raises(ValueError, match=r"^a prompt of 11 tokens plus max_new_tokens = 8 plus 3 draft slots exceeds "
+                                         r"the context of arm 'close''s draft of 15 tokens$"):
+        pipe.generate([PROMPTS[2]], max_new_tokens=8)
+    assert len(pipe.generate([PROMPTS[2]], max_new_tokens=1).token_ids[0]) == 1
+
+
 def test_unknown_key_fails_at_load(models: dict[str, Path]) -> None:
     cfg = _config(models, "fast", "float64")
     cfg["target"]["compiled"] = True

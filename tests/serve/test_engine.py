@@ -195,3 +195,13 @@ def test_shutdown_aborts_what_outlives_the_grace(alone: Pipeline) -> None:
     lasts = _engine_run(alone, 0.0, 400)
     assert [e.finish for e in lasts] == ["abort", "abort"]
     assert all(0 < e.completion_tokens < 400 for e in lasts)
+
+
+def test_a_context_above_the_pipelines_is_refused_when_the_engine_is_made(alone: Pipeline) -> None:
+    """``--max-model-len`` above what the caches hold would admit requests that fail inside a step,
+    aborting every row of the batch: the engine refuses it when made, naming both lengths."""
+    held = alone.max_context
+    assert held is not None and Engine(alone).context == held and Engine(alone, context=held - 1).context == held - 1
+    with pytest.raises(ValueError, match=rf"^--max-model-len {held + 1} is above the pipeline's context of {held} "
+                                         rf"tokens .*: pass at most {held}"):
+        Engine(alone, context=held + 1)
