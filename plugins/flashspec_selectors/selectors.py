@@ -785,7 +785,8 @@ class RequestThompson:
 
 @attrs.frozen(eq=False)
 class _View:
-    """What :meth:`Factored.select` reads at one live-row count (each ``[K] float64``, ``opens`` bool)."""
+    """What :meth:`Factored.select` reads at one live-row count (each ``[K] float64``; ``opens``
+    and ``costed`` ``[K]`` bool, ``priced`` one bool)."""
 
     step_mean: np.ndarray  # predicted step seconds, posterior mean
     spread: np.ndarray  # the predicted step seconds' standard deviation
@@ -1183,8 +1184,9 @@ class Factored:
         they pay on the requests the pooled counts come from (a suffix arm on copied code, say,
         priced in a request of new code). :meth:`select` asks it at one live row only: there the
         request's counts are the sequence being decoded, while over several rows they mix rows and
-        an opening play costs a step over all of them (replayed at 4 rows it opened the 0.5B draft
-        where it lost: ``docs/benchmarks/bandit-replay.json``)."""
+        an opening play costs a step over all of them (asked at every row count, it opened the 0.5B
+        draft where it lost: ``benchmarks/bandit_replay.py`` over the recorded H200 steps gave 1.22x
+        target-only at batch 4 in the run's order, against 1.24x with the pooled gate there)."""
         if not view.priced:
             return view.opens
         known = predicted_throughput(self.rows, mean * view.least, np.maximum(view.step_mean, max(0.5 * self.fastest, 1e-9)))
