@@ -485,15 +485,15 @@ class Pipeline:
         target_use = getattr(getattr(self.config, "target", None), "use", type(self.target).__name__)
         verifier_use = getattr(getattr(self.config, "verifier", None), "use", type(self.verifier).__name__)
         for arm in self.policy.arms:
+            label = f"arm {arm.name!r} ({drafts.get(arm.name, type(arm.provider).__name__)})"
             if not proposes_trees(arm.provider):
                 limit = self.verifier.max_chain_tokens if isinstance(self.verifier, LimitsChainTokens) else None
                 if limit is not None and arm.gamma > limit:
-                    raise ValueError(f"arm {arm.name!r} ({drafts.get(arm.name, type(arm.provider).__name__)}) "
-                                     f"proposes up to gamma = {arm.gamma} draft tokens, but verifier {verifier_use!r} "
-                                     f"takes chains of at most {limit}: set the arm's gamma to at most {limit}, "
-                                     "or use verifier 'reference'")
+                    raise ValueError(f"{label} proposes up to gamma = {arm.gamma} draft tokens, but verifier "
+                                     f"{verifier_use!r} takes chains of at most {limit}: set the arm's gamma to at "
+                                     f"most {limit}, or use verifier 'reference'")
                 continue
-            who = f"arm {arm.name!r} ({drafts.get(arm.name, type(arm.provider).__name__)}) proposes draft trees"
+            who = f"{label} proposes draft trees"
             if not isinstance(self.target, ScoresTrees):
                 raise ValueError(f"{who}, but target {target_use!r} ({type(self.target).__name__}) cannot score "
                                  "them (it lacks ScoresTrees): use the fast or hf target, or a chain arm")

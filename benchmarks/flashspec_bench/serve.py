@@ -492,12 +492,11 @@ def offline(pipeline: Any, prompts: Sequence[str], max_tokens: int, temperature:
     server's engine does: on a busy CPU, torch's intra-op threads make the main thread's
     decoding many times slower than a worker thread's, which would credit the server with the
     difference."""
-    from flashspec_serve.engine import context_length
     from flashspec_serve.warmup import graph_captures, graph_counters, warm_up
 
     def work() -> tuple[list[tuple[int, float, str]], int]:
         encoded = [server_ids(pipeline, prompt) for prompt in prompts]
-        warm_up(pipeline, [1], context_length(pipeline), per_row=False, level="basic")
+        warm_up(pipeline, [1], pipeline.max_context, per_row=False, level="basic")
         for ids in encoded:
             pipeline.generate([ids], max_new_tokens=max_tokens, temperature=temperature)
         before = graph_captures(graph_counters(pipeline))

@@ -1062,7 +1062,7 @@ class Factored:
         # Student-t, not normal: the spread is itself estimated, and a few unlucky equal counts
         # read as a tight normal would keep a good arm unplayed for the rest of the run.
         step_s = view.step_mean + view.spread * self.rng.standard_normal(self.num_arms)
-        step_s = np.maximum(step_s, max(0.5 * self.fastest, 1e-9))  # no step is near-free
+        step_s = np.maximum(step_s, self._step_floor())
         mean, var, rows = drawn or self._acceptance(view)
         accepted = np.clip(mean + np.sqrt(var / rows) * self.rng.standard_t(rows), 0.0, view.width)
         scores = predicted_throughput(self.rows, accepted * view.least, step_s)
@@ -1153,8 +1153,7 @@ class Factored:
         rows = float(self.rows)
         n, s, _ = self.acc
         accepted = (s + self.prior_rows * chain_acceptance_prior(x[:, 2] / rows)) / (n + self.prior_rows)
-        floor = max(0.5 * self.fastest, 1e-9)
-        known = predicted_throughput(self.rows, accepted * least, np.maximum(step_mean, floor))
+        floor = self._step_floor()
         widths = np.arange(1.0, float(tops[closed].max()) + 1.0)  # [W]
         wx = np.stack([np.ones_like(widths), np.full_like(widths, rows), rows * widths], 1)  # [W, 3]
         prior = chain_acceptance_prior(widths, self.rows if self.static_batch else 1)  # [W]
@@ -1172,7 +1171,7 @@ class Factored:
             mean[:, 2] = np.maximum(mean[:, 2], least_cost)
         value = predicted_throughput(self.rows, prior, np.maximum(mean @ wx.T, floor))  # [K, W]
         value = np.where(widths <= tops[:, None], value, -np.inf).max(1)  # [K] each arm's best width
-        opens[closed] = value[closed] > known[costed].max()
+        opens[closed] = value[closed] > self._best_costed(accepted, least, step_mean, costed)
         gate[closed] = value[closed]
         out["priced"] = True
         return out
@@ -1189,11 +1188,21 @@ class Factored:
         target-only at batch 4 in the run's order, against 1.24x with the pooled gate there)."""
         if not view.priced:
             return view.opens
-        known = predicted_throughput(self.rows, mean * view.least, np.maximum(view.step_mean, max(0.5 * self.fastest, 1e-9)))
         priced = ~np.isnan(view.gate)
         opens = view.opens.copy()
-        opens[priced] = view.gate[priced] > known[view.costed].max()
+        opens[priced] = view.gate[priced] > self._best_costed(mean, view.least, view.step_mean, view.costed)
         return opens
+
+    def _step_floor(self) -> float:
+        """The least step time a prediction takes: half the fastest step seen (no step is near-free)."""
+        return max(0.5 * self.fastest, 1e-9)
+
+    def _best_costed(self, accepted: np.ndarray, least: np.ndarray, step_mean: np.ndarray,
+                     costed: np.ndarray) -> float:
+        """The opening gate's bar: the best expected tokens per second of the ``costed`` arms at
+        acceptance ``accepted`` (``[K]``, scaled by ``least``) and predicted step time ``step_mean``."""
+        known = predicted_throughput(self.rows, accepted * least, np.maximum(step_mean, self._step_floor()))
+        return float(known[costed].max())
 
     def observe(self, arm: int, rows: int, width: int, accepted: Sequence[int], step_s: float) -> None:
         arm = _check_arm(arm, self.num_arms)

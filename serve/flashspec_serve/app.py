@@ -77,7 +77,7 @@ class ServeSettings:
     model_name: str
     max_batch: int = 32
     max_waiting: int = 256
-    context: int | None = None  # None: the pipeline's own (engine.context_length); at most that
+    context: int | None = None  # None: the pipeline's own (Pipeline.max_context); at most that
     shutdown_grace_s: float = 10.0
     retry_after_s: int = 1
     # how much the engine warms up before the server takes requests (flashspec_serve.warmup):

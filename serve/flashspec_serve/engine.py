@@ -196,13 +196,6 @@ def _put_all(items: list[tuple[Handle, Event]]) -> None:
         handle.deliver(event)
 
 
-def context_length(pipeline: Pipeline) -> int | None:
-    """The pipeline's context in tokens: the least the target and the drafts declare
-    (:class:`~flashspec_core.contracts.HasContext`, :attr:`Pipeline.max_context`); None where
-    none declares one."""
-    return pipeline.max_context
-
-
 class _Row:
     """A request in the running batch."""
 
@@ -244,7 +237,7 @@ class Engine:
         # waiting for it would only hold each token back by a step.
         self.overlap = pipeline.target.device.type == "cuda" if overlap is None else overlap
         self.max_batch, self.max_waiting = max_batch, max_waiting
-        held = context_length(pipeline)
+        held = pipeline.max_context  # the least of the target's and the drafts' contexts
         if context is not None and held is not None and context > held:
             # a request past what the caches hold would fail inside a step, taking the batch with it
             raise ValueError(f"--max-model-len {context} is above the pipeline's context of {held} tokens (the "
