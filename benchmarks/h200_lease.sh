@@ -23,14 +23,14 @@
 # machine is released about 30 s after a call ends, and a fresh one has no /tmp/fs (a pause
 # between start and the first chunk has cost minutes of device time).
 #
-# The sections of the training-free arms (flashspec_bench.arm_sections, budgets in its BUDGETS;
-# 1,050 s, model loads included), most wanted first, in three multi calls so that each stays
-# under the 10 min a call may run:
-#   multi sweep_b1:150 tree_b1:300
-#   multi sweep_b32:75 sweep_b16:75 sweep_b8:75 sweep_b4:80
-#   multi tree_t07:215 tree_b4:80
-# On the H100 the sweep sections took 141/95/70/84/72 s at b1/b4/b8/b16/b32 (model load included):
-# sweep_b32:75 stopped before its last systems, so give it 100.
+# The sections of the training-free arms (flashspec_bench.arm_sections, budgets in its BUDGETS,
+# model loads included), most wanted first, in four multi calls so that each stays under the
+# 10 min a call may run; they take more than one lease (30 min with the start and the chunks),
+# so a lease runs the first calls and `summarize --merge` keeps the sections it did not run:
+#   multi sweep_b1:200 sweep_b16:170
+#   multi tree_b1:300 sweep_b8:170
+#   multi sweep_b32:190 sweep_b4:200
+#   multi tree_t07:300 tree_b4:200
 #
 # serve: the peer's compiled mode (its default on CUDA) recompiled on each new shape and answered
 # no warm-up request in 133 s on the H200, so its fallback (--compile off) got what was left;

@@ -55,17 +55,24 @@ BEST_CHAIN = 3  # the draft's best chain gamma at batch 1 (e2e-h200.json, b1_gat
 # More bandits of the sweep besides the shipped one: a section's budget runs them last, so they
 # never displace target-only, the shipped bandit or a fixed arm.
 EXTRA_SWEEP_SELECTORS = ("thompson",)
+# Timed repeats of each sweep section (the systems take turns within a repeat; the summary takes
+# medians, flashspec_bench.arm_summary.sweep_section): from batch 4 on a domain is one or two
+# batches of about 0.2 s per system, and on the H100 two systems playing the same plain steps at
+# batch 16 differed by up to 6% per batch, so one repeat could not tell 0.98x from 1.0x.
+SWEEP_REPEATS = {1: 1, 4: 3, 8: 3, 16: 3, 32: 3}
 # Seconds of device time per section (a `full` call each: model load and compile included). A
 # section past its budget skips its lowest-priority systems, then its remaining batches
 # (flashspec_bench.harness.flashspec_runs), and says so in bench.json.
-# Estimated from the H200 rates in e2e-h200.json (about 380 tokens/s at batch 1 over a whole
-# b1 section with its warm-ups, 1500 at batch 4, 3300 at 8, 10000 at 32) plus ~45 s of model
-# load and draft prewarm per section, and ~35 s for tree_b1's float32 check. tree_b1's 13 systems
-# took 197 s on the H200; tree_t07 at 130 s timed only target-only and the bandit.
-BUDGETS = {"sweep_b1": 150, "tree_b1": 300, "sweep_b8": 75, "sweep_b32": 75, "tree_t07": 215, "sweep_b4": 80,
-           "sweep_b16": 75, "tree_b4": 80}
+# On the H100 a sweep section spent about 55 s loading the models and warming the draft graphs
+# and tree node counts, then about 20 s warming its nine systems up; one timed repeat took
+# about 20 s at batch 16, and sweep_b1 at 150 s timed 21 of its 30 batches. tree_t07 at 215 s
+# skipped every tree arm (warm-ups past their share), tree_b4 at 80 s timed one batch.
+# The sections no longer fit one lease: its calls run most wanted first, and summarize
+# --merge keeps the sections a lease did not run.
+BUDGETS = {"sweep_b1": 200, "sweep_b16": 170, "tree_b1": 300, "sweep_b8": 170, "sweep_b32": 190, "sweep_b4": 200,
+           "tree_t07": 300, "tree_b4": 200}
 # The lease's multi calls, most wanted first; each call stays under the device tool's 10 min.
-MULTI_CALLS = (("sweep_b1", "tree_b1"), ("sweep_b32", "sweep_b16", "sweep_b8", "sweep_b4"), ("tree_t07", "tree_b4"))
+MULTI_CALLS = (("sweep_b1", "sweep_b16"), ("tree_b1", "sweep_b8"), ("sweep_b32", "sweep_b4"), ("tree_t07", "tree_b4"))
 
 
 def sweep_prompts(batch: int) -> int:
@@ -277,7 +284,8 @@ def plan(fuse: bool) -> dict[str, list[str]]:
            "tree_t07": [*tree, "--temperature", "0.7"],
            "tree_b4": [*tree, "--batch-size", "4"]}
     for b in SWEEP_BATCHES:
-        out[f"sweep_b{b}"] = ["--max-new-tokens", str(SWEEP_TOKENS), "--batch-size", str(b), *sweep]
+        out[f"sweep_b{b}"] = ["--max-new-tokens", str(SWEEP_TOKENS), "--batch-size", str(b),
+                              "--repeats", str(SWEEP_REPEATS[b]), *sweep]
     return out
 
 

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -199,21 +200,53 @@ def _system(name: str, own: str | None) -> str:
     return "bandit" if name == own else name.removeprefix("fixed:")
 
 
+def by_repeat(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's requests split by timed repeat (one part where the rows carry no repeat)."""
+    parts: dict[Any, list[dict[str, Any]]] = {}
+    for r in run.get("requests", []):
+        parts.setdefault(r.get("repeat", 0), []).append(r)
+    return [{"requests": parts[k]} for k in sorted(parts)]
+
+
+def _rates(run: dict[str, Any]) -> dict[str, list[float]]:
+    """tokens/s of ``all`` and of each domain in each timed repeat (domains from their own batches)."""
+    out: dict[str, list[float]] = {}
+    for part in by_repeat(run):
+        walls = {r["batch_id"]: r["wall_s"] for r in part["requests"]}
+        if sum(walls.values()):
+            out.setdefault("all", []).append(sum(r["new_tokens"] for r in part["requests"]) / sum(walls.values()))
+        for d, tps in by_domain(pure(part)).items():
+            out.setdefault(d, []).append(tps)
+    return out
+
+
 def sweep_section(sec: Section) -> dict[str, Any]:
-    """One batch size: tokens/s per domain and system, and each bandit over own target-only."""
+    """One batch size: tokens/s per domain and system, and each bandit over own target-only.
+    With several timed repeats (the systems take turns within each) a figure is the median over
+    the repeats, and a ratio the median of the repeats' ratios, so one stalled batch moves
+    neither (``config.repeats`` of the summary says how many there were)."""
     out: dict[str, dict[str, Any]] = {"all": {}}
     own = config_bandit(sec)
+    rates: dict[str, dict[str, list[float]]] = {}
     for name, run in sec["runs"].items():
         if not run.get("requests") or not (name == "target_only" or name.startswith(("fixed:", "bandit:"))):
             continue
-        out["all"][_system(name, own)] = sec["summaries"][name]["tokens_per_s"]
-        for d, tps in by_domain(pure(run)).items():
-            out.setdefault(d, {})[_system(name, own)] = tps
-    for row in out.values():
+        system = _system(name, own)
+        rates[system] = _rates(run)
+        for d, values in rates[system].items():
+            out.setdefault(d, {})[system] = statistics.median(values)
+    base = rates.get("target_only", {})
+    for d, row in out.items():
         for bandit in [k for k in row if k == "bandit" or k.startswith("bandit:")]:
-            if row[bandit] and row.get("target_only"):
-                row[f"{bandit}_vs_target_only"] = row[bandit] / row["target_only"]
+            pairs = list(zip(rates[bandit].get(d, []), base.get(d, []), strict=False))
+            if pairs and all(t for _, t in pairs):
+                row[f"{bandit}_vs_target_only"] = statistics.median(b / t for b, t in pairs)
     return out
+
+
+def repeats(sec: Section) -> int:
+    """The most timed repeats any system of the section ran."""
+    return max((len(by_repeat(run)) for run in sec["runs"].values() if run.get("requests")), default=0)
 
 
 def sweep_summary(sections: dict[str, Section | None], reasons: dict[str, str]) -> dict[str, Any]:
@@ -229,6 +262,7 @@ def sweep_summary(sections: dict[str, Section | None], reasons: dict[str, str]) 
                                   else ""),
                          "selector": tomllib.loads(first["config"]).get("selector"),
                          "bandit": {str(b): config_bandit(sec) for b, sec in sorted(ran.items())},
+                         "repeats": {str(b): repeats(sec) for b, sec in sorted(ran.items())},
                          "domains_per_batch": "a domain's figures come from batches of that domain alone; "
                                               "'all' from every batch"}
     return out
