@@ -161,7 +161,9 @@ def tree_goals(tree: dict[str, Any]) -> dict[str, bool | None]:
 def sweep_goals(sweep: dict[str, Any], suffix_b1: float | None) -> dict[str, Any]:
     """The batch-aware goals (None where not measured): the bandit >= 0.98x own target-only at
     every batch size on every domain (with the worst), >= 1.15x at batch 8 and >= 1.1x at
-    batch 32 on code edits, and the suffix arm >= 1.8x on code edits at batch 1."""
+    batch 32 on code edits, the suffix arm >= 1.8x on code edits at batch 1, and at every batch
+    size the bandit >= 1.0x the best fixed arm and >= 0.97x the per-domain oracle over the
+    domains timed (:func:`against_fixed`)."""
     ratios = {(b, d): row["bandit_vs_target_only"] for b, rows in sweep.items() if b.isdigit()
               for d, row in rows.items() if d != "all" and "bandit_vs_target_only" in row}
     worst = min(ratios, key=ratios.__getitem__) if ratios else None
@@ -174,7 +176,15 @@ def sweep_goals(sweep: dict[str, Any], suffix_b1: float | None) -> dict[str, Any
             if worst else None,
             "bandit_code_edit_b8_1_15x": _at_least(code_edit("8"), 1.15),
             "bandit_code_edit_b32_1_1x": _at_least(code_edit("32"), 1.1),
-            "suffix_code_edit_b1_1_8x": _at_least(suffix_b1, 1.8)}
+            "suffix_code_edit_b1_1_8x": _at_least(suffix_b1, 1.8),
+            "bandit_1x_best_fixed_everywhere": _everywhere(sweep, "bandit_vs_best_fixed", 1.0),
+            "bandit_0_97x_oracle_everywhere": _everywhere(sweep, "bandit_vs_oracle", 0.97)}
+
+
+def _everywhere(sweep: dict[str, Any], key: str, goal: float) -> bool | None:
+    """Whether ``key`` of every measured :func:`against_fixed` reaches ``goal`` (None: none measured)."""
+    values = [v[key] for v in (sweep.get("against_fixed") or {}).values() if v]
+    return all(x >= goal for x in values) if values else None
 
 
 def left_out(sec: Section) -> list[str]:
@@ -249,10 +259,42 @@ def repeats(sec: Section) -> int:
     return max((len(by_repeat(run)) for run in sec["runs"].values() if run.get("requests")), default=0)
 
 
+def against_fixed(sec: Section, row: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The bandit against the best fixed arm and the per-domain oracle (each domain its best fixed
+    arm, chosen after the fact) over the domains timed alone (``row``: :func:`sweep_section`);
+    plain decoding (target-only) counts as a fixed arm. A system's figure over the domains is
+    its speed over target-only with each domain weighted by target-only's time on it, as one
+    mixed run of those prompts would take. ``None`` where the bandit or no fixed arm ran."""
+    domains = [d for d in row if d != "all" and "bandit" in row[d] and "target_only" in row[d]]
+    base = (sec["runs"].get("target_only") or {}).get("requests", [])
+    tokens: dict[str, int] = {}
+    for r in pure(by_repeat({"requests": base})[0])["requests"] if base else []:
+        tokens[r["domain"]] = tokens.get(r["domain"], 0) + r["new_tokens"]
+    domains = [d for d in domains if tokens.get(d)]
+    fixed = [s for s in row.get("all", {}) if all(row[d].get(s) for d in domains)
+             and not (s == "bandit" or s.startswith("bandit:") or s.endswith("_vs_target_only"))]
+    if not domains or not fixed:
+        return None
+    time = {d: tokens[d] / row[d]["target_only"] for d in domains}  # target-only's seconds per domain
+
+    def over(rates: dict[str, float]) -> float:  # speed over target-only, weighted by its time
+        return sum(time.values()) / sum(time[d] * row[d]["target_only"] / rates[d] for d in domains)
+
+    speeds = {s: over({d: row[d][s] for d in domains}) for s in fixed}
+    best = max(speeds, key=speeds.__getitem__)
+    oracle = {d: max(fixed, key=lambda s, d=d: row[d][s]) for d in domains}
+    oracle_speed = over({d: row[d][oracle[d]] for d in domains})
+    bandit = over({d: row[d]["bandit"] for d in domains})
+    return {"domains": domains, "best_fixed": best, "best_fixed_vs_target_only": speeds[best],
+            "oracle": oracle, "oracle_vs_target_only": oracle_speed, "bandit_vs_target_only": bandit,
+            "bandit_vs_best_fixed": bandit / speeds[best], "bandit_vs_oracle": bandit / oracle_speed}
+
+
 def sweep_summary(sections: dict[str, Section | None], reasons: dict[str, str]) -> dict[str, Any]:
     """``summary.batch_sweep`` and its config (what was small on purpose)."""
     ran = {int(k.removeprefix("sweep_b")): v for k in SWEEP_SECTIONS if (v := sections.get(k))}
     out: dict[str, Any] = {str(b): sweep_section(sec) for b, sec in sorted(ran.items())}
+    out["against_fixed"] = {str(b): against_fixed(sec, out[str(b)]) for b, sec in sorted(ran.items())}
     out["not_measured"] = {k: reasons.get(k, "not run") for k in SWEEP_SECTIONS if not sections.get(k)}
     if ran:
         first = next(iter(ran.values()))

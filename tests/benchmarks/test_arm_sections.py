@@ -233,7 +233,10 @@ def test_batch_sweep_summary_counts_a_domain_only_in_its_own_batches() -> None:
     worse["1"]["chat"]["bandit_vs_target_only"] = 0.9
     assert arm_summary.sweep_goals(worse, 1.5) | {"bandit_worst": None} == {
         "bandit_0_98x_everywhere": False, "bandit_worst": None, "bandit_code_edit_b8_1_15x": None,
-        "bandit_code_edit_b32_1_1x": None, "suffix_code_edit_b1_1_8x": False}
+        "bandit_code_edit_b32_1_1x": None, "suffix_code_edit_b1_1_8x": False,
+        # batch 1 over code edits and chats: the bandit's 2 / 1.3 against the suffix arm's 2 / 1.25
+        "bandit_1x_best_fixed_everywhere": False, "bandit_0_97x_oracle_everywhere": False}
+    assert s["against_fixed"]["32"] is None  # mixed batches only: no domain timed alone
     full = e2e.build_summary({"sweep_b1": b1 | {"cross_request_state": CROSS_REQUEST_STATE}}, "abc1234", {})
     assert full["suffix_vs_target_only_code_edit_b1"] == 4.0 and full["batch_sweep"]["1"] == s["1"]
 
@@ -259,6 +262,28 @@ def test_with_repeats_a_figure_is_the_median_and_a_ratio_the_median_of_paired_ra
     assert row["target_only"] == 40.0 and row["bandit"] == 50.0  # medians of (40, 20, 40) and (80, 10, 50)
     assert row["bandit_vs_target_only"] == 1.25  # median of 2.0, 0.5, 1.25
     assert s["4"]["all"] == row and s["config"]["repeats"] == {"4": 3}
+
+
+def test_the_bandit_against_the_best_fixed_arm_and_the_per_domain_oracle() -> None:
+    """Code edits: target-only 1 s, suffix 0.25 s, draft 0.5 s, bandit 0.5 s; chat: target-only
+    1 s, suffix 2 s, draft 0.5 s, bandit 1 s (10 tokens each). Over both domains (target-only's
+    2 s): suffix 2 / 2.25, draft 2 / 1.0, bandit 2 / 1.5; the oracle takes suffix on code edits
+    and the draft on chat, 2 / 0.75."""
+    config = secs.sweep_toml(PATHS, "auto", 1024, True)
+    sec = _section(config, {"target_only": _run([("code_edit", 1.0, 1), ("chat", 1.0, 1)], None),
+                            "fixed:suffix-g8": _run([("code_edit", 0.25, 1), ("chat", 2.0, 1)], 3.0),
+                            "fixed:draft0.5b-g3": _run([("code_edit", 0.5, 1), ("chat", 0.5, 1)], 2.0),
+                            "bandit:Thompson": _run([("code_edit", 0.5, 1), ("chat", 1.0, 1)], 2.0)})
+    s = arm_summary.sweep_summary({"sweep_b1": sec}, {})
+    got = s["against_fixed"]["1"]
+    assert got["best_fixed"] == "draft0.5b-g3" and got["best_fixed_vs_target_only"] == pytest.approx(2.0)
+    assert got["oracle"] == {"code_edit": "suffix-g8", "chat": "draft0.5b-g3"}
+    assert got["oracle_vs_target_only"] == pytest.approx(2 / 0.75)
+    assert got["bandit_vs_best_fixed"] == pytest.approx((2 / 1.5) / 2.0)
+    assert got["bandit_vs_oracle"] == pytest.approx((2 / 1.5) / (2 / 0.75))
+    goals = arm_summary.sweep_goals(s, None)
+    assert goals["bandit_1x_best_fixed_everywhere"] is False and goals["bandit_0_97x_oracle_everywhere"] is False
+    assert s["against_fixed"] == {"1": got}
 
 
 def test_the_sweep_reads_its_configs_bandit_as_the_bandit_and_keeps_the_others_by_name() -> None:
