@@ -101,7 +101,10 @@ def _nf4_group(acc, x_ptr, p_ptr, s_ptr, k0, k_hi, rows, rmask, cols, cmask, str
     xo = tl.load(xs + 1, mask=rmask[:, None] & omask[None, :], other=0.0)
     byte = tl.load(p_ptr + cols[:, None] * stride_pn + (k0 // 2 + j)[None, :], mask=cmask[:, None] & emask[None, :],
                    other=0).to(tl.int32)
-    scale = tl.load(s_ptr + cols * stride_sn + k0 // GROUP, mask=cmask, other=0.0)[:, None]
+    # a step's last groups can start past the slice (K short of the step): their scales lie
+    # past the row's, the last row's past the tensor
+    scale = tl.load(s_ptr + cols * stride_sn + k0 // GROUP, mask=cmask & (cols * 0 + k0 < k_hi),
+                    other=0.0)[:, None]
     we = _round(_code(byte & 15) * scale, dt, INTERPRET).to(dt)
     wo = _round(_code(byte >> 4) * scale, dt, INTERPRET).to(dt)
     return _dot(xo, wo, _dot(xe, we, acc, INTERPRET), INTERPRET)

@@ -94,6 +94,19 @@ def test_slices_of_k_add_up_to_the_dequantized_matmul(dtype: torch.dtype, config
     assert torch.equal(nf4_gemv(x[1:2], packed, scales, b, config=config)[0], got[1])  # a row alone: the same bits
 
 
+def test_groups_past_k_read_nothing_past_the_scales() -> None:
+    """K of one group in steps of four: the step's last three groups start past K, and the last
+    column's scales are the tensor's last; what lies past them (NaN here) must not be read."""
+    n, k = 33, 40
+    packed, scales = quantize(_weight(n, k, seed=11))
+    buf = torch.full((scales.numel() + 64,), float("nan"))
+    buf[: scales.numel()] = scales.flatten()
+    fenced = buf[: scales.numel()].view_as(scales)
+    x = torch.randn((2, k), generator=torch.Generator().manual_seed(12))
+    got = nf4_gemv(x, packed, fenced, config=Config(16, 256, 1))
+    torch.testing.assert_close(got, _reference(x, packed, scales, None), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_a_rows_result_does_not_depend_on_the_other_rows(dtype: torch.dtype) -> None:
     packed, scales = quantize(_weight(80, 256, seed=3))
