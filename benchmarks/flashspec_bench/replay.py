@@ -330,8 +330,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="1,2,4,8,16,32")
     p.add_argument("--seeds", type=int, default=20)
     p.add_argument("--domain-seeds", type=int, default=5, help="seeds of the replay in each run's domain order")
-    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"default {OUT.name} in docs/benchmarks, for the default --steps only")
     args = p.parse_args(argv)
+    if args.out is None:
+        if args.steps.resolve() != STEPS.resolve():  # the committed file replays the committed steps only
+            p.error(f"--steps {args.steps} is not the committed recording: give --out (the default, "
+                    f"{_relative(OUT, Path(__file__).resolve().parents[2])}, is the committed replay)")
+        args.out = OUT
     if args.extract:
         write_json(args.steps, extract(args.extract), indent=None)
     recorded = json.loads(args.steps.read_text())

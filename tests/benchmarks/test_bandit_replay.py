@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from flashspec_bench import replay
 from flashspec_bench.simulation import SpecDecodeArms, play
@@ -57,6 +58,20 @@ def test_replay_ranks_the_draft_at_one_row_and_plain_steps_at_eight(tmp_path: Pa
     out = tmp_path / "replay.json"
     assert replay.main(["--steps", str(steps), "--batches", "1", "--seeds", "1", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["batches"]["1"]["best_fixed_arm"] == "draft"
+
+
+def test_other_recordings_never_overwrite_the_committed_replay(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Extracting or replaying another run's steps without --out is refused, naming the file it
+    would have replaced (it used to write docs/benchmarks/bandit-replay.json)."""
+    steps = tmp_path / "steps.json"
+    steps.write_text(json.dumps(RECORDED))
+    committed = replay.OUT.read_bytes()
+    with pytest.raises(SystemExit):
+        replay.main(["--steps", str(steps), "--batches", "1", "--seeds", "1"])
+    err = capsys.readouterr().err
+    assert "give --out" in err and "docs/benchmarks/bandit-replay.json" in err
+    assert replay.OUT.read_bytes() == committed
 
 
 def test_the_simulator_shows_factored_each_step() -> None:
