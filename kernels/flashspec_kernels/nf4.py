@@ -47,8 +47,11 @@ from flashspec_kernels.gemv import (
 )
 from flashspec_kernels.nf4_format import GROUP, NF4_VALUES, dequantize, quantize
 
-__all__ = ["GROUP", "MAX_ROWS", "NF4_VALUES", "dequantize", "nf4_gemv", "nf4_linear", "pick", "quantize"]
-MAX_ROWS = 16  # rows the kernel takes (one tile); wider inputs dequantize the matrix
+__all__ = ["GROUP", "KERNEL_ROWS", "MAX_ROWS", "NF4_VALUES", "dequantize", "nf4_gemv", "nf4_linear", "pick", "quantize"]
+MAX_ROWS = 16  # rows one launch of the kernel takes (one tile)
+# Rows nf4_linear sends through the kernel, a launch per tile: each re-reads the 4-bit weights,
+# and past four tiles the dequantized matrix (prefills) reads fewer bytes (4.5 per weight).
+KERNEL_ROWS = 4 * MAX_ROWS
 
 
 # The code book as compile-time constants (NF4_VALUES are float32 values, so each literal is exact).
@@ -176,11 +179,12 @@ def pick(n: int, k: int, sms: int = SMS, itemsize: int = 2, shared: int = SHARED
 
 
 def nf4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
-             config: Config | None = None) -> torch.Tensor:
+             config: Config | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x [M, K] @ W^T (+ bias)`` for ``M <= MAX_ROWS``, ``W [N, K]`` the NF4 weight
     ``(packed, scales)`` of :func:`quantize`; ``[M, N]`` in ``x``'s dtype. Column blocks,
     slices of ``K`` and stages as :func:`pick` chooses them for the matrix and the GPU (never
-    for ``M``), or ``config``. No host sync; graph-capturable once
+    for ``M``), or ``config``; written to ``out`` where given (``[M, N]``, rows may be strided: a
+    slice of a wider output). No host sync; graph-capturable once
     :func:`flashspec_kernels.gemv.prepare` has run for the device."""
     m, k = x.shape
     n = packed.shape[0]
@@ -191,7 +195,11 @@ def nf4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bias: 
         raise ValueError(f"x [{m}, {k}] does not fit the NF4 weight: packed {tuple(packed.shape)}, "
                          f"scales {tuple(scales.shape)} (want [N, {groups * GROUP // 2}] and [N, {groups}])")
     x, packed, scales = x.contiguous(), packed.contiguous(), scales.contiguous()
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    elif out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1:
+        raise ValueError(f"nf4_gemv: out must be [{m}, {n}] {x.dtype} with unit column stride, got "
+                         f"{list(out.shape)} {out.dtype} strides {out.stride()}")
     if m == 0 or n == 0:
         return out
     cfg = config or pick(n, k, _sms(x.device), x.element_size(), _shared(x.device))
@@ -216,9 +224,14 @@ def nf4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bias: 
 
 def nf4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
                kernel: bool = True) -> torch.Tensor:
-    """``F.linear(x, W, bias)`` for an NF4 weight and ``x [..., K]``: the kernel for at most
-    :data:`MAX_ROWS` rows where ``kernel``, else the dequantized matrix."""
+    """``F.linear(x, W, bias)`` for an NF4 weight and ``x [..., K]``: where ``kernel``, the
+    kernel for at most :data:`KERNEL_ROWS` rows (one launch per :data:`MAX_ROWS` of them: a verify
+    forward of a few rows of a batch, each launch reading the 4-bit weights once, and a row's
+    bits the same in any batch), else the dequantized matrix (prefills)."""
     rows = x.reshape(-1, x.shape[-1])
-    if kernel and rows.shape[0] <= MAX_ROWS:
-        return nf4_gemv(rows, packed, scales, bias).reshape(*x.shape[:-1], packed.shape[0])
-    return F.linear(x, dequantize(packed, scales, x.dtype, x.shape[-1]), bias)
+    if not kernel or rows.shape[0] > KERNEL_ROWS:
+        return F.linear(x, dequantize(packed, scales, x.dtype, x.shape[-1]), bias)
+    out = torch.empty((rows.shape[0], packed.shape[0]), dtype=x.dtype, device=x.device)
+    for i in range(0, rows.shape[0], MAX_ROWS):
+        nf4_gemv(rows[i : i + MAX_ROWS], packed, scales, bias, out=out[i : i + MAX_ROWS])
+    return out.reshape(*x.shape[:-1], packed.shape[0])

@@ -1,10 +1,10 @@
 """NF4 4-bit weights (:mod:`flashspec_kernels.nf4_format`): a fused dequantize-GEMM on CUDA.
 
 Each linear layer's weight is stored as NF4 (a quarter of bf16's bytes plus a float32 scale
-per 64 weights). On CUDA, with Triton installed, a forward of at most 16 rows (a decoding
-step) runs :func:`flashspec_kernels.nf4.nf4_gemv`, which dequantizes inside the kernel and
-so reads the 4-bit weights once; wider forwards (prefills), the CPU and installs without
-Triton multiply by the dequantized matrix. The values are bitsandbytes' NF4 with blocks of
+per 64 weights). On CUDA, with Triton installed, a forward of at most 64 rows (a decoding or
+verify step) runs :func:`flashspec_kernels.nf4.nf4_gemv` once per 16 rows, which dequantizes
+inside the kernel and so reads the 4-bit weights once a launch; wider forwards (prefills), the
+CPU and installs without Triton multiply by the dequantized matrix. The values are bitsandbytes' NF4 with blocks of
 64, so checkpoints and numbers compare with it; bitsandbytes itself is not needed.
 """
 

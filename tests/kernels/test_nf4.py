@@ -8,7 +8,7 @@ import torch
 pytest.importorskip("triton")
 
 from flashspec_kernels.gemv import Config, pick  # noqa: E402
-from flashspec_kernels.nf4 import MAX_ROWS, nf4_gemv, nf4_linear  # noqa: E402
+from flashspec_kernels.nf4 import KERNEL_ROWS, MAX_ROWS, nf4_gemv, nf4_linear  # noqa: E402
 from flashspec_kernels.nf4_format import GROUP, NF4_VALUES, dequantize, quantize  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -122,8 +122,24 @@ def test_nf4_linear_takes_any_leading_shape_and_wide_inputs_dequantize() -> None
     got = nf4_linear(x, packed, scales)
     assert got.shape == (2, 3, 24)
     torch.testing.assert_close(got, nf4_linear(x, packed, scales, kernel=False), rtol=1e-5, atol=1e-6)
-    wide = torch.randn((MAX_ROWS + 1, 128), generator=torch.Generator().manual_seed(7))
+    wide = torch.randn((KERNEL_ROWS + 1, 128), generator=torch.Generator().manual_seed(7))
     torch.testing.assert_close(nf4_linear(wide, packed, scales), _reference(wide, packed, scales, None))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_few_tiles_of_rows_take_the_kernel_with_each_rows_own_bits(dtype: torch.dtype) -> None:
+    """40 rows (a verify forward of 8 rows and 5 positions): three launches of at most 16 rows
+    into one output, each row's bits what it gets alone, as a decoding row's do."""
+    packed, scales = quantize(_weight(48, 192, seed=13))
+    g = torch.Generator().manual_seed(14)
+    x, b = torch.randn((40, 192), generator=g).to(dtype), torch.randn(48, generator=g).to(dtype)
+    got = nf4_linear(x.reshape(8, 5, 192), packed, scales, b).reshape(40, 48)
+    for i in (0, 15, 16, 39):
+        assert torch.equal(got[i], nf4_gemv(x[i : i + 1], packed, scales, b)[0])
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2**-7, "atol": 1e-2}
+    torch.testing.assert_close(got, _reference(x, packed, scales, b), **tol)
+    with pytest.raises(ValueError, match=r"out must be \[2, 48\]"):
+        nf4_gemv(x[:2], packed, scales, out=torch.empty((3, 48), dtype=dtype))
 
 
 def test_bad_inputs_are_named() -> None:
