@@ -12,6 +12,9 @@
 #                sha256 and converted to bf16 in the background while the rest travel
 #           bash /tmp/fs/benchmarks/h200_lease.sh multi SECTION:BUDGET_S ...
 #                waits for the conversions, then `e2e_h200.py full` once per section, in order
+#           bash /tmp/fs/benchmarks/h200_lease.sh forward [forward_kernels.py ARGS]
+#                the per-forward kernel benchmark (random weights, no chunks needed) -> $OUT/forward.json;
+#                NF4 alone in seconds: forward --kernels torch --shapes qwen2.5-1.5b --batches 1
 #           bash /tmp/fs/benchmarks/h200_lease.sh gputest [PYTEST PATHS]
 #                the gpu-marked tests (deselected on the CPU; default: all of tests/) -> $OUT/gputest.log
 #           bash /tmp/fs/benchmarks/h200_lease.sh serve [serve_bench.py ARGS]
@@ -179,6 +182,12 @@ gputest)
     cd $FS && FLASHSPEC_DISABLE_PLUGIN_AUTOLOAD=1 timeout -k 10 "${GPUTEST_S:-240}" python3 -m pytest -q \
         -p no:cacheprovider -m gpu "${@:-tests}" > "$OUT/gputest.log" 2>&1
     echo "rc=$?"; tail -n 30 "$OUT/gputest.log"
+    ;;
+forward)  # random weights: runs right after start, before any chunk
+    install
+    cd $FS && timeout -k 10 "${FORWARD_S:-280}" python3 benchmarks/forward_kernels.py --commit "$(cat SHA)" \
+        --budget $(( ${FORWARD_S:-280} - 30 )) --out "$OUT/forward.json" "$@" > $LOGS/forward.log 2>&1
+    echo "rc=$?"; grep '^\[' $LOGS/forward.log | tail -n 40
     ;;
 serve)
     install
