@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from flashspec_bench.arm_sections import SWEEP_SECTIONS, TREE_SECTIONS, tree_levels
-from flashspec_bench.runs import by_domain
+from flashspec_bench.runs import by_domain, summarize_run
 
 Section = dict[str, Any]
 FORWARD_KEYS = ("target_forward_over_floor", "draft_forward_over_floor", "target_only_tokens_per_s",
@@ -222,9 +222,8 @@ def _rates(run: dict[str, Any]) -> dict[str, list[float]]:
     """tokens/s of ``all`` and of each domain in each timed repeat (domains from their own batches)."""
     out: dict[str, list[float]] = {}
     for part in by_repeat(run):
-        walls = {r["batch_id"]: r["wall_s"] for r in part["requests"]}
-        if sum(walls.values()):
-            out.setdefault("all", []).append(sum(r["new_tokens"] for r in part["requests"]) / sum(walls.values()))
+        if (tps := summarize_run(part)["tokens_per_s"]) is not None:
+            out.setdefault("all", []).append(tps)
         for d, tps in by_domain(pure(part)).items():
             out.setdefault(d, []).append(tps)
     return out

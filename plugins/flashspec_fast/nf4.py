@@ -4,8 +4,9 @@ Each linear layer's weight is stored as NF4 (a quarter of bf16's bytes plus a fl
 per 64 weights). On CUDA, with Triton installed, a forward of at most 64 rows (a decoding or
 verify step) runs :func:`flashspec_kernels.nf4.nf4_gemv` once per 16 rows, which dequantizes
 inside the kernel and so reads the 4-bit weights once a launch; wider forwards (prefills), the
-CPU and installs without Triton multiply by the dequantized matrix. The values are bitsandbytes' NF4 with blocks of
-64, so checkpoints and numbers compare with it; bitsandbytes itself is not needed.
+CPU and installs without Triton multiply by the dequantized matrix. The values are
+bitsandbytes' NF4 with blocks of 64, so checkpoints and numbers compare with it; bitsandbytes
+itself is not needed.
 """
 
 from __future__ import annotations
