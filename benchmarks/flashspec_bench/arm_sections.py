@@ -52,6 +52,18 @@ LOOKUP_GAMMA, LOOKUP_TREE_GAMMA, LOOKUP_BRANCHES = 6, 12, 3
 SUFFIX_GAMMA, SUFFIX_BRANCHES = 8, 3
 SELF_LAYERS, SELF_GAMMA = (8, 16), 3  # of the 1.5B target's 28 decoder layers
 BEST_CHAIN = 3  # the draft's best chain gamma at batch 1 (e2e-h200.json, b1_gated and b1_gated_every)
+# Arms whose empty proposal hands the step to another arm (``fallback``), as (arm, fallback), beside
+# the arms alone: the suffix arm finds no continuation on about 60% of batch-1 steps and match-only
+# lookup on more, which alone they decode plainly; with the draft's best chain behind them, replayed
+# from the arms' recorded steps (docs/benchmarks/bandit-replay.json, ``domains``), the suffix arm is
+# the best fixed arm at batch 1, and the shipped selector over the arms gains most with both.
+SWEEP_FALLBACKS = ((f"suffix-g{SUFFIX_GAMMA}", f"draft0.5b-g{BEST_CHAIN}"),
+                   (f"lookup-match-g{LOOKUP_GAMMA}", f"draft0.5b-g{BEST_CHAIN}"))
+
+
+def fallback_name(arm: str, fallback: str) -> str:
+    """The name of ``arm`` with ``fallback`` behind it (a sweep arm, and a replayed one)."""
+    return f"{arm}-or-{fallback}"
 # More bandits of the sweep besides the shipped one: a section's budget runs them last, so they
 # never displace target-only, the shipped bandit or a fixed arm.
 EXTRA_SWEEP_SELECTORS = ("thompson",)
@@ -195,7 +207,17 @@ def sweep_toml(paths: dict[str, str], verifier: str, max_len: int, fuse: bool, *
             f"[target]\n{_fast(paths['target'], max_len, fuse, attention)}\n")
     chain = _chain(_fast(paths["draft"], max_len, fuse, attention), BEST_CHAIN)
     return head + "\n".join([_suffix(), *selfs, _lookup(LOOKUP_GAMMA, f"lookup-match-g{LOOKUP_GAMMA}"), *tree, chain,
-                             _tail(verifier, shipped_selector())])
+                             *map(_with_fallback, SWEEP_FALLBACKS), _tail(verifier, shipped_selector())])
+
+
+def _with_fallback(pair: tuple[str, str]) -> str:
+    """The sweep's suffix or lookup arm ``pair[0]`` with ``pair[1]`` (another arm's name) proposing
+    where it finds nothing."""
+    arm, fallback = pair
+    bases = {f"suffix-g{SUFFIX_GAMMA}": _suffix(), f"lookup-match-g{LOOKUP_GAMMA}": _lookup(LOOKUP_GAMMA, arm)}
+    if arm not in bases:
+        raise ValueError(f"SWEEP_FALLBACKS: {arm!r} is not one of the sweep's arms that can lead ({', '.join(bases)})")
+    return bases[arm].replace(f'name = "{arm}"\n', f'fallback = "{fallback}"\nname = "{fallback_name(arm, fallback)}"\n')
 
 
 def support_or_all(support: dict[str, str | None] | None) -> dict[str, str | None]:

@@ -20,7 +20,10 @@ batch (a draft model prefills the prompts there: 7-16 ms against 5.5 ms for the 
 batch 8), each batch the target-only run's time outside its steps (the prefill), and the
 arms are in the bench config's order (a selector opens them in that order). Per domain:
 tokens/s over target-only, beside what the bench measured for its own selector runs
-(``measured``), so the replay can be read against them.
+(``measured``), so the replay can be read against them. An arm of the sweep with a fallback
+(``SWEEP_FALLBACKS``: the suffix arm with the draft chain behind it) that a recording lacks is
+replayed from its two arms: a step plays the suffix arm's recorded step where that proposed for
+a live row, else the draft's; every system of the domain replay has it among its arms.
 
 Systems, all through :class:`~flashspec_core.policy.StepPolicy` with the throughput
 reward and draw-ahead as in the engine, each arm's gamma its widest recorded step (what
@@ -47,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from flashspec_bench.arm_sections import SWEEP_FALLBACKS, fallback_name
 from flashspec_bench.provenance import DOCS, provenance, write_json
 from flashspec_core.contracts import ArmSelector
 from flashspec_core.policy import Arm, NoDraft, PolicySettings, StepPolicy
@@ -370,14 +374,23 @@ class Trace:
     the replayed step is (the arm's first step in a batch: one of its recorded first steps of a
     batch, where recorded); each batch also takes the target-only run's time outside its steps."""
 
-    def __init__(self, recorded: dict[str, Any], names: Sequence[str]) -> None:
+    def __init__(self, recorded: dict[str, Any], names: Sequence[str],
+                 fallbacks: dict[str, tuple[str, str]] | None = None) -> None:
         self.names = list(names)
+        # arm -> (its own recorded arm, the recorded fallback): replayed from the two (:meth:`drafter`)
+        self.fallbacks = {self.names.index(n): (self.names.index(a), self.names.index(b))
+                          for n, (a, b) in (fallbacks or {}).items()}
         self.batches = recorded["batches"]
         self.outside_s = [ms / 1e3 for ms in recorded.get("outside_ms", [0.0] * len(self.batches))]
         self.steps: list[dict[int, tuple[list[int], list[int], list[int]]]] = []  # per arm: prompt -> starts, acc, widths
         self.times: list[dict[tuple[int, bool], list[float]]] = []  # per arm: (rows, drafts) -> seconds
         self.firsts: list[dict[tuple[int, bool], list[float]]] = []  # the same, of the batches' first steps
-        for name in self.names:
+        for index, name in enumerate(self.names):
+            if index in self.fallbacks:  # nothing of its own: its steps are its two arms'
+                self.steps.append({})
+                self.times.append({})
+                self.firsts.append({})
+                continue
             arm = recorded["arms"][name]
             steps = {}
             for prompt, trace in arm["traces"].items():
@@ -391,6 +404,17 @@ class Trace:
                         pool.setdefault((rows, width > 0), []).append(ms / 1e3)
             self.times.append(pools[0])
             self.firsts.append(pools[1])
+
+    def drafter(self, arm: int, prompts: Sequence[int], positions: Sequence[int]) -> int:
+        """The recorded arm whose steps a step of ``arm`` over rows at ``positions`` of ``prompts``
+        replays: ``arm`` itself, or for an arm with a fallback, its own arm where that proposed for
+        any of the rows (its recorded step there had a width), else the fallback (the engine's
+        rule: an empty proposal over the whole batch hands the step over)."""
+        if arm not in self.fallbacks:
+            return arm
+        own, fallback = self.fallbacks[arm]
+        proposes = any(self.row(own, p, q)[1] > 0 for p, q in zip(prompts, positions, strict=True))
+        return own if proposes else fallback
 
     def row(self, arm: int, prompt: int, position: int) -> tuple[int, int]:
         """Accepted count and width of ``arm``'s recorded step over ``position`` of ``prompt``."""
@@ -426,11 +450,12 @@ def run_in_order(make_policy: Callable[[], StepPolicy], trace: Trace,
         while any(n > 0 for n in left):
             rows = [b for b, n in enumerate(left) if n > 0]
             plan = policy.choose(rows)
-            got = [trace.row(plan.arm, prompts[b], pos[b]) for b in rows]
+            drafter = trace.drafter(plan.arm, [prompts[b] for b in rows], [pos[b] for b in rows])
+            got = [trace.row(drafter, prompts[b], pos[b]) for b in rows]
             width = max(w for _, w in got)
             acc = [min(a, width) for a, _ in got]
-            step_s = trace.step_s(plan.arm, len(rows), width > 0, rng, first=plan.arm not in played)
-            played.add(plan.arm)
+            step_s = trace.step_s(drafter, len(rows), width > 0, rng, first=drafter not in played)
+            played.add(drafter)
             emitted = 0
             for b, n in zip(rows, acc, strict=True):
                 out = min(n + 1, left[b])
@@ -444,6 +469,13 @@ def run_in_order(make_policy: Callable[[], StepPolicy], trace: Trace,
     return per, plays
 
 
+def replayed_fallbacks(names: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """The sweep's arms with a fallback (:data:`~flashspec_bench.arm_sections.SWEEP_FALLBACKS`)
+    that a recording lacks but whose two arms it has: replayed from those (:meth:`Trace.drafter`)."""
+    return {fallback_name(a, b): (a, b) for a, b in SWEEP_FALLBACKS
+            if a in names and b in names and fallback_name(a, b) not in names}
+
+
 def replay_domains(recorded: dict[str, Any], seeds: int) -> dict[str, Any]:
     """Per recorded batch size and domain, each system's tokens/s over target-only, replayed in
     the run's order (domains one after another, selector state carried across them)."""
@@ -451,9 +483,11 @@ def replay_domains(recorded: dict[str, Any], seeds: int) -> dict[str, Any]:
     for batch, sweep_data in recorded.get("sweeps", {}).items():
         order = [n for n in sweep_data.get("order", []) if n in sweep_data["arms"]]  # the config's: the opening order
         names = order + sorted((n for n in sweep_data["arms"] if n not in order), key=lambda n: (n != "none", n))
-        trace = Trace(sweep_data, names)
-        gammas = [max(t[1] for t in sweep_data["arms"][n]["times"] + sweep_data["arms"][n].get("firsts", []))
-                  for n in names]
+        fallbacks = replayed_fallbacks(names)
+        names += list(fallbacks)
+        trace = Trace(sweep_data, names, fallbacks)
+        widest = {n: max(t[1] for t in arm["times"] + arm.get("firsts", [])) for n, arm in sweep_data["arms"].items()}
+        gammas = [max(widest[f] for f in fallbacks[n]) if n in fallbacks else widest[n] for n in names]
         per: dict[str, dict[str, list[list[float]]]] = {}
         plays: dict[str, list[list[int]]] = {}
         for seed in range(seeds):

@@ -48,7 +48,13 @@ def test_sweep_config_loads_with_the_shipped_selector_and_the_new_arms() -> None
     text = secs.sweep_toml(PATHS, "auto", 1024, True)
     cfg = parse_config(tomllib.loads(text), build_registry(), "sweep")
     assert [a.name for a in cfg.arms] == ["suffix-g8", "self-l8-g3", "self-l16-g3", "lookup-match-g6",
-                                          "lookup-match-g12-b3", "draft0.5b-g3", "none"]
+                                          "lookup-match-g12-b3", "draft0.5b-g3", "suffix-g8-or-draft0.5b-g3",
+                                          "lookup-match-g6-or-draft0.5b-g3", "none"]
+    fallbacks = {a.name: a.fallback for a in cfg.arms if a.fallback is not None}
+    assert fallbacks == {"suffix-g8-or-draft0.5b-g3": "draft0.5b-g3", "lookup-match-g6-or-draft0.5b-g3": "draft0.5b-g3"}
+    arms = {a["name"]: a for a in tomllib.loads(text)["arm"]}  # each leader as it is alone, plus its fallback
+    assert {k: v for k, v in arms["lookup-match-g6-or-draft0.5b-g3"].items() if k not in ("name", "fallback")} == {
+        k: v for k, v in arms["lookup-match-g6"].items() if k != "name"}
     shipped = tomllib.loads(bundled_config("default.toml").read_text())
     assert tomllib.loads(text)["selector"] == shipped["selector"] == secs.shipped_selector()
     default = parse_config(shipped, build_registry(), "default")
@@ -67,7 +73,7 @@ def test_configs_leave_out_the_tree_arms_the_fast_path_lacks_and_say_why() -> No
     none = {"draft": "no score_tree", "lookup": "no score_tree", "suffix": "no score_tree"}
     sweep = secs.sweep_toml(PATHS, "auto", 1024, True, support=none)
     assert "lookup-match-g12-b3" not in sweep and "# left out: lookup trees: no score_tree" in sweep
-    assert parse_config(tomllib.loads(sweep), build_registry(), "sweep").arms[-2].name == "draft0.5b-g3"
+    assert parse_config(tomllib.loads(sweep), build_registry(), "sweep").arms[-4].name == "draft0.5b-g3"
 
 
 def test_the_sweep_leaves_tree_arms_out_rather_than_change_its_verifier() -> None:

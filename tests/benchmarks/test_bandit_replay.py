@@ -214,3 +214,16 @@ def test_static_rows_compare_a_steps_least_row_with_the_slowest_row() -> None:
     assert apart == {"mean": 1.5, "least_of_step": 0.75, "slowest_row": 0.0}
     turns = replay.sweep(runs([[3, 0], [0, 3]]))["static_rows"]["draft"]["a"]  # type: ignore[arg-type]
     assert turns == {"mean": 1.5, "least_of_step": 0.75, "slowest_row": 1.5}
+
+
+def test_an_arm_with_a_fallback_replays_its_leader_where_it_proposed_else_the_fallback(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep arm with a fallback that the recording lacks plays the lookup's recorded steps
+    where the lookup proposed (domain a) and the draft's where it did not (domain b): the best
+    fixed arm of both domains, and every system has it among its arms."""
+    monkeypatch.setattr(replay, "SWEEP_FALLBACKS", (("lookup", "draft"), ("absent", "draft")))
+    result = replay.replay_domains({"sweeps": {"1": replay.sweep(_bench_runs())}}, seeds=2)["1"]  # type: ignore[arg-type]
+    assert result["arms"] == ["none", "draft", "lookup", "lookup-or-draft"]
+    assert result["systems"]["fixed:lookup-or-draft"]["by_domain"] == {"a": 5.0, "b": 2.0}
+    assert result["best_fixed_by_domain"] == {"a": ["lookup", 5.0], "b": ["draft", 2.0]}
+    assert result["systems"]["factored_per_request"]["plays"]["lookup-or-draft"] > 0
