@@ -30,9 +30,9 @@
 # model loads included), most wanted first, in four multi calls so that each stays under the
 # 10 min a call may run; they take more than one lease (30 min with the start and the chunks),
 # so a lease runs the first calls and `summarize --merge` keeps the sections it did not run:
-#   multi sweep_b1:200 sweep_b16:170
-#   multi tree_b1:300 sweep_b8:170
-#   multi sweep_b32:190 sweep_b4:200
+#   multi sweep_b1:240 sweep_b16:200
+#   multi tree_b1:300 sweep_b8:200
+#   multi sweep_b32:220 sweep_b4:240
 #   multi tree_t07:300 tree_b4:200
 #
 # serve: the peer's compiled mode (its default on CUDA) recompiled on each new shape and answered
