@@ -235,18 +235,20 @@ def blocks(n: int, k: int, glu: bool = False, sms: int = SMS) -> Config:
     return Config(block_n, block_k, split)
 
 
-def fit(cfg: Config, need: Callable[[Config], int], shared: int) -> Config:
-    """``cfg`` with fewer stages, then (one stage left) shorter steps of ``K``, until the
-    ``need(cfg)`` bytes of shared memory fit in ``shared``. Stages leave the arithmetic as it
-    is; a shorter step adds the products in other groups, and only a GPU with less than the
+def fit(cfg: Config, need: Callable[[Config], int], shared: int, min_block_k: int = 16) -> Config:
+    """``cfg`` with fewer stages, then (one stage left) shorter steps of ``K`` down to
+    ``min_block_k`` (tl.dot's smallest K; a kernel's own floor, such as NF4's 64-weight group),
+    until the ``need(cfg)`` bytes of shared memory fit in ``shared``. Stages leave the arithmetic
+    as it is; a shorter step adds the products in other groups, and only a GPU with less than the
     H100's shared memory needs one."""
     while need(cfg) > shared:
         if cfg.num_stages > 1:
             cfg = attrs.evolve(cfg, num_stages=cfg.num_stages - 1)
-        elif cfg.block_k > 16:  # tl.dot's smallest K
+        elif cfg.block_k // 2 >= min_block_k:
             cfg = attrs.evolve(cfg, block_k=cfg.block_k // 2)
         else:
-            raise ValueError(f"{cfg} needs {need(cfg)} bytes of shared memory, more than the {shared} a program has")
+            raise ValueError(f"{cfg} needs {need(cfg)} bytes of shared memory, more than the {shared} a program has "
+                             f"(its step of K is at its floor, {min_block_k})")
     return cfg
 
 

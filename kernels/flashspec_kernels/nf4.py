@@ -175,7 +175,7 @@ def pick(n: int, k: int, sms: int = SMS, itemsize: int = 2, shared: int = SHARED
     """:func:`flashspec_kernels.gemv.blocks` for an ``[n, k]`` weight, with as many stages as a
     GPU with ``sms`` SMs and ``shared`` bytes of shared memory per program holds for inputs of
     ``itemsize`` bytes."""
-    return fit(blocks(n, k, sms=sms), lambda cfg: shared_bytes(cfg, itemsize), shared)
+    return fit(blocks(n, k, sms=sms), lambda cfg: shared_bytes(cfg, itemsize), shared, min_block_k=GROUP)
 
 
 def nf4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,

@@ -176,3 +176,19 @@ def test_the_kernel_on_cuda_matches_and_replays_in_a_graph(dtype: torch.dtype) -
     static.copy_(x[3:4])
     graph.replay()
     assert torch.equal(out, nf4_gemv(x[3:4], packed, scales, b))
+
+
+def test_pick_drops_stages_for_little_shared_memory_and_never_steps_k_below_a_group() -> None:
+    """Less shared memory takes stages away first; a step of K shorter than the 64-weight group the
+    kernel reads at a time is never tried, and where one stage does not fit the error says so."""
+    import attrs
+
+    from flashspec_kernels.nf4 import pick as nf4_pick
+    from flashspec_kernels.nf4 import shared_bytes
+
+    roomy = nf4_pick(8960, 1536)
+    one = shared_bytes(attrs.evolve(roomy, num_stages=1), 2)
+    tight = nf4_pick(8960, 1536, shared=one)
+    assert roomy.num_stages > 1 and tight == attrs.evolve(roomy, num_stages=1) and tight.block_k % GROUP == 0
+    with pytest.raises(ValueError, match=f"at its floor, {GROUP}"):
+        nf4_pick(8960, 1536, shared=one - 1)
