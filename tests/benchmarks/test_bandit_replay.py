@@ -227,3 +227,17 @@ def test_an_arm_with_a_fallback_replays_its_leader_where_it_proposed_else_the_fa
     assert result["systems"]["fixed:lookup-or-draft"]["by_domain"] == {"a": 5.0, "b": 2.0}
     assert result["best_fixed_by_domain"] == {"a": ["lookup", 5.0], "b": ["draft", 2.0]}
     assert result["systems"]["factored_per_request"]["plays"]["lookup-or-draft"] > 0
+
+
+def test_a_recorded_arm_with_a_fallback_is_replayed_from_its_two_arms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the sweep timed the arm with a fallback itself, its recorded steps do not say which
+    arm drafted, so the replay still plays its two arms' steps: here its own recording (the
+    draft's steps throughout, 3 ms each) would give domain a the draft's 2.0x, not the lookup's 5.0x."""
+    monkeypatch.setattr(replay, "SWEEP_FALLBACKS", (("lookup", "draft"),))
+    runs = _bench_runs()
+    runs["fixed:lookup-or-draft"] = {"requests": [dict(q) for q in runs["fixed:draft"]["requests"]],  # type: ignore[index]
+                                     "steps": [{**s, "arm_name": "lookup-or-draft"}
+                                               for s in runs["fixed:draft"]["steps"]]}  # type: ignore[index]
+    result = replay.replay_domains({"sweeps": {"1": replay.sweep(runs)}}, seeds=1)["1"]  # type: ignore[arg-type]
+    assert result["arms"].count("lookup-or-draft") == 1
+    assert result["systems"]["fixed:lookup-or-draft"]["by_domain"] == {"a": 5.0, "b": 2.0}
