@@ -62,13 +62,43 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
                    help="Inductor-fused elementwise ops (CUDA only; the e2e benchmark's default)")
     p.add_argument("--commit", default=None, help="the measured commit, where the checkout has no git")
+    p.add_argument("--merge", type=Path, default=None, metavar="FORWARD_JSON",
+                   help="a committed result of this script on the same device: its rows this run did not "
+                        "measure are kept (each with its commit), and the summary is taken over all of them")
+    p.add_argument("--from-run", type=Path, default=None, metavar="RUN_JSON",
+                   help="measure nothing: take the rows of this finished run (with --merge)")
     args = p.parse_args(argv)
     if args.smoke:
         args.batches, args.widths, args.replays, args.repeats = [1], [1], 1, 1
         args.shapes, args.max_len, args.at = ["qwen2.5-1.5b", "qwen2.5-7b"], 32, 5
     if args.out is None:
         args.out = RESULTS / "forward-smoke.json" if args.smoke else DOCS / "forward-h200.json"
+    if args.from_run is not None and args.merge is None:
+        p.error("--from-run takes --merge: the committed file to merge the finished run into")
     return args
+
+
+ROW_KEY = ("role", "shape", "kernels", "quantization", "batch", "width")
+
+
+def merge(run: dict[str, Any], old: dict[str, Any], old_name: str) -> dict[str, Any]:
+    """``run`` (a finished result) with ``old``'s rows that it did not measure, each row tagged
+    with the commit that measured it, and the summary over all of them. The two must come from
+    the same device: a floor ratio is only comparable on one GPU."""
+    if run.get("device") != old.get("device") or run.get("cuda") != old.get("cuda"):
+        raise ValueError(f"--merge {old_name}: measured on {old.get('device')!r}, this run on {run.get('device')!r}")
+    rows = [{**r, "commit": r.get("commit", run["commit"])} for r in run["rows"]]
+    seen = {tuple(r[k] for k in ROW_KEY) for r in rows}
+    kept = [{**r, "commit": r.get("commit", old["commit"])} for r in old["rows"]
+            if tuple(r[k] for k in ROW_KEY) not in seen]
+    rows += kept
+    batches = sorted({int(b) for b in old["config"]["batches"]} | {int(b) for b in run["config"]["batches"]})
+    commits: dict[str, int] = {}
+    for r in rows:
+        commits[r["commit"]] = commits.get(r["commit"], 0) + 1
+    return {**run, "summary": summarize(rows, batches), "rows": rows,
+            "merged": {"file": old_name, "rows_kept": len(kept), "rows_by_commit": commits,
+                       "bandwidth_bytes_per_s": old.get("bandwidth_bytes_per_s")}}
 
 
 def model_args(shape: str, smoke: bool) -> Any:
@@ -224,6 +254,12 @@ def summarize(rows: list[dict[str, Any]], batches: list[int]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.from_run is not None:  # nothing to measure: merge a finished run into the committed file
+        import json
+
+        out = merge(json.loads(args.from_run.read_text()), json.loads(args.merge.read_text()), args.merge.name)
+        say(f"wrote {write_json(args.out, out)}: {out['merged']['rows_kept']} rows kept from {args.merge.name}")
+        return 0
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type != "cuda":  # before flashspec_kernels is imported: its kernels are made at import
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -254,5 +290,9 @@ def main(argv: list[str] | None = None) -> int:
                          "attention": "auto", "tiny_shape": TINY if args.smoke else None},
               "bandwidth_bytes_per_s": bandwidth, "summary": summarize(rows, args.batches), "rows": rows,
               "skipped": skipped, "seconds": time.perf_counter() - t0}
+    if args.merge is not None:
+        import json
+
+        result = merge(result, json.loads(args.merge.read_text()), args.merge.name)
     say(f"wrote {write_json(args.out, result)} in {result['seconds']:.0f} s")
     return 0

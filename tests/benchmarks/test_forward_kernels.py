@@ -49,3 +49,34 @@ def test_summary_figures_against_the_floor() -> None:
     assert s["nf4_vs_bf16_b1"] == pytest.approx(0.5)  # bf16's faster path, 0.8 ms, against 1.6 ms
     assert s["faster_kernels"] == {"target_b1": "gemv", "draft_b1": "torch", "synthetic_7b_b1": "gemv",
                                    "target_b8": "torch"}
+
+
+def test_merge_keeps_the_rows_a_run_did_not_measure_and_refuses_another_device(tmp_path: Path) -> None:
+    """A run of one shape merged into a full result: its rows replace the old ones of the same key,
+    the others stay with their own commit, and the summary is taken over all of them."""
+    def row(shape: str, kernels: str, ms: float, quantization: str = "none") -> dict[str, object]:
+        return {"role": "target" if shape == "1.5b" else "draft", "shape": shape, "kernels": kernels,
+                "quantization": quantization, "batch": 1, "width": 1, "forward_ms_p50": ms, "floor_ms": 0.5,
+                "over_floor": ms / 0.5, "fraction_of_floor": 0.5 / ms, "tokens_per_s": 1e3 / ms}
+
+    old = {"device": "H100", "cuda": "13.0", "commit": "aaa", "config": {"batches": [1, 8]},
+           "rows": [row("1.5b", "torch", 2.0), row("1.5b", "gemv", 2.2), row("0.5b", "torch", 1.0),
+                    row("1.5b", "torch", 20.0, "nf4")]}
+    run = {"device": "H100", "cuda": "13.0", "commit": "bbb", "config": {"batches": [1]},
+           "rows": [row("1.5b", "torch", 1.9), row("1.5b", "torch", 4.75, "nf4")]}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    out = tmp_path / "out.json"
+    assert forward_kernels.main(["--from-run", str(tmp_path / "run.json"), "--merge", str(tmp_path / "old.json"),
+                                 "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["merged"]["rows_kept"] == 2 and data["merged"]["rows_by_commit"] == {"bbb": 2, "aaa": 2}
+    assert sorted((r["shape"], r["kernels"], r["quantization"], r["commit"]) for r in data["rows"]) == [
+        ("0.5b", "torch", "none", "aaa"), ("1.5b", "gemv", "none", "aaa"), ("1.5b", "torch", "nf4", "bbb"),
+        ("1.5b", "torch", "none", "bbb")]
+    assert data["summary"]["nf4_vs_bf16_b1"] == pytest.approx(0.4)  # this run's 1.9 ms against its 4.75
+    assert data["summary"]["draft_forward_over_floor"] == pytest.approx(2.0)  # the kept row
+    with pytest.raises(ValueError, match="measured on 'A100'"):
+        forward_kernels.merge(run, {**old, "device": "A100"}, "old.json")
+    with pytest.raises(SystemExit):
+        forward_kernels.parse(["--from-run", str(tmp_path / "run.json")])
