@@ -15,6 +15,8 @@
 #           bash /tmp/fs/benchmarks/h200_lease.sh forward [forward_kernels.py ARGS]
 #                the per-forward kernel benchmark (random weights, no chunks needed) -> $OUT/forward.json;
 #                NF4 alone in seconds: forward --kernels torch --shapes qwen2.5-1.5b --batches 1
+#                (a partial run: merge it here, `forward_kernels.py --from-run forward.json --merge
+#                docs/benchmarks/forward-h200.json --out docs/benchmarks/forward-h200.json`)
 #           bash /tmp/fs/benchmarks/h200_lease.sh gputest [PYTEST PATHS]
 #                the gpu-marked tests (deselected on the CPU; default: all of tests/) -> $OUT/gputest.log
 #           bash /tmp/fs/benchmarks/h200_lease.sh serve [serve_bench.py ARGS]
