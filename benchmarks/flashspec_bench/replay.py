@@ -21,9 +21,10 @@ batch 8), each batch the target-only run's time outside its steps (the prefill),
 arms are in the bench config's order (a selector opens them in that order). Per domain:
 tokens/s over target-only, beside what the bench measured for its own selector runs
 (``measured``), so the replay can be read against them. An arm of the sweep with a fallback
-(``SWEEP_FALLBACKS``: the suffix arm with the draft chain behind it) that a recording lacks is
-replayed from its two arms: a step plays the suffix arm's recorded step where that proposed for
-a live row, else the draft's; every system of the domain replay has it among its arms.
+(``SWEEP_FALLBACKS``: the suffix arm or lookup with the draft chain behind it) is replayed from
+its two arms' recordings, whether or not the sweep timed it too: a step plays the leading arm's
+recorded step where that proposed for a live row, else the draft's; every system of the domain
+replay has it among its arms.
 
 Systems, all through :class:`~flashspec_core.policy.StepPolicy` with the throughput
 reward and draw-ahead as in the engine, each arm's gamma its widest recorded step (what
