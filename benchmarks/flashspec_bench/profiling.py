@@ -26,6 +26,7 @@ import torch
 from flashspec_bench.provenance import logger, provenance, write_json
 
 KINDS = [  # first match wins: cuDNN's attention kernel names contain "sm90" too
+    ("nf4", re.compile(r"nf4", re.I)),  # flashspec_kernels.nf4's fused dequantize-GEMM (--nf4)
     ("attention", re.compile(r"sdpa|attention|fmha|flash|efficient|softmax|decode_attn", re.I)),
     ("gemm", re.compile(r"gemm|gemv|cutlass|xmma|nvjet|cublas|splitK|sm90", re.I)),
     ("rope_store", re.compile(r"rope_store", re.I)),  # flashspec_kernels.rope (before Inductor's triton_ names)
@@ -80,10 +81,11 @@ def kernels(fn: Any, reps: int = 5) -> dict[str, Any]:
     return {"kernels_per_replay": count, "ms_by_kind": by_kind, "top": top[:15]}
 
 
-def build(shape: str, max_len: int, fuse: bool, attention: str) -> Any:
+def build(shape: str, max_len: int, fuse: bool, attention: str, quantization: str = "none") -> Any:
     from flashspec_fast.options import FastOptions, build_model
 
-    opts = FastOptions(model=f"shape:{shape}", dtype="bf16", max_len=max_len, fuse=fuse, attention=attention)
+    opts = FastOptions(model=f"shape:{shape}", dtype="bf16", max_len=max_len, fuse=fuse, attention=attention,
+                       quantization=quantization)
     return build_model(opts)[0]
 
 
@@ -114,39 +116,44 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--budget", type=float, default=240.0)
     p.add_argument("--commit", default=None, help="the measured commit, where the checkout has no git")
+    p.add_argument("--nf4", action="store_true",
+                   help="first, the 1.5B target forward with NF4 weights and with bf16, side by side (kind 'nf4': "
+                        "the fused dequantize-GEMM kernel)")
     args = p.parse_args(argv)
     t0 = time.time()
     res: dict[str, Any] = {**provenance("benchmarks/profile_fast.py", args.commit),
                            "label": "random weights of the Qwen2.5 shapes: timing only", "runs": []}
-    plan: list[tuple[str, int, bool | str, int, int, str]] = [  # attention: "sdpa" and "triton" side by side
-        *[(shape, max_len, True, width, steps, attention)
+    nf4 = [("qwen2.5-1.5b", 256, True, 1, 1, "triton", q) for q in ("nf4", "none")] if args.nf4 else []
+    plan: list[tuple[str, int, bool | str, int, int, str, str]] = [  # attention: "sdpa" and "triton" side by side
+        *nf4,
+        *[(shape, max_len, True, width, steps, attention, "none")
           for shape, max_len, width, steps in (("qwen2.5-1.5b", 256, 1, 1), ("qwen2.5-1.5b", 256, 4, 1),
                                                ("qwen2.5-0.5b", 256, 1, 3), ("qwen2.5-1.5b", 768, 1, 1),
                                                ("qwen2.5-0.5b", 768, 1, 3), ("qwen2.5-1.5b", 1024, 1, 1))
           for attention in ("sdpa", "triton")],
-        ("qwen2.5-1.5b", 256, False, 1, 1, "triton"), ("qwen2.5-0.5b", 256, False, 1, 3, "triton"),
+        ("qwen2.5-1.5b", 256, False, 1, 1, "triton", "none"), ("qwen2.5-0.5b", 256, False, 1, 3, "triton", "none"),
     ]
     at = {256: 200, 768: 200, 1024: 900}  # first position: max_len 256 is the engine's span there; 768 is not
-    models: dict[tuple[str, int, bool | str, str], Any] = {}
-    for shape, max_len, fuse, width, steps, attention in plan:
+    models: dict[tuple[str, int, bool | str, str, str], Any] = {}
+    for shape, max_len, fuse, width, steps, attention, quantization in plan:
         if time.time() - t0 > args.budget:
-            say(f"budget spent: skipped {shape} max_len={max_len} fuse={fuse} attention={attention}")
+            say(f"budget spent: skipped {shape} max_len={max_len} fuse={fuse} attention={attention} {quantization}")
             continue
-        key = (shape, max_len, fuse, attention)
+        key = (shape, max_len, fuse, attention, quantization)
         if key not in models:
             models.clear()
             torch.cuda.empty_cache()
-            models[key] = build(shape, max_len, fuse is True, attention)
+            models[key] = build(shape, max_len, fuse is True, attention, quantization)
         t1 = time.time()
         fn = graphed(models[key], width, steps, whole=fuse == "whole", at=at[max_len])
         fn()
         build_s = time.time() - t1
         row = {"shape": shape, "max_len": max_len, "position": at[max_len], "fuse": fuse, "attention": attention,
-               "width": width,
+               "quantization": quantization, "width": width,
                "chained_forwards": steps, "capture_s": build_s, "replay_ms": replay_ms(fn), **kernels(fn)}
         row["ms_per_forward"] = row["replay_ms"] / steps
         res["runs"].append(row)
-        say(f"{shape} max_len={max_len} fuse={fuse} attention={attention} width={width} x{steps}: "
+        say(f"{shape} max_len={max_len} fuse={fuse} attention={attention} {quantization} width={width} x{steps}: "
             f"{row['replay_ms']:.3f} ms, "
             f"{row['kernels_per_replay']:.0f} kernels, {({k: round(v, 3) for k, v in row['ms_by_kind'].items()})}")
         write_json(args.out / "fast-profile-h200.json", res)
