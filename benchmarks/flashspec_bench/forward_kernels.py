@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import statistics
 import time
@@ -252,14 +253,8 @@ def summarize(rows: list[dict[str, Any]], batches: list[int]) -> dict[str, Any]:
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
-    if args.from_run is not None:  # nothing to measure: merge a finished run into the committed file
-        import json
-
-        out = merge(json.loads(args.from_run.read_text()), json.loads(args.merge.read_text()), args.merge.name)
-        say(f"wrote {write_json(args.out, out)}: {out['merged']['rows_kept']} rows kept from {args.merge.name}")
-        return 0
+def run_all(args: argparse.Namespace) -> dict[str, Any]:
+    """Time every shape of ``args`` (NF4 after the target) within its budget: the result."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type != "cuda":  # before flashspec_kernels is imported: its kernels are made at import
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -284,15 +279,20 @@ def main(argv: list[str] | None = None) -> int:
             rows += nf4
             skipped += [why] if why else []
             free(device)
-    config = {k: v for k, v in vars(args).items() if k not in ("out", "commit")}
-    result = {**provenance("benchmarks/forward_kernels.py", args.commit), "label": LABEL,
-              "config": {**config, "dtype": "bf16" if device.type == "cuda" else "float32", "graphs": device.type == "cuda",
-                         "attention": "auto", "tiny_shape": TINY if args.smoke else None},
-              "bandwidth_bytes_per_s": bandwidth, "summary": summarize(rows, args.batches), "rows": rows,
-              "skipped": skipped, "seconds": time.perf_counter() - t0}
-    if args.merge is not None:
-        import json
+    config = {k: v for k, v in vars(args).items() if k not in ("out", "commit", "merge", "from_run")}
+    return {**provenance("benchmarks/forward_kernels.py", args.commit), "label": LABEL,
+            "config": {**config, "dtype": "bf16" if device.type == "cuda" else "float32", "graphs": device.type == "cuda",
+                       "attention": "auto", "tiny_shape": TINY if args.smoke else None},
+            "bandwidth_bytes_per_s": bandwidth, "summary": summarize(rows, args.batches), "rows": rows,
+            "skipped": skipped, "seconds": time.perf_counter() - t0}
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    # --from-run: nothing to measure, a finished run is merged into the committed file
+    result = json.loads(args.from_run.read_text()) if args.from_run is not None else run_all(args)
+    if args.merge is not None:
         result = merge(result, json.loads(args.merge.read_text()), args.merge.name)
-    say(f"wrote {write_json(args.out, result)} in {result['seconds']:.0f} s")
+    kept = f": {result['merged']['rows_kept']} rows kept from {args.merge.name}" if args.merge is not None else ""
+    say(f"wrote {write_json(args.out, result)}{kept}")
     return 0

@@ -80,3 +80,19 @@ def test_merge_keeps_the_rows_a_run_did_not_measure_and_refuses_another_device(t
         forward_kernels.merge(run, {**old, "device": "A100"}, "old.json")
     with pytest.raises(SystemExit):
         forward_kernels.parse(["--from-run", str(tmp_path / "run.json")])
+
+
+def test_a_measured_run_merges_into_an_earlier_result(tmp_path: Path) -> None:
+    """--merge beside a measurement (not only --from-run): the run's rows replace the earlier
+    ones of the same key, and the written file holds no path objects (the config leaves the
+    two file options out)."""
+    old, out = tmp_path / "old.json", tmp_path / "out.json"
+    assert forward_kernels.main(["--smoke", "--no-nf4", "--kernels", "torch", "gemv", "--out", str(old)]) == 0
+    assert forward_kernels.main(["--smoke", "--no-nf4", "--kernels", "torch", "--merge", str(old),
+                                 "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert "merge" not in data["config"] and "from_run" not in data["config"]
+    assert data["merged"]["rows_kept"] == 2  # the gemv rows; the torch rows are this run's
+    assert {(r["shape"], r["kernels"]) for r in data["rows"]} == {
+        ("qwen2.5-1.5b", "torch"), ("qwen2.5-7b", "torch"), ("qwen2.5-1.5b", "gemv"), ("qwen2.5-7b", "gemv")}
+    assert [r["kernels"] for r in data["rows"]][:2] == ["torch", "torch"]  # this run's rows first
