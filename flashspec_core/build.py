@@ -72,6 +72,7 @@ def build_pipeline(
     arms = []
     index = {a.name: i for i, a in enumerate(config.arms)}
     loaded: dict[Any, tuple[str, DraftProvider]] = {}  # one provider per distinct draft table
+    runs_for_others = {a.fallback for a in config.arms} | {config.first}
     for arm in config.arms:
         key = _provider_key(arm.draft)
         if key in loaded:
@@ -83,6 +84,9 @@ def build_pipeline(
                 provider = registry.get("draft", arm.draft.use).factory(arm.draft.config, context)
             if key is not None:
                 loaded[key] = (arm.name, provider)
+        if not arm.select and arm.name not in runs_for_others:
+            say(f"arm {arm.name} has select = false and is neither a fallback nor [selector] first: generate and serve "
+                "never run it (flashspec bench times it alone)")
         fallback = index[arm.fallback] if arm.fallback is not None else None
         arms.append(Arm(name=arm.name, provider=provider, gamma=arm.gamma, fallback=fallback, selectable=arm.select,
                         origin=_origin(registry, "draft", arm.draft.use)))

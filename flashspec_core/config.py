@@ -255,7 +255,7 @@ class ArmConfig:
     draft: ComponentChoice
     gamma: int
     fallback: str | None = None  # another arm's name: proposes when this arm's proposal is empty
-    select: bool = True  # False: the arm serves only as another arm's fallback, or as the first arm
+    select: bool = True  # False: never the selector's; runs as a fallback, as the first arm, or alone in `flashspec bench`
 
 
 @attrs.frozen
@@ -379,12 +379,6 @@ def parse_config(
             why = "has a fallback" if gate.fallback is not None else "is the 'none' arm, whose proposal is always empty"
             raise ConfigError(source, "selector", "first",
                               f"arm {first!r} {why}; the first arm's empty proposal is where the selector chooses")
-    fallbacks = {a.fallback for a in arms} | {first}
-    for i, a in enumerate(arms):
-        if not a.select and a.name not in fallbacks:
-            raise ConfigError(source, f"arm.{i}", "select",
-                              f"arm {a.name!r} has select = false and is neither an arm's fallback nor [selector] first, "
-                              "so it would never run")
     reward, limit, draw_ahead, buckets, first_explore, first_tokens = _selector_keys(sel_table, source)
     if first_tokens is not None and first is None:
         raise ConfigError(source, "selector", "first_tokens",

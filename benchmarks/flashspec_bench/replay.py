@@ -24,7 +24,9 @@ tokens/s over target-only, beside what the bench measured for its own selector r
 (``SWEEP_FALLBACKS``: the suffix arm or lookup with the draft chain behind it) is replayed from
 its two arms' recordings, whether or not the sweep timed it too: a step plays the leading arm's
 recorded step where that proposed for a live row, else the draft's; every system of the domain
-replay has it among its arms.
+replay has it among its arms, and its leading arm is played only as a fixed system, never by a
+selector (the sweep marks the lone arm ``select = false``: the version with the fallback proposes
+the same where the lone arm proposes anything).
 
 Systems, all through :class:`~flashspec_core.policy.StepPolicy` with the throughput
 reward and draw-ahead as in the engine, each arm's gamma its widest recorded step (what
@@ -45,7 +47,7 @@ import json
 import math
 import statistics
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -244,31 +246,36 @@ def run(make_policy: Callable[[], StepPolicy], pool: list[Pool], lengths: Sequen
 
 
 def _policy(names: list[str], gammas: Sequence[int], make: Callable[[int], ArmSelector],
-            buckets: tuple[int, ...]) -> Callable[[], StepPolicy]:
-    arms = [Arm(name=n, provider=NoDraft(), gamma=g) for n, g in zip(names, gammas, strict=True)]
+            buckets: tuple[int, ...], alone: Collection[str] = ()) -> Callable[[], StepPolicy]:
+    """A policy over ``names``; those in ``alone`` are not the selector's (``select = false``)."""
+    arms = [Arm(name=n, provider=NoDraft(), gamma=g, selectable=n not in alone)
+            for n, g in zip(names, gammas, strict=True)]
+    choosable = sum(a.selectable for a in arms)
 
     def build() -> StepPolicy:
-        return StepPolicy(arms, make(len(arms)), make_reward("throughput"),
-                          PolicySettings(batch_buckets=buckets), make_selector=lambda: make(len(arms)))
+        return StepPolicy(arms, make(choosable), make_reward("throughput"),
+                          PolicySettings(batch_buckets=buckets), make_selector=lambda: make(choosable))
 
     return build
 
 
-def systems(names: list[str], gammas: Sequence[int], seed: int) -> dict[str, Callable[[], StepPolicy]]:
+def systems(names: list[str], gammas: Sequence[int], seed: int,
+            alone: Collection[str] = ()) -> dict[str, Callable[[], StepPolicy]]:
     """The replayed systems of one seed (a fresh selector stream per bucket); ``gammas``: each
-    arm's width, as the policy tells a selector that sees widths."""
+    arm's width, as the policy tells a selector that sees widths; ``alone``: arms played only as
+    fixed systems, never by a selector (the sweep's ``select = false`` arms)."""
     counter = iter(range(10**6))
     out = {
         "thompson_per_bucket": _policy(
-            names, gammas, lambda k: Thompson(ThompsonConfig(seed=seed * 1000 + next(counter)), k), BUCKETS),
-        "factored": _policy(names, gammas, lambda k: Factored(FactoredConfig(seed=seed), k), (1,)),
+            names, gammas, lambda k: Thompson(ThompsonConfig(seed=seed * 1000 + next(counter)), k), BUCKETS, alone),
+        "factored": _policy(names, gammas, lambda k: Factored(FactoredConfig(seed=seed), k), (1,), alone),
         "factored_per_request": _policy(
             names, gammas, lambda k: Factored(FactoredConfig(seed=seed, request_rows=REQUEST_ROWS,
-                                                             plain_per_class=PLAIN_PER_CLASS), k), (1,)),
+                                                             plain_per_class=PLAIN_PER_CLASS), k), (1,), alone),
         "factored_mean": _policy(  # the shipped selector scoring a static batch by its rows' mean
             names, gammas, lambda k: Factored(FactoredConfig(seed=seed, request_rows=REQUEST_ROWS,
                                                              plain_per_class=PLAIN_PER_CLASS, static_batch=False), k),
-            (1,)),
+            (1,), alone),
     }
     for i, name in enumerate(names):
         out[f"fixed:{name}"] = _policy(names, gammas, _fixed(i), (1,))
@@ -493,8 +500,9 @@ def replay_domains(recorded: dict[str, Any], seeds: int) -> dict[str, Any]:
         gammas = [max(widest[f] for f in fallbacks[n]) if n in fallbacks else widest[n] for n in names]
         per: dict[str, dict[str, list[list[float]]]] = {}
         plays: dict[str, list[list[int]]] = {}
+        alone = {lead for lead, _ in fallbacks.values()}  # the sweep times them alone, the bandit never plays them
         for seed in range(seeds):
-            for name, make in systems(names, gammas, seed).items():
+            for name, make in systems(names, gammas, seed, alone).items():
                 rng = np.random.default_rng([seed, int(batch)])
                 domains, played = run_in_order(make, trace, rng)
                 for domain, (seconds, tokens) in domains.items():
