@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from flashspec_bench.arm_sections import SWEEP_SECTIONS, TREE_SECTIONS
-from flashspec_bench.arm_summary import arm_summary
+from flashspec_bench.arm_summary import arm_summary, sweep_goals
 from flashspec_bench.provenance import RESULTS, write_json
 from flashspec_bench.runs import CROSS_REQUEST_STATE, by_domain, summarize_run
 
@@ -307,6 +307,14 @@ def merge_committed(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     summary = {**old_s, **{k: new_s[k] for k in (*ARM_KEYS, "invalid_systems")}}
     if "tree" in old_s and "tree" in new_s:
         summary["tree"] = merge_tree(old_s["tree"], new_s["tree"], ran)
+    if "batch_sweep" in old_s and "batch_sweep" in new_s:
+        suffix_key = "suffix_vs_target_only_code_edit_b1"
+        summary[suffix_key] = new_s[suffix_key] if "sweep_b1" in ran else old_s.get(suffix_key)
+        summary["batch_sweep"] = merge_sweep(old_s["batch_sweep"], new_s["batch_sweep"], ran, summary[suffix_key])
+        kept = {b: v for b, v in old_s.get("self_spec", {}).items() if f"sweep_b{b}" not in ran}
+        summary["self_spec"] = _by_size({**kept, **new_s["self_spec"]})
+    summary["arm_sections_budget"] = {**{k: v for k, v in old_s.get("arm_sections_budget", {}).items() if k not in ran},
+                                      **new_s["arm_sections_budget"]}
     # a section measured again is judged by the new run alone: an old mark of it no longer holds
     summary["invalid_systems"] = {**{k: v for k, v in old_s.get("invalid_systems", {}).items() if k not in ran},
                                   **new_s["invalid_systems"]}
@@ -339,6 +347,42 @@ def merge_tree(old: dict[str, Any], new: dict[str, Any], ran: set[str]) -> dict[
     if "goals" in new:
         out["goals"] = tree_goals(out)
     return out
+
+
+# summary.batch_sweep.config's entries keyed by batch size
+SWEEP_CONFIG_BY_BATCH = ("prompts_per_domain", "bandit", "repeats")
+
+
+def merge_sweep(old: dict[str, Any], new: dict[str, Any], ran: set[str], suffix_b1: float | None) -> dict[str, Any]:
+    """``summary.batch_sweep`` of a run laid over the committed one: a batch size whose section
+    this run did not measure again keeps its committed row, ``against_fixed`` entry and config
+    entries (``summary.section_commits`` says which commit measured it); the goals are judged
+    over every batch size then present."""
+    by_batch = {b: v for b, v in new.items() if b.isdigit()}
+    fixed = dict(new.get("against_fixed", {}))
+    not_measured = dict(new.get("not_measured", {}))
+    config = dict(new.get("config") or old.get("config") or {})
+    per = {k: dict(config.get(k, {})) for k in SWEEP_CONFIG_BY_BATCH}
+    for section in SWEEP_SECTIONS:
+        b = section.removeprefix("sweep_b")
+        if section in ran or b not in old:
+            continue
+        by_batch[b] = old[b]
+        fixed[b] = (old.get("against_fixed") or {}).get(b)
+        for k in SWEEP_CONFIG_BY_BATCH:
+            if b in (old.get("config") or {}).get(k, {}):
+                per[k][b] = old["config"][k][b]
+        not_measured.pop(section, None)
+    out: dict[str, Any] = {**_by_size(by_batch), "against_fixed": _by_size(fixed), "not_measured": not_measured}
+    if config:
+        out["config"] = {**config, **{k: _by_size(v) for k, v in per.items()}}
+    out["goals"] = sweep_goals(out, suffix_b1)
+    return out
+
+
+def _by_size(d: dict[str, Any]) -> dict[str, Any]:
+    """``d`` (keyed by batch size) in increasing batch size."""
+    return dict(sorted(d.items(), key=lambda kv: int(kv[0])))
 
 
 def load_raw(path: Path = RAW) -> dict[str, Any]:

@@ -246,3 +246,26 @@ def test_a_merged_tree_summary_keeps_the_committed_keys_of_the_tree_sections_not
     assert got["not_measured"] == {"tree_b4": "not run"} and got["goals"]["code_t07_1_4x"] is True
     again = e2e.merge_tree(old, {**new, "not_measured": {"tree_b4": "not run"}}, {"tree_b1", "tree_t07"})
     assert "speedup_vs_own_target_only_t07" not in again and again["goals"]["code_t07_1_4x"] is None
+
+
+def test_a_merged_sweep_summary_keeps_the_committed_batch_sizes_not_run_again() -> None:
+    """sweep_b1 run again, sweep_b4 not: batch 4 keeps its committed row, against_fixed entry and
+    config entries, batch 1 takes the run's; the goals are judged over both."""
+    old = {"1": {"all": {"bandit_vs_target_only": 1.2}}, "4": {"prose": {"bandit_vs_target_only": 0.9}},
+           "against_fixed": {"1": {"bandit_vs_best_fixed": 0.8, "bandit_vs_oracle": 0.8},
+                             "4": {"bandit_vs_best_fixed": 0.96, "bandit_vs_oracle": 0.9}},
+           "not_measured": {}, "config": {"repeats": {"1": 1, "4": 3}, "bandit": {"1": "b", "4": "b"},
+                                          "prompts_per_domain": {"1": {}, "4": {}}, "note": "old"}}
+    new = {"1": {"all": {"bandit_vs_target_only": 1.7}},
+           "against_fixed": {"1": {"bandit_vs_best_fixed": 1.01, "bandit_vs_oracle": 0.99}},
+           "not_measured": {"sweep_b4": "not run", "sweep_b8": "not run"},
+           "config": {"repeats": {"1": 1}, "bandit": {"1": "b"}, "prompts_per_domain": {"1": {}}, "note": "new"}}
+    got = e2e.merge_sweep(old, new, {"sweep_b1"}, 1.9)
+    assert got["1"] == new["1"] and got["4"] == old["4"] and list(got)[:2] == ["1", "4"]
+    assert got["against_fixed"] == {"1": new["against_fixed"]["1"], "4": old["against_fixed"]["4"]}
+    assert got["not_measured"] == {"sweep_b8": "not run"} and got["config"]["repeats"] == {"1": 1, "4": 3}
+    assert got["config"]["note"] == "new"
+    assert got["goals"]["bandit_worst"] == {"batch": "4", "domain": "prose", "bandit_vs_target_only": 0.9}
+    assert got["goals"]["bandit_1x_best_fixed_everywhere"] is False and got["goals"]["suffix_code_edit_b1_1_8x"] is True
+    again = e2e.merge_sweep(old, {**new, "not_measured": {"sweep_b8": "not run"}}, {"sweep_b1", "sweep_b4"}, 1.9)
+    assert "4" not in again and again["goals"]["bandit_1x_best_fixed_everywhere"] is True
