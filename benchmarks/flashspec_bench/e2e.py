@@ -333,19 +333,22 @@ TREE_TAGS = {"tree_t07": "_t07", "tree_b4": "_b4"}
 
 def merge_tree(old: dict[str, Any], new: dict[str, Any], ran: set[str]) -> dict[str, Any]:
     """``summary.tree`` of a run laid over the committed one: the keys of a tree section this
-    run did not measure again (``_t07``, ``_b4``) and its goal keep their committed values."""
+    run did not measure again (``_t07``, ``_b4``; tree_b1's have no tag) keep their committed
+    values, and the goals are judged over the merged keys."""
     from flashspec_bench.arm_summary import tree_goals
 
     out = dict(new)
     not_measured = dict(new.get("not_measured", {}))
-    for section, tag in TREE_TAGS.items():
+    tags = tuple(TREE_TAGS.values())
+    for section in TREE_SECTIONS:
         if section in ran or section in old.get("not_measured", {}):
             continue
-        out |= {k: v for k, v in old.items() if k.endswith(tag)}
+        tag = TREE_TAGS.get(section)
+        out |= {k: v for k, v in old.items()
+                if (k.endswith(tag) if tag else not k.endswith(tags) and k not in ("not_measured", "goals"))}
         not_measured.pop(section, None)
     out["not_measured"] = not_measured
-    if "goals" in new:
-        out["goals"] = tree_goals(out)
+    out["goals"] = tree_goals(out)
     return out
 
 

@@ -246,6 +246,10 @@ def test_a_merged_tree_summary_keeps_the_committed_keys_of_the_tree_sections_not
     assert got["not_measured"] == {"tree_b4": "not run"} and got["goals"]["code_t07_1_4x"] is True
     again = e2e.merge_tree(old, {**new, "not_measured": {"tree_b4": "not run"}}, {"tree_b1", "tree_t07"})
     assert "speedup_vs_own_target_only_t07" not in again and again["goals"]["code_t07_1_4x"] is None
+    # a run of sweeps alone: every committed tree key stays, tree_b1's (no tag) too
+    none = e2e.merge_tree(old, {"not_measured": dict.fromkeys(("tree_b1", "tree_t07", "tree_b4"), "not run")}, set())
+    assert none["speedup_vs_own_target_only"] == {"code": 1.1} and none["not_measured"] == {"tree_b4": "not run"}
+    assert none["goals"]["code_t07_1_4x"] is True and none["goals"]["code_1_6x"] is False
 
 
 def test_a_merged_sweep_summary_keeps_the_committed_batch_sizes_not_run_again() -> None:
