@@ -174,7 +174,8 @@ def render_gpu(data: dict[str, Any]) -> str:
 
 REPLAYED = (("thompson_per_bucket", "`thompson`, one per bucket"), ("factored", "`factored`, pooled"),
             ("factored_per_request", "`factored`, shipped (`request_rows = 8`, `plain_per_class = 2`)"))
-IN_ORDER = (*REPLAYED[1:], ("factored_mean", "`factored`, shipped, scored by the rows' mean (`static_batch = false`)"))
+IN_ORDER = (*REPLAYED[1:], ("factored_mean", "`factored`, shipped, scored by the rows' mean (`static_batch = false`)"),
+            ("factored_per_request_no_self", "`factored`, shipped, without the self-speculative arms"))
 DOMAINS = (("humaneval", "HumanEval"), ("code_edit", "code edit"), ("chat", "chat"), ("code", "code"), ("prose", "prose"))
 
 
@@ -216,6 +217,8 @@ def render_replay_domains(data: dict[str, Any]) -> str:
     for batch, row in data["domains"].items():
         systems = row["systems"]
         for key, title in IN_ORDER:
+            if key not in systems:
+                continue
             cells = " | ".join(f"{systems[key]['by_domain'][d]:.2f}x" for d, _ in DOMAINS)
             lines.append(f"| {batch} | {title} | {cells} | {systems[key]['vs_target_only']:.2f}x |")
         measured = row.get("measured", {}).get("bandit:Factored")

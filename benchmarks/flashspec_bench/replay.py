@@ -33,8 +33,9 @@ reward and draw-ahead as in the engine, each arm's gamma its widest recorded ste
 the policy tells a selector that sees widths): the per-bucket ``thompson`` (buckets
 1, 2, 4, 8, 16, 32), ``factored`` (one selector for every batch), ``factored_per_request``
 (the same with ``request_rows = 8``, each request's own acceptance counts, and
-``plain_per_class = 2``: the shipped configs' selector), every arm fixed, and
-per batch size the best fixed arm in hindsight. Each seed runs the recorded requests in
+``plain_per_class = 2``: the shipped configs' selector), the shipped selector without the
+sweep's self-speculative arms (``factored_per_request_no_self``, where the steps have them: what
+having them costs it), every arm fixed, and per batch size the best fixed arm in hindsight. Each seed runs the recorded requests in
 batches of the batch size, one policy for the whole run (about 100 steps at batch 8).
 Regret: seconds beyond the best fixed arm's for the same tokens, per request.
 """
@@ -53,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from flashspec_bench.arm_sections import SWEEP_FALLBACKS, fallback_name
+from flashspec_bench.arm_sections import SELF_GAMMA, SELF_LAYERS, SWEEP_FALLBACKS, fallback_name
 from flashspec_bench.provenance import DOCS, provenance, write_json
 from flashspec_core.contracts import ArmSelector
 from flashspec_core.policy import Arm, NoDraft, PolicySettings, StepPolicy
@@ -66,6 +67,7 @@ BUCKETS = (1, 2, 4, 8, 16, 32)
 CAPTURE = 5.0  # a step this many times its arm's median is a graph capture
 REQUEST_ROWS = 8.0  # factored's request_rows in flashspec_core/configs/default.toml
 PLAIN_PER_CLASS = 2  # and its plain_per_class
+SELF_ARMS = frozenset(f"self-l{n}-g{SELF_GAMMA}" for n in SELF_LAYERS)  # the sweep's self-speculative arms
 
 Pool = dict[int, list[tuple[int, float, tuple[int, ...]]]]  # batch size -> (width, step_s, accepted per row)
 
@@ -277,6 +279,12 @@ def systems(names: list[str], gammas: Sequence[int], seed: int,
                                                              plain_per_class=PLAIN_PER_CLASS, static_batch=False), k),
             (1,), alone),
     }
+    selfs = SELF_ARMS & set(names)
+    if selfs:  # what the self-speculative arms cost the shipped selector: the same without them
+        out["factored_per_request_no_self"] = _policy(
+            names, gammas, lambda k: Factored(FactoredConfig(seed=seed, request_rows=REQUEST_ROWS,
+                                                             plain_per_class=PLAIN_PER_CLASS), k),
+            (1,), {*alone, *selfs})
     for i, name in enumerate(names):
         out[f"fixed:{name}"] = _policy(names, gammas, _fixed(i), (1,))
     return out

@@ -227,6 +227,19 @@ def test_an_arm_with_a_fallback_replays_its_leader_where_it_proposed_else_the_fa
     assert result["systems"]["fixed:lookup-or-draft"]["by_domain"] == {"a": 5.0, "b": 2.0}
     assert result["best_fixed_by_domain"] == {"a": ["lookup", 5.0], "b": ["draft", 2.0]}
     assert result["systems"]["factored_per_request"]["plays"]["lookup-or-draft"] > 0
+    assert result["systems"]["factored_per_request"]["plays"]["lookup"] == 0  # the leader alone: fixed runs only
+
+
+def test_the_shipped_selector_is_also_replayed_without_the_self_arms() -> None:
+    """Where the arms include the sweep's self-speculative ones, the replay adds the shipped
+    selector without them (what having them costs it); the fixed systems still play them."""
+    names = ["none", "self-l8-g3", "draft", "lookup", "lookup-or-draft"]
+    out = replay.systems(names, [0, 3, 3, 6, 6], seed=0, alone={"lookup"})
+    chosen = [a.name for a in out["factored_per_request_no_self"]().arms if a.selectable]
+    assert chosen == ["none", "draft", "lookup-or-draft"]
+    assert [a.name for a in out["factored_per_request"]().arms if a.selectable] == [
+        "none", "self-l8-g3", "draft", "lookup-or-draft"]
+    assert "fixed:self-l8-g3" in out and "factored_per_request_no_self" not in replay.systems(["none", "draft"], [0, 3], 0)
 
 
 def test_a_recorded_arm_with_a_fallback_is_replayed_from_its_two_arms(monkeypatch: pytest.MonkeyPatch) -> None:
