@@ -57,9 +57,8 @@ BEST_CHAIN = 3  # the draft's best chain gamma at batch 1 (e2e-h200.json, b1_gat
 # lookup on more, which alone they decode plainly; with the draft's best chain behind them, replayed
 # from the arms' recorded steps (docs/benchmarks/bandit-replay.json, ``domains``), the suffix arm is
 # the best fixed arm at batch 1, and the shipped selector over the arms gains most with both. The
-# lone leaders are timed but not the bandit's (``select = false``, :func:`_timed_alone`): replayed,
-# the shipped selector gains again without them (H200 steps: 1.71x -> 1.81x at batch 1, 1.25x ->
-# 1.28x at batch 4, 1.10x -> 1.09x at batch 8).
+# lone leaders are timed but not the bandit's (``select = false``, :func:`_timed_alone`): replayed
+# and measured, the shipped selector gains again at batch 1 without them (docs/bandits.md).
 SWEEP_FALLBACKS = ((f"suffix-g{SUFFIX_GAMMA}", f"draft0.5b-g{BEST_CHAIN}"),
                    (f"lookup-match-g{LOOKUP_GAMMA}", f"draft0.5b-g{BEST_CHAIN}"))
 

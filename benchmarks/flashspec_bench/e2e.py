@@ -294,8 +294,10 @@ def summarize(src: Path, out: Path, commit: str, section_commits: dict[str, str]
 def merge_committed(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """``new`` (a summarize of the tree and sweep sections alone) laid over a committed ``old``:
     the sections ``new`` did not run keep their data, dates and commits, the summary keeps
-    theirs and takes the arm sections' keys (``ARM_KEYS``) from ``new``; ``invalid_systems``
-    keeps the old marks only of sections ``new`` did not measure again.
+    theirs and takes the arm sections' keys (``ARM_KEYS``) from ``new``, but for the tree and
+    sweep sections ``new`` did not run again (:func:`merge_tree`, :func:`merge_sweep`, and their
+    entries of ``self_spec`` and ``arm_sections_budget``); ``invalid_systems`` keeps the old marks
+    only of sections ``new`` did not measure again.
     A run with other sections is refused: their summary keys mix several sections."""
     ran = {k for k, v in new["sections"].items() if v}
     other = sorted(ran - set(TREE_SECTIONS) - set(SWEEP_SECTIONS))
