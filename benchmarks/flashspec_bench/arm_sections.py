@@ -58,7 +58,8 @@ BEST_CHAIN = 3  # the draft's best chain gamma at batch 1 (e2e-h200.json, b1_gat
 # from the arms' recorded steps (docs/benchmarks/bandit-replay.json, ``domains``), the suffix arm is
 # the best fixed arm at batch 1, and the shipped selector over the arms gains most with both. The
 # lone leaders are timed but not the bandit's (``select = false``, :func:`_timed_alone`): replayed
-# and measured, the shipped selector gains again at batch 1 without them (docs/bandits.md).
+# and measured, the shipped selector gains again at batch 1 without them (docs/bandits.md, and
+# the H100 sweep in docs/performance.md).
 SWEEP_FALLBACKS = ((f"suffix-g{SUFFIX_GAMMA}", f"draft0.5b-g{BEST_CHAIN}"),
                    (f"lookup-match-g{LOOKUP_GAMMA}", f"draft0.5b-g{BEST_CHAIN}"))
 
