@@ -23,6 +23,7 @@ import json
 import os
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -94,9 +95,7 @@ def merge(run: dict[str, Any], old: dict[str, Any], old_name: str) -> dict[str, 
             if tuple(r[k] for k in ROW_KEY) not in seen]
     rows += kept
     batches = sorted({int(b) for b in old["config"]["batches"]} | {int(b) for b in run["config"]["batches"]})
-    commits: dict[str, int] = {}
-    for r in rows:
-        commits[r["commit"]] = commits.get(r["commit"], 0) + 1
+    commits = dict(Counter(r["commit"] for r in rows))
     return {**run, "summary": summarize(rows, batches), "rows": rows,
             "merged": {"file": old_name, "rows_kept": len(kept), "rows_by_commit": commits,
                        "bandwidth_bytes_per_s": old.get("bandwidth_bytes_per_s")}}

@@ -267,13 +267,15 @@ def systems(names: list[str], gammas: Sequence[int], seed: int,
     arm's width, as the policy tells a selector that sees widths; ``alone``: arms played only as
     fixed systems, never by a selector (the sweep's ``select = false`` arms)."""
     counter = iter(range(10**6))
+
+    def shipped(k: int) -> ArmSelector:  # the shipped configs' selector
+        return Factored(FactoredConfig(seed=seed, request_rows=REQUEST_ROWS, plain_per_class=PLAIN_PER_CLASS), k)
+
     out = {
         "thompson_per_bucket": _policy(
             names, gammas, lambda k: Thompson(ThompsonConfig(seed=seed * 1000 + next(counter)), k), BUCKETS, alone),
         "factored": _policy(names, gammas, lambda k: Factored(FactoredConfig(seed=seed), k), (1,), alone),
-        "factored_per_request": _policy(
-            names, gammas, lambda k: Factored(FactoredConfig(seed=seed, request_rows=REQUEST_ROWS,
-                                                             plain_per_class=PLAIN_PER_CLASS), k), (1,), alone),
+        "factored_per_request": _policy(names, gammas, shipped, (1,), alone),
         "factored_mean": _policy(  # the shipped selector scoring a static batch by its rows' mean
             names, gammas, lambda k: Factored(FactoredConfig(seed=seed, request_rows=REQUEST_ROWS,
                                                              plain_per_class=PLAIN_PER_CLASS, static_batch=False), k),
@@ -281,10 +283,7 @@ def systems(names: list[str], gammas: Sequence[int], seed: int,
     }
     selfs = SELF_ARMS & set(names)
     if selfs:  # what the self-speculative arms cost the shipped selector: the same without them
-        out["factored_per_request_no_self"] = _policy(
-            names, gammas, lambda k: Factored(FactoredConfig(seed=seed, request_rows=REQUEST_ROWS,
-                                                             plain_per_class=PLAIN_PER_CLASS), k),
-            (1,), {*alone, *selfs})
+        out["factored_per_request_no_self"] = _policy(names, gammas, shipped, (1,), {*alone, *selfs})
     for i, name in enumerate(names):
         out[f"fixed:{name}"] = _policy(names, gammas, _fixed(i), (1,))
     return out
