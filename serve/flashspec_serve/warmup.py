@@ -13,7 +13,9 @@ so caches are allocated once):
   request of other settings still captures its own);
 * a dummy batch at a ladder of lengths (``2^k + 1``: every span up to the context), decoded one step by every arm in turn (its own provider, no
   fallback, no first arm), then one step at each draft width ``0..max gamma`` with a
-  one-hot draft (what a lookup proposes), at those settings, and where they are all greedy
+  one-hot draft (what a lookup proposes), split over as many dummy batches of that length as
+  the room above it takes (:func:`chunks`: so the ladder's top length, whose steps meet the
+  widest span, fits however many steps a length has), at those settings, and where they are all greedy
   sampled too (the verifier's kernels for sampled rows); where an arm proposes trees, a
   second dummy batch of one step at each node count ``1..its gamma`` with a one-hot tree
   (a lookup tree's partial matches: the target's tree forward and the verifier capture a
@@ -170,7 +172,8 @@ def warm_up(pipeline: Pipeline, sizes: Sequence[int], context: int | None, per_r
     own = list(pipeline.policy.arms)
     schedule, trees = plays(own, samplings), tree_plays(own, samplings)
     gamma = max(a.gamma for a, _ in schedule + trees)
-    lengths = warm_lengths(plan.limit(context), max(_room(len(p), gamma) for p in (schedule, trees)))
+    limit = plan.limit(context)
+    lengths = warm_lengths(limit, _room(1, gamma))  # each length's steps split to fit (chunks)
     # a sequence keeps gamma + 1 slots for the step that scores it (Engine.room): the longest prefilled
     longest = plan.limit(context - gamma - 1 if context is not None else None)
     # every prefill length, the dummy batches' too: those batches re-seat one row and then two, and
@@ -182,9 +185,10 @@ def warm_up(pipeline: Pipeline, sizes: Sequence[int], context: int | None, per_r
         for done, size in enumerate(order, 1):
             prewarmed += prewarm_drafts(own, size, samplings, plan.longest)
             for length in lengths:
-                steps += _warm_batch(pipeline, force, schedule, size, length, per_row)
-                if trees:
-                    steps += _warm_batch(pipeline, force, trees, size, length, per_row=False)
+                for k, part in enumerate(chunks(schedule, length, limit, gamma)):
+                    steps += _warm_batch(pipeline, force, part, size, length, per_row and k == 0)
+                for part in chunks(trees, length, limit, gamma):
+                    steps += _warm_batch(pipeline, force, part, size, length, per_row=False)
             for length in prefills:
                 _warm_prefill(pipeline, own, size, length, per_row)
             seconds = time.perf_counter() - t0
@@ -288,6 +292,18 @@ def prewarm_drafts(arms: Sequence[Arm], size: int, samplings: Sequence[SamplingP
         for sampling in samplings:
             keys += arm.provider.prewarm(size, arm.gamma, sampling, longest=longest)
     return keys
+
+
+def chunks(plays: Sequence[tuple[Arm, SamplingParams]], length: int, limit: int | None,
+           gamma: int) -> list[list[tuple[Arm, SamplingParams]]]:
+    """``plays`` in runs that a dummy batch of ``length`` tokens has room for under ``limit``
+    (:func:`_room`; None: one run): a run per batch, so a length near the limit, whose steps meet
+    the widest span, is warmed whatever the number of plays (one batch of them all left the top
+    span of a 256-slot cache unwarmed, and a served load captured the target's verify there)."""
+    if not plays:
+        return []
+    fit = len(plays) if limit is None else max(1, (limit - length) // (gamma + 1) - JOINS - 1)
+    return [list(plays[i : i + fit]) for i in range(0, len(plays), fit)]
 
 
 def _room(plays: int, gamma: int) -> int:

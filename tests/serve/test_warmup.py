@@ -138,8 +138,9 @@ def test_warm_up_plays_every_arm_and_width_at_every_slot_count(tiny_models: dict
     joined: list[tuple[int, tuple[int, ...]]] = []
     _spy(pipeline.target, "prefill_rows", joined, lambda tokens, _l, rows: (tokens.shape[0], tuple(rows)))
     with _warmed(pipeline, max_batch=4) as (_engine, done):
-        assert done is not None and done.sizes == (4, 2, 1) and done.lengths == (2, 3, 5)
-    assert done.steps == 3 * ((14 + 2) + (14 + 1) + 14)  # per length: 9 greedy plays, 5 sampled, the joins
+        # every 2^k + 1 with room for one step of the widest arm and the joins' (chunks)
+        assert done is not None and done.sizes == (4, 2, 1) and done.lengths == (2, 3, 5, 9, 17, 33, 65)
+    assert done.steps == 7 * ((14 + 2) + (14 + 1) + 14)  # per length: 9 greedy plays, 5 sampled, the joins
     for name, sizes in proposed.items():
         assert set(sizes) == {1, 2, 4}, name
     top = max(a.gamma for a in arms)
@@ -280,6 +281,20 @@ def test_basic_bounds_the_dummy_lengths_and_full_does_not() -> None:
     assert max(warmup.warm_lengths(full.limit(2047), 234)) == 1025
 
 
+def test_a_length_s_steps_are_split_into_batches_that_have_room_for_them() -> None:
+    """Near the limit a length's plays run in several dummy batches, each with room for its
+    steps (up to gamma + 1 tokens each, and the joins' steps): the ladder's top length is warmed
+    whatever the number of plays; without a known limit they run in one batch."""
+    plays = [(object(), None)] * 25
+    parts = warmup.chunks(plays, 129, 256, 8)  # type: ignore[arg-type]
+    assert [len(p) for p in parts] == [11, 11, 3] and sum(parts, []) == plays
+    for part in parts:
+        assert 129 + warmup._room(len(part), 8) <= 256
+    assert [len(p) for p in warmup.chunks(plays, 257, 2047, 8)] == [25]  # type: ignore[arg-type]
+    assert [len(p) for p in warmup.chunks(plays, 129, None, 8)] == [25] and warmup.chunks([], 9, 256, 8) == []
+    assert warmup.warm_lengths(256, warmup._room(1, 8))[-1] == 129  # the top length of a 256-slot cache
+
+
 def _levels_run(tiny_models: dict[str, Path], level: str
                 ) -> tuple[warmup.Warmup, list[tuple[int, int, int | None]], list[Any]]:
     """A warm-up at ``level`` of the fast pipeline at slot counts 2 and 1: its record, the drafts'
@@ -310,7 +325,7 @@ def test_both_levels_run_the_drafts_prewarm_basic_bounded_to_its_longest(tiny_mo
     assert full.level == "full" and basic.level == "basic"
     assert sorted(set(full_prewarms)) == [(b, 3, None) for b in (1, 2)]
     assert sorted(set(basic_prewarms)) == [(b, 3, warmup.BASIC_LONGEST) for b in (1, 2)]
-    assert basic.sizes == full.sizes == (2, 1) and basic.lengths == full.lengths == (2, 3, 5)
+    assert basic.sizes == full.sizes == (2, 1) and basic.lengths == full.lengths == (2, 3, 5, 9, 17, 33, 65)
     assert basic.steps == full.steps > 0
     with pytest.raises(KeyError):
         warmup.warm_up(_fast_pipeline(tiny_models), [1], CONTEXT, per_row=True, level="off")
