@@ -57,9 +57,14 @@ BEST_CHAIN = 3  # the draft's best chain gamma at batch 1 (e2e-h200.json, b1_gat
 # lookup on more, which alone they decode plainly; with the draft's best chain behind them, replayed
 # from the arms' recorded steps (docs/benchmarks/bandit-replay.json, ``domains``), the suffix arm is
 # the best fixed arm at batch 1, and the shipped selector over the arms gains most with both. The
-# lone leaders are timed but not the bandit's (``select = false``, :func:`_timed_alone`): replayed
-# and measured, the shipped selector gains again at batch 1 without them (docs/bandits.md, and
-# the H100 sweep in docs/performance.md).
+# bandit chooses among the arms of flashspec_core/configs/gpu.toml only (:data:`BANDIT_ARMS`): the
+# two with a fallback, the draft's chain and plain decoding. Every other arm is timed alone
+# (``select = false``, :func:`_timed_alone`): the lone leaders, whose versions with the fallback
+# propose the same where they find anything; the self-speculative arms, which ran at 0.46x-0.57x
+# target-only alone and cost the selector the plays that learned so; and lookup's tree, which held
+# it on lookup in the run's order. Replayed over the H200 sweeps' steps in the run's order
+# (docs/benchmarks/bandit-replay.json, ``domains``: ``factored_per_request`` against
+# ``factored_per_request_all_arms``), the shipped selector gains over those four at batch 1, 4 and 8.
 SWEEP_FALLBACKS = ((f"suffix-g{SUFFIX_GAMMA}", f"draft0.5b-g{BEST_CHAIN}"),
                    (f"lookup-match-g{LOOKUP_GAMMA}", f"draft0.5b-g{BEST_CHAIN}"))
 
@@ -67,6 +72,11 @@ SWEEP_FALLBACKS = ((f"suffix-g{SUFFIX_GAMMA}", f"draft0.5b-g{BEST_CHAIN}"),
 def fallback_name(arm: str, fallback: str) -> str:
     """The name of ``arm`` with ``fallback`` behind it (a sweep arm, and a replayed one)."""
     return f"{arm}-or-{fallback}"
+
+
+# The sweep arms the bandit chooses among: those of the shipped gpu.toml's design.
+# In the config's order, which is the order a selector opens them in.
+BANDIT_ARMS = (f"draft0.5b-g{BEST_CHAIN}", *(fallback_name(a, b) for a, b in SWEEP_FALLBACKS), "none")
 # More bandits of the sweep besides the shipped one: a section's budget runs them last, so they
 # never displace target-only, the shipped bandit or a fixed arm.
 EXTRA_SWEEP_SELECTORS = ("thompson",)
@@ -216,12 +226,11 @@ def sweep_toml(paths: dict[str, str], verifier: str, max_len: int, fuse: bool, *
 
 
 def _timed_alone(arm: str) -> str:
-    """``arm`` with ``select = false`` where it leads an arm of :data:`SWEEP_FALLBACKS`: the bench
-    times it alone, the bandit chooses its version with the fallback instead, which proposes the
-    same where it finds a continuation and drafts where it finds none."""
-    leads = {a for a, _ in SWEEP_FALLBACKS}
+    """``arm`` with ``select = false`` unless it is one of :data:`BANDIT_ARMS`: the bench times it
+    alone and the bandit never chooses it (a lone leader's version with the fallback proposes the
+    same where it finds a continuation and drafts where it finds none)."""
     name = tomllib.loads(arm)["arm"][0]["name"]
-    return arm.replace(f'name = "{name}"\n', f'select = false\nname = "{name}"\n') if name in leads else arm
+    return arm if name in BANDIT_ARMS else arm.replace(f'name = "{name}"\n', f'select = false\nname = "{name}"\n')
 
 
 def _with_fallback(pair: tuple[str, str]) -> str:

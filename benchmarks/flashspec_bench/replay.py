@@ -26,16 +26,18 @@ its two arms' recordings, whether or not the sweep timed it too: a step plays th
 recorded step where that proposed for a live row, else the draft's; every system of the domain
 replay has it among its arms, and its leading arm is played only as a fixed system, never by a
 selector (the sweep marks the lone arm ``select = false``: the version with the fallback proposes
-the same where the lone arm proposes anything).
+the same where the lone arm proposes anything). Where the recording has every arm of the shipped
+``gpu.toml`` design (``BANDIT_ARMS`` of ``flashspec_bench.arm_sections``), the selectors of the
+domain replay choose among those only, as the sweep's bandit does, and the shipped selector is also
+replayed over every arm the sweep timed but the lone leaders (``factored_per_request_all_arms``:
+what the other arms, the self-speculative ones among them, cost or gain it).
 
 Systems, all through :class:`~flashspec_core.policy.StepPolicy` with the throughput
 reward and draw-ahead as in the engine, each arm's gamma its widest recorded step (what
 the policy tells a selector that sees widths): the per-bucket ``thompson`` (buckets
 1, 2, 4, 8, 16, 32), ``factored`` (one selector for every batch), ``factored_per_request``
 (the same with ``request_rows = 8``, each request's own acceptance counts, and
-``plain_per_class = 2``: the shipped configs' selector), the shipped selector without the
-sweep's self-speculative arms (``factored_per_request_no_self``, where the steps have them: what
-having them costs it), every arm fixed, and per batch size the best fixed arm in hindsight. Each seed runs the recorded requests in
+``plain_per_class = 2``: the shipped configs' selector), every arm fixed, and per batch size the best fixed arm in hindsight. Each seed runs the recorded requests in
 batches of the batch size, one policy for the whole run (about 100 steps at batch 8).
 Regret: seconds beyond the best fixed arm's for the same tokens, per request.
 """
@@ -54,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from flashspec_bench.arm_sections import SELF_GAMMA, SELF_LAYERS, SWEEP_FALLBACKS, fallback_name
+from flashspec_bench.arm_sections import BANDIT_ARMS, SWEEP_FALLBACKS, fallback_name
 from flashspec_bench.provenance import DOCS, provenance, write_json
 from flashspec_core.contracts import ArmSelector
 from flashspec_core.policy import Arm, NoDraft, PolicySettings, StepPolicy
@@ -67,7 +69,6 @@ BUCKETS = (1, 2, 4, 8, 16, 32)
 CAPTURE = 5.0  # a step this many times its arm's median is a graph capture
 REQUEST_ROWS = 8.0  # factored's request_rows in flashspec_core/configs/default.toml
 PLAIN_PER_CLASS = 2  # and its plain_per_class
-SELF_ARMS = frozenset(f"self-l{n}-g{SELF_GAMMA}" for n in SELF_LAYERS)  # the sweep's self-speculative arms
 
 Pool = dict[int, list[tuple[int, float, tuple[int, ...]]]]  # batch size -> (width, step_s, accepted per row)
 
@@ -261,11 +262,13 @@ def _policy(names: list[str], gammas: Sequence[int], make: Callable[[int], ArmSe
     return build
 
 
-def systems(names: list[str], gammas: Sequence[int], seed: int,
-            alone: Collection[str] = ()) -> dict[str, Callable[[], StepPolicy]]:
+def systems(names: list[str], gammas: Sequence[int], seed: int, alone: Collection[str] = (),
+            all_arms: Collection[str] | None = None) -> dict[str, Callable[[], StepPolicy]]:
     """The replayed systems of one seed (a fresh selector stream per bucket); ``gammas``: each
     arm's width, as the policy tells a selector that sees widths; ``alone``: arms played only as
-    fixed systems, never by a selector (the sweep's ``select = false`` arms)."""
+    fixed systems, never by a selector (the sweep's ``select = false`` arms); ``all_arms``: where
+    given and not ``alone``, the shipped selector is also replayed with only these kept from it
+    (``factored_per_request_all_arms``)."""
     counter = iter(range(10**6))
 
     def shipped(k: int) -> ArmSelector:  # the shipped configs' selector
@@ -281,9 +284,8 @@ def systems(names: list[str], gammas: Sequence[int], seed: int,
                                                              plain_per_class=PLAIN_PER_CLASS, static_batch=False), k),
             (1,), alone),
     }
-    selfs = SELF_ARMS & set(names)
-    if selfs:  # what the self-speculative arms cost the shipped selector: the same without them
-        out["factored_per_request_no_self"] = _policy(names, gammas, shipped, (1,), {*alone, *selfs})
+    if all_arms is not None and set(all_arms) != set(alone):  # what the arms left out cost or gain it
+        out["factored_per_request_all_arms"] = _policy(names, gammas, shipped, (1,), all_arms)
     for i, name in enumerate(names):
         out[f"fixed:{name}"] = _policy(names, gammas, _fixed(i), (1,))
     return out
@@ -507,9 +509,11 @@ def replay_domains(recorded: dict[str, Any], seeds: int) -> dict[str, Any]:
         gammas = [max(widest[f] for f in fallbacks[n]) if n in fallbacks else widest[n] for n in names]
         per: dict[str, dict[str, list[list[float]]]] = {}
         plays: dict[str, list[list[int]]] = {}
-        alone = {lead for lead, _ in fallbacks.values()}  # the sweep times them alone, the bandit never plays them
+        leads = {lead for lead, _ in fallbacks.values()}  # the sweep times them alone, the bandit never plays them
+        shipped = set(BANDIT_ARMS) <= set(names)  # the sweep's bandit chooses among gpu.toml's arms only
+        alone = set(names) - set(BANDIT_ARMS) if shipped else leads
         for seed in range(seeds):
-            for name, make in systems(names, gammas, seed, alone).items():
+            for name, make in systems(names, gammas, seed, alone, leads).items():
                 rng = np.random.default_rng([seed, int(batch)])
                 domains, played = run_in_order(make, trace, rng)
                 for domain, (seconds, tokens) in domains.items():

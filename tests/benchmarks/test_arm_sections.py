@@ -55,8 +55,10 @@ def test_sweep_config_loads_with_the_shipped_selector_and_the_new_arms() -> None
     arms = {a["name"]: a for a in tomllib.loads(text)["arm"]}  # each leader as it is alone, plus its fallback
     assert {k: v for k, v in arms["lookup-match-g6-or-draft0.5b-g3"].items() if k not in ("name", "fallback")} == {
         k: v for k, v in arms["lookup-match-g6"].items() if k not in ("name", "select")}
-    # the leaders alone are timed, not the bandit's: it chooses their versions with the fallback
-    assert [a.name for a in cfg.arms if not a.select] == ["suffix-g8", "lookup-match-g6"]
+    # every arm but gpu.toml's four is timed alone, never the bandit's: it chooses the leaders'
+    # versions with the fallback, the draft chain and plain decoding
+    assert [a.name for a in cfg.arms if a.select] == list(secs.BANDIT_ARMS) == [
+        "draft0.5b-g3", "suffix-g8-or-draft0.5b-g3", "lookup-match-g6-or-draft0.5b-g3", "none"]
     shipped = tomllib.loads(bundled_config("default.toml").read_text())
     assert tomllib.loads(text)["selector"] == shipped["selector"] == secs.shipped_selector()
     default = parse_config(shipped, build_registry(), "default")
@@ -64,6 +66,28 @@ def test_sweep_config_loads_with_the_shipped_selector_and_the_new_arms() -> None
         default.selector, default.reward, default.batch_buckets, default.speculate_max_batch)
     assert text.startswith("# batch sweep: 6 prompts per domain at batch 1, 8 up to batch 8")  # in bench.json
     assert tomllib.loads(secs.tree_toml(PATHS, "auto", 768, True))["selector"] == secs.THOMPSON
+
+
+def test_the_sweep_s_bandit_chooses_among_the_arms_of_the_shipped_gpu_config() -> None:
+    """The arms the sweep's bandit chooses among are gpu.toml's, key for key but the model path,
+    the cache length and the names, so that what the sweep measures is the design FlashSpec ships."""
+    from flashspec_core.cli import bundled_config
+
+    sweep = {a["name"]: a for a in tomllib.loads(secs.sweep_toml(PATHS, "auto", 1024, True))["arm"]}
+    gpu = tomllib.loads(bundled_config("gpu.toml").read_text())
+    shipped = {a["name"]: a for a in gpu["arm"]}
+
+    def drop(arm: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+        out = {k: v for k, v in arm.items() if k not in ("name", "model", "max_len", "dtype", "attention", "select")}
+        return out | ({"fallback": names[arm["fallback"]]} if "fallback" in arm else {})
+
+    renamed = {"suffix": "suffix-g8-or-draft0.5b-g3", "lookup": "lookup-match-g6-or-draft0.5b-g3",
+               "draft": "draft0.5b-g3", "plain": "none"}
+    assert [renamed[n] for n in shipped] == list(secs.BANDIT_ARMS)  # the same opening order
+    inverse = {v: k for k, v in renamed.items()}
+    for name, arm in shipped.items():
+        assert drop(sweep[renamed[name]], inverse) == drop(arm, {n: n for n in shipped}), name
+    assert "first" not in gpu["selector"] and gpu["selector"] == secs.shipped_selector()
 
 
 def test_configs_leave_out_the_tree_arms_the_fast_path_lacks_and_say_why() -> None:

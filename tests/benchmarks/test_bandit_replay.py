@@ -230,16 +230,28 @@ def test_an_arm_with_a_fallback_replays_its_leader_where_it_proposed_else_the_fa
     assert result["systems"]["factored_per_request"]["plays"]["lookup"] == 0  # the leader alone: fixed runs only
 
 
-def test_the_shipped_selector_is_also_replayed_without_the_self_arms() -> None:
-    """Where the arms include the sweep's self-speculative ones, the replay adds the shipped
-    selector without them (what having them costs it); the fixed systems still play them."""
+def test_the_shipped_selector_is_also_replayed_over_every_arm() -> None:
+    """Given ``all_arms``, the replay adds the shipped selector choosing among every arm but those
+    (what the arms the shipped design leaves out cost or gain it); the fixed systems play them all."""
     names = ["none", "self-l8-g3", "draft", "lookup", "lookup-or-draft"]
-    out = replay.systems(names, [0, 3, 3, 6, 6], seed=0, alone={"lookup"})
-    chosen = [a.name for a in out["factored_per_request_no_self"]().arms if a.selectable]
-    assert chosen == ["none", "draft", "lookup-or-draft"]
-    assert [a.name for a in out["factored_per_request"]().arms if a.selectable] == [
+    out = replay.systems(names, [0, 3, 3, 6, 6], seed=0, alone={"lookup", "self-l8-g3"}, all_arms={"lookup"})
+    assert [a.name for a in out["factored_per_request"]().arms if a.selectable] == ["none", "draft", "lookup-or-draft"]
+    assert [a.name for a in out["factored_per_request_all_arms"]().arms if a.selectable] == [
         "none", "self-l8-g3", "draft", "lookup-or-draft"]
-    assert "fixed:self-l8-g3" in out and "factored_per_request_no_self" not in replay.systems(["none", "draft"], [0, 3], 0)
+    assert "fixed:self-l8-g3" in out
+    assert "factored_per_request_all_arms" not in replay.systems(names, [0, 3, 3, 6, 6], 0, {"lookup"}, {"lookup"})
+
+
+def test_the_domain_replay_chooses_among_the_shipped_design_s_arms_where_recorded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the recording has the arms of gpu.toml's design (``BANDIT_ARMS``), the domain replay's
+    selectors choose among those only; every other arm is played by its fixed system alone."""
+    monkeypatch.setattr(replay, "SWEEP_FALLBACKS", (("lookup", "draft"),))
+    monkeypatch.setattr(replay, "BANDIT_ARMS", ("lookup-or-draft", "none"))
+    result = replay.replay_domains({"sweeps": {"1": replay.sweep(_bench_runs())}}, seeds=2)["1"]  # type: ignore[arg-type]
+    plays = result["systems"]["factored_per_request"]["plays"]
+    assert plays["draft"] == plays["lookup"] == 0 and plays["lookup-or-draft"] > 0
+    assert result["systems"]["factored_per_request_all_arms"]["plays"]["lookup"] == 0  # the leader: never chosen
 
 
 def test_a_recorded_arm_with_a_fallback_is_replayed_from_its_two_arms(monkeypatch: pytest.MonkeyPatch) -> None:

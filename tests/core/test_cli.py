@@ -344,7 +344,8 @@ def test_bundled_configs_load() -> None:
         config = load_config(bundled_config(name), registry)
         assert config.arms, name
     gpu = load_config(bundled_config("gpu.toml"), registry)
-    assert gpu.first == "lookup" and gpu.first_tokens == 128 and [a.gamma for a in gpu.arms if a.draft.use == "fast"] == [1, 2, 3]
+    assert gpu.first is None and [(a.name, a.fallback) for a in gpu.arms] == [
+        ("draft", None), ("suffix", "draft"), ("lookup", "draft"), ("plain", None)]
 
 
 @pytest.mark.real_model
