@@ -100,8 +100,10 @@ def test_the_warm_up_meets_every_node_count_of_a_lookup_tree() -> None:
 def test_without_the_one_hot_trees_a_served_load_meets_tree_keys_the_warm_up_missed(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The check above can fail: without :func:`warmup.tree_widths` the dummy batches meet only
-    the node counts the lookup tree itself proposed on them, and the load asks for others."""
+    the node counts the lookup tree itself proposed on them (here on dummy sequences of up to 5
+    tokens), and the load asks for others."""
     monkeypatch.setattr(warmup, "tree_widths", lambda _arms: [])
+    monkeypatch.setattr(warmup, "warm_lengths", lambda _limit, _growth: [2, 3, 5])
     got = served(_tree_config(), 2, "basic", TREE_LOAD)
     assert got["missed"] > 0
     assert any("tree" in key for per in got["missed_keys"].values() for keys in per.values() for key in keys)
