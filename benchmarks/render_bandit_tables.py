@@ -175,7 +175,8 @@ def render_gpu(data: dict[str, Any]) -> str:
 REPLAYED = (("thompson_per_bucket", "`thompson`, one per bucket"), ("factored", "`factored`, pooled"),
             ("factored_per_request", "`factored`, shipped (`request_rows = 8`, `plain_per_class = 2`)"))
 IN_ORDER = (*REPLAYED[1:], ("factored_mean", "`factored`, shipped, scored by the rows' mean (`static_batch = false`)"),
-            ("factored_per_request_all_arms", "`factored`, shipped, over every arm the sweep timed"))
+            ("factored_per_request_all_arms", "`factored`, shipped, over every arm the sweep timed"),
+            ("factored_per_request_self_priced", "`factored`, shipped, with the self arms priced by their layers"))
 DOMAINS = (("humaneval", "HumanEval"), ("code_edit", "code edit"), ("chat", "chat"), ("code", "code"), ("prose", "prose"))
 
 

@@ -457,6 +457,33 @@ class SeesWidths(Protocol):
 
 
 @runtime_checkable
+class PricesDrafts(Protocol):
+    """Optional extra of a :class:`DraftProvider`: what drafting costs, known from its structure.
+
+    ``draft_cost`` is the share of one target forward that drafting one token of one row costs
+    (a draft of the target's first 8 of 28 layers: about 8/28; a host-side search: leave it out).
+    A :class:`SeesCosts` selector reads it to price an arm before it has timed a step of it.
+    It is config, not a draw, so the law is unchanged.
+    """
+
+    draft_cost: float
+
+
+@runtime_checkable
+class SeesCosts(Protocol):
+    """Optional extra of an :class:`ArmSelector`: told each arm's prior cost of drafting.
+
+    The policy calls ``see_costs(costs)`` at the start of every request, after ``see_widths``,
+    with each of the selector's arms' :attr:`PricesDrafts.draft_cost` (its fallback's where
+    that is dearer; 0.0 for an arm whose provider does not declare one). A selector can then
+    hold back an arm its cost already rules out instead of paying for steps that show it.
+    """
+
+    def see_costs(self, costs: Sequence[float]) -> None:
+        """Drafting one token of one row on arm ``k`` costs ``costs[k]`` of a target forward (>= 0)."""
+
+
+@runtime_checkable
 class DeclaresExactness(Protocol):
     """Optional extra of a :class:`Verifier`: whether it samples from the target's law.
 
@@ -783,6 +810,8 @@ CAPABILITIES: tuple[type, ...] = (
     ObservesSteps,
     SeesRowIds,
     SeesWidths,
+    PricesDrafts,
+    SeesCosts,
     DeclaresExactness,
     VerifiesWithNoise,
     HasTokenizer,

@@ -87,9 +87,11 @@ from flashspec_core.contracts import (
     DraftProvider,
     NarrowsArms,
     ObservesSteps,
+    PricesDrafts,
     ProposesTrees,
     RequestAware,
     SamplingParams,
+    SeesCosts,
     SeesRowIds,
     SeesWidths,
 )
@@ -335,10 +337,12 @@ class StepPolicy:
             arm.provider.reset()
         self._ahead, self._due = None, None
         self._indexed.clear()
-        widths = self.widths()
+        widths, costs = self.widths(), self.costs()
         for selector in self.selectors:
             if isinstance(selector, SeesWidths):
                 selector.see_widths(widths)
+            if isinstance(selector, SeesCosts):
+                selector.see_costs(costs)
             if isinstance(selector, RequestAware):
                 selector.begin_request(rows)
 
@@ -349,6 +353,19 @@ class StepPolicy:
         for arm in (self.arms[i] for i in self.choices):
             fallback = self.arms[arm.fallback].gamma if arm.fallback is not None else 0
             out.append(max(arm.gamma, fallback))
+        return out
+
+    def costs(self) -> list[float]:
+        """Each choice's prior cost of drafting one token of one row, as a share of a target
+        forward (:class:`PricesDrafts`; 0.0 where undeclared): its arm's, or its fallback's where
+        that is dearer (the fallback drafts the steps its arm hands over)."""
+        def cost(arm: Arm) -> float:
+            return float(arm.provider.draft_cost) if isinstance(arm.provider, PricesDrafts) else 0.0
+
+        out = []
+        for arm in (self.arms[i] for i in self.choices):
+            fallback = cost(self.arms[arm.fallback]) if arm.fallback is not None else 0.0
+            out.append(max(cost(arm), fallback))
         return out
 
     def catch_up(self, tokens: torch.Tensor, lengths: Sequence[int], rows: int | None = None,

@@ -30,7 +30,10 @@ the same where the lone arm proposes anything). Where the recording has every ar
 ``gpu.toml`` design (``BANDIT_ARMS`` of ``flashspec_bench.arm_sections``), the selectors of the
 domain replay choose among those only, as the sweep's bandit does, and the shipped selector is also
 replayed over every arm the sweep timed but the lone leaders (``factored_per_request_all_arms``:
-what the other arms, the self-speculative ones among them, cost or gain it).
+what the other arms, the self-speculative ones among them, cost or gain it) and over its four and
+the self-speculative arms declaring their drafting cost, their layers of the target's 28
+(``factored_per_request_self_priced``: :class:`~flashspec_core.contracts.PricesDrafts`); there
+gpu.toml's arms come first in the opening order, as they would with arms added after them.
 
 Systems, all through :class:`~flashspec_core.policy.StepPolicy` with the throughput
 reward and draw-ahead as in the engine, each arm's gamma its widest recorded step (what
@@ -56,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from flashspec_bench.arm_sections import BANDIT_ARMS, SWEEP_FALLBACKS, fallback_name
+from flashspec_bench.arm_sections import BANDIT_ARMS, SELF_GAMMA, SELF_LAYERS, SWEEP_FALLBACKS, fallback_name
 from flashspec_bench.provenance import DOCS, provenance, write_json
 from flashspec_core.contracts import ArmSelector
 from flashspec_core.policy import Arm, NoDraft, PolicySettings, StepPolicy
@@ -69,6 +72,7 @@ BUCKETS = (1, 2, 4, 8, 16, 32)
 CAPTURE = 5.0  # a step this many times its arm's median is a graph capture
 REQUEST_ROWS = 8.0  # factored's request_rows in flashspec_core/configs/default.toml
 PLAIN_PER_CLASS = 2  # and its plain_per_class
+TARGET_LAYERS = 28  # Qwen2.5-Coder-1.5B's decoder layers, whose first SELF_LAYERS the self arms draft on
 
 Pool = dict[int, list[tuple[int, float, tuple[int, ...]]]]  # batch size -> (width, step_s, accepted per row)
 
@@ -248,10 +252,28 @@ def run(make_policy: Callable[[], StepPolicy], pool: list[Pool], lengths: Sequen
     return seconds, tokens, plays
 
 
+class PricedNoDraft(NoDraft):
+    """A replayed arm that declares its drafting cost (:class:`~flashspec_core.contracts.PricesDrafts`)."""
+
+    def __init__(self, draft_cost: float) -> None:
+        self.draft_cost = draft_cost
+
+
+def self_cost(name: str) -> float | None:
+    """The drafting cost a sweep's self-speculative arm declares (its layers of the 1.5B target's
+    28, as the ``self`` draft does), or None for any other arm."""
+    layers = {f"self-l{n}-g{SELF_GAMMA}": n for n in SELF_LAYERS}.get(name)
+    return None if layers is None else layers / TARGET_LAYERS
+
+
 def _policy(names: list[str], gammas: Sequence[int], make: Callable[[int], ArmSelector],
-            buckets: tuple[int, ...], alone: Collection[str] = ()) -> Callable[[], StepPolicy]:
-    """A policy over ``names``; those in ``alone`` are not the selector's (``select = false``)."""
-    arms = [Arm(name=n, provider=NoDraft(), gamma=g, selectable=n not in alone)
+            buckets: tuple[int, ...], alone: Collection[str] = (),
+            costs: dict[str, float] | None = None) -> Callable[[], StepPolicy]:
+    """A policy over ``names``; those in ``alone`` are not the selector's (``select = false``);
+    those in ``costs`` declare that drafting cost."""
+    costs = costs or {}
+    arms = [Arm(name=n, provider=PricedNoDraft(costs[n]) if n in costs else NoDraft(), gamma=g,
+                selectable=n not in alone)
             for n, g in zip(names, gammas, strict=True)]
     choosable = sum(a.selectable for a in arms)
 
@@ -286,6 +308,10 @@ def systems(names: list[str], gammas: Sequence[int], seed: int, alone: Collectio
     }
     if all_arms is not None and set(all_arms) != set(alone):  # what the arms left out cost or gain it
         out["factored_per_request_all_arms"] = _policy(names, gammas, shipped, (1,), all_arms)
+        selfs = {n: c for n in names if (c := self_cost(n)) is not None}
+        if selfs:  # the shipped arms and the self-speculative ones, which declare their cost
+            out["factored_per_request_self_priced"] = _policy(names, gammas, shipped, (1,),
+                                                              set(alone) - set(selfs), selfs)
     for i, name in enumerate(names):
         out[f"fixed:{name}"] = _policy(names, gammas, _fixed(i), (1,))
     return out
@@ -504,14 +530,16 @@ def replay_domains(recorded: dict[str, Any], seeds: int) -> dict[str, Any]:
         names = order + sorted((n for n in sweep_data["arms"] if n not in order), key=lambda n: (n != "none", n))
         fallbacks = replayed_fallbacks(names)
         names += [n for n in fallbacks if n not in names]
+        leads = {lead for lead, _ in fallbacks.values()}  # the sweep times them alone, the bandit never plays them
+        shipped = set(BANDIT_ARMS) <= set(names)  # the sweep's bandit chooses among gpu.toml's arms only
+        alone = set(names) - set(BANDIT_ARMS) if shipped else leads
+        if shipped:  # gpu.toml's arms open first, as they would with more arms added after them
+            names = [n for n in names if n in BANDIT_ARMS] + [n for n in names if n not in BANDIT_ARMS]
         trace = Trace(sweep_data, names, fallbacks)
         widest = {n: max(t[1] for t in arm["times"] + arm.get("firsts", [])) for n, arm in sweep_data["arms"].items()}
         gammas = [max(widest[f] for f in fallbacks[n]) if n in fallbacks else widest[n] for n in names]
         per: dict[str, dict[str, list[list[float]]]] = {}
         plays: dict[str, list[list[int]]] = {}
-        leads = {lead for lead, _ in fallbacks.values()}  # the sweep times them alone, the bandit never plays them
-        shipped = set(BANDIT_ARMS) <= set(names)  # the sweep's bandit chooses among gpu.toml's arms only
-        alone = set(names) - set(BANDIT_ARMS) if shipped else leads
         for seed in range(seeds):
             for name, make in systems(names, gammas, seed, alone, leads).items():
                 rng = np.random.default_rng([seed, int(batch)])

@@ -55,6 +55,8 @@ class FastSelfDraft:
 
     def __init__(self, target: FastTarget, depth: int) -> None:
         self.target, self.depth = target, depth
+        # PricesDrafts: a drafted token runs depth of the target's layers (and its LM head)
+        self.draft_cost = depth / target.model.args.layers
         self.model = target.model
         self.vocab = target.vocab
         self.graphs = GraphCache(self.model.device, target.graphs.enabled)

@@ -68,6 +68,8 @@ class HFSelfDraft(HFDraft):
     def __init__(self, target: HFTarget, depth: int, vocab: int) -> None:
         super().__init__(early_exit(target.model, depth), vocab)
         self.target, self.depth = target, depth
+        # PricesDrafts: a drafted token runs depth of the target's layers (and its LM head)
+        self.draft_cost = depth / len(decoder_layers(target.model))
         self._since = target.prefills  # the target's cache serves this draft's rows after its next prefill
 
     def reset(self) -> None:

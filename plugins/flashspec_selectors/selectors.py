@@ -830,6 +830,8 @@ class Factored:
     ``plain_per_class`` it also plays plain decoding in each class of live rows (1, 2-3, 4-7,
     ...) until plain has that many costed steps there (:meth:`_plain_here`), so plain is
     priced at many rows by its own steps, not by the drafts' per-row slope.
+    Told each arm's drafting cost (:meth:`see_costs`), the opening gate prices an unseen arm
+    with it, so an arm whose cost already rules it out is not opened to find that out.
     Until the first :meth:`observe` it is Beta-Bernoulli Thompson sampling on rewards.
 
     Refits on a schedule (``refit``): what ``select`` reads at a live-row count (each arm's
@@ -862,6 +864,7 @@ class Factored:
         self.refit = float(config.refit)
         self.gammas: np.ndarray | None = None  # [K] each arm's widest proposal (see_widths); None: not told
         self._plain: int | None = None  # the first arm of width 0 (see_widths)
+        self.costs = np.zeros(self.num_arms)  # [K] each arm's drafting cost per token and row, target forwards (see_costs)
         self.rng = np.random.default_rng(config.seed)
         self.rows = 1  # live rows of the step to choose for
         self.steps = np.zeros(self.num_arms)  # [K] steps observed (outliers included)
@@ -944,6 +947,18 @@ class Factored:
             return  # told again at every request: keep the views
         self.gammas = np.asarray(values, dtype=np.float64)
         self._plain = values.index(0) if 0 in values else None
+        self._views = {}
+
+    def see_costs(self, costs: Sequence[float]) -> None:
+        """Each arm's prior cost of drafting one token of one row, as a share of a target forward
+        (:class:`~flashspec_core.contracts.SeesCosts`): the opening gate adds it to an unseen arm's
+        width slope (:meth:`_openings`)."""
+        values = [float(c) for c in costs]
+        if len(values) != self.num_arms or not all(math.isfinite(c) and c >= 0 for c in values):
+            raise ValueError(f"costs must be {self.num_arms} finite numbers >= 0, one per arm, got {list(costs)!r}")
+        if self.costs.tolist() == values:
+            return  # told again at every request: keep the views
+        self.costs = np.asarray(values, dtype=np.float64)
         self._views = {}
 
     def _plain_first(self, opening: int) -> int | None:
@@ -1128,7 +1143,8 @@ class Factored:
         acceptance rate (in a static batch the least of the live rows' chains,
         :func:`chain_acceptance_prior`) at the arm's prior cost (the fit over every arm,
         :meth:`_posterior`: the least intercept of the played arms, and ``token_cost`` per
-        drafted token until a draft is costed). At 32 rows the least row of a chain expects a
+        drafted token until a draft is costed; plus the arm's own drafting cost where told,
+        :meth:`see_costs`). At 32 rows the least row of a chain expects a
         few hundredths of a token, and an opening play there costs several plain steps; as
         rows finish the live rows fall and a held-back arm opens where it may pay.
 
@@ -1169,6 +1185,11 @@ class Factored:
         information = width_slope_information(self.xtx)
         if information <= 0 or self._noise > information * least_cost * least_cost:
             mean[:, 2] = np.maximum(mean[:, 2], least_cost)
+        # An arm's own drafting cost (see_costs: the target's first layers, a draft model) comes on
+        # top of the slope the target's wider forward pays: the shared fit cannot know it before
+        # the arm plays, and an arm that drafts on 8 of the target's 28 layers priced like a
+        # lookup opened at every batch size and cost its opening plays (docs/bandits.md).
+        mean[:, 2] += self.costs * self.fastest
         value = predicted_throughput(self.rows, prior, np.maximum(mean @ wx.T, floor))  # [K, W]
         value = np.where(widths <= tops[:, None], value, -np.inf).max(1)  # [K] each arm's best width
         opens[closed] = value[closed] > self._best_costed(accepted, least, step_mean, costed)

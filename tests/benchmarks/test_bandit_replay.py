@@ -240,6 +240,10 @@ def test_the_shipped_selector_is_also_replayed_over_every_arm() -> None:
         "none", "self-l8-g3", "draft", "lookup-or-draft"]
     assert "fixed:self-l8-g3" in out
     assert "factored_per_request_all_arms" not in replay.systems(names, [0, 3, 3, 6, 6], 0, {"lookup"}, {"lookup"})
+    # the shipped arms and the self arms, which declare their share of the target's 28 layers
+    priced = out["factored_per_request_self_priced"]().arms
+    assert [a.name for a in priced if a.selectable] == ["none", "self-l8-g3", "draft", "lookup-or-draft"]
+    assert [getattr(a.provider, "draft_cost", None) for a in priced] == [None, 8 / 28, None, None, None]
 
 
 def test_the_domain_replay_chooses_among_the_shipped_design_s_arms_where_recorded(

@@ -14,7 +14,7 @@ from _tiny import tiny_lm
 from flashspec_core import SamplingParams
 from flashspec_core.build import build_pipeline
 from flashspec_core.config import ConfigError
-from flashspec_core.contracts import CapturesGraphs, DraftContext, DraftProvider, Prewarmable, Target
+from flashspec_core.contracts import CapturesGraphs, DraftContext, DraftProvider, Prewarmable, PricesDrafts, Target
 from flashspec_core.sampling import probs_from_logits
 from flashspec_core.testing import draft_contract as dc
 from flashspec_core.testing import target_contract as tc
@@ -175,6 +175,14 @@ def test_hf_proposal_leaves_no_slot_behind(target_dir: Path) -> None:
 
 
 # --------------------------------------------------------------------------- building
+
+
+@pytest.mark.parametrize("backend", ["fast", "hf"])
+def test_a_self_draft_prices_a_token_at_its_share_of_the_target_s_layers(target_dir: Path, backend: str) -> None:
+    """The cost a selector prices an unseen self arm at (PricesDrafts): its layers of the target's."""
+    for layers in (1, LAYERS - 1):
+        _, draft = _components(backend, target_dir, layers)
+        assert isinstance(draft, PricesDrafts) and draft.draft_cost == pytest.approx(layers / LAYERS)
 
 
 @pytest.mark.parametrize("backend", ["fast", "hf"])
