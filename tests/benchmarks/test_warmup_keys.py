@@ -128,3 +128,22 @@ def test_the_bench_warms_every_tree_node_count_at_every_span_its_sequences_reach
     got = {key[1:] for key in caches["target"].keys if key[0] == "tree"}
     assert got >= {(b, n, s) for b in (1, 2) for n in range(1, gamma + 1) for s in spans}
     assert warm_trees(pipeline, [1], [], 30, SamplingParams(temperature=0.0)) == (0, 0.0)  # no prompts: nothing
+
+
+def test_the_shipped_gpu_config_decodes_the_target_s_greedy_output() -> None:
+    """gpu.toml's four arms (the draft, the suffix arm and lookup each with the draft behind
+    them, plain decoding) over the tiny models in float32: the same tokens as the target alone,
+    with the suffix arm proposing the second time a prompt comes (it remembers earlier outputs)."""
+    from flashspec_core.build import build_pipeline
+
+    family = tiny_family(Path(tempfile.mkdtemp()))
+    config = tiny_config(short_gpu_config(), family)
+    config["selector"] = {**config["selector"], "seed": 0}  # the same plays on every run of the test
+    plain = tiny_config({**short_gpu_config(), "arm": [{"name": "plain", "use": "none"}]}, family)
+    prompts = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9, 7, 8], [3, 1, 4, 1, 5, 9, 2, 6]]
+    spec = build_pipeline(config)
+    first = spec.generate(prompts, 24)
+    again = spec.generate(prompts, 24)  # the same prompts: the suffix tree holds their outputs now
+    expected = build_pipeline(plain).generate(prompts, 24).token_ids
+    assert first.token_ids == again.token_ids == expected
+    assert again.summary["arms"]["suffix"]["steps"] > 0, again.summary["arms"]
