@@ -23,6 +23,8 @@
 #                waits for the conversions, then serve_bench.py over configs/gpu.toml: streaming
 #                with and without speculation, offline generate, and the PyPI `flashspec` 0.3.1
 #                server (the peer, installed apart under /tmp/peersite) -> $OUT/serve-h200.json
+#                (its later ARGS win: `serve --distinct --requests-per-client 4 --concurrency 1,8,32`
+#                sends no prompt twice to a server, which the suffix arm would replay; serve_bench.py --help)
 #
 # Make the start call, every chunk call and the multi calls in ONE message of tool calls: the
 # machine is released about 30 s after a call ends, and a fresh one has no /tmp/fs (a pause
@@ -32,7 +34,7 @@
 # model loads included), most wanted first, in four multi calls so that each stays under the
 # 10 min a call may run; they take more than one lease (30 min with the start and the chunks),
 # so a lease runs the first calls and `summarize --merge` keeps the sections it did not run:
-#   multi sweep_b1:240 sweep_b16:200
+#   multi sweep_b1:300 sweep_b16:200
 #   multi tree_b1:300 sweep_b8:200
 #   multi sweep_b32:220 sweep_b4:240
 #   multi tree_t07:300 tree_b4:200

@@ -28,12 +28,12 @@ so caches are allocated once):
   widths reach past the dummy batches' lengths, which keep room to grow.
 
 That is the ``full`` level. Its cost is slot counts x spans x widths: for ``max_batch`` 64
-and ``configs/gpu.toml`` 1,175 captures (145 per slot count, most from the drafts'
-prewarm over every span of the cache and the target's verify at every span and width, and
+and ``configs/gpu.toml`` 895 captures (105 per slot count, from the draft's prewarm over
+every span of the cache and the target's verify at every span and width, and
 160 forwards over joining rows whatever the slot count; ``benchmarks/warmup_keys.py``). The ``basic`` level (the server's default) keeps every slot
 count, draft width and sampling setting but warms only sequences of up to
 :data:`BASIC_LONGEST` tokens: dummy batches and prefills up to that length, and the drafts'
-prewarm bounded to it (``longest``). That is 694 captures for the same config and batch,
+prewarm bounded to it (``longest``). That is 526 captures for the same config and batch,
 and a replay of serve_bench's load after it asks for 0 keys it missed; a request
 that grows past the bound captures its graphs then (counted by
 ``flashspec:graph_captures_while_serving``, logged with the cache and key). ``off`` warms
