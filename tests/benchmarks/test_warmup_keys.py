@@ -19,8 +19,10 @@ SMALL_LOAD = Load(concurrency=(1, 4), per_client=2, max_tokens=24, prompt_length
 
 
 def short_gpu_config() -> dict[str, Any]:
-    """gpu.toml with 256-slot caches: 2 spans (128, 256), quick."""
+    """gpu.toml with 256-slot caches: 2 spans (128, 256), quick; its selector seeded, so that a
+    served load plays the same arms on every run of a test."""
     config = tomllib.loads(GPU.read_text())
+    config["selector"]["seed"] = 0
     config["target"]["max_len"] = 256
     config["arm"] = [a | {"max_len": 256} if a.get("use") == "fast" else a for a in config["arm"]]
     return config
@@ -79,10 +81,15 @@ def test_the_report_has_a_row_per_max_batch_and_level_and_says_it_only_counted(t
 
 
 def _tree_config() -> dict[str, Any]:
-    """gpu.toml's short form with its lookup a tree (3 branches of its matches, no filling):
-    its node count varies with what the prompts and outputs repeat."""
+    """gpu.toml's short form with its lookup a tree (3 branches of its matches, no filling), tried
+    first on every step (``[selector] first``; a first arm has no fallback): its node count varies
+    with what the prompts and outputs repeat. First, not one of the selector's choices, so every
+    load meets its trees whatever the selector draws (as a choice, some runs met none)."""
     config = short_gpu_config()
-    config["arm"] = [a | {"branches": 3} if a.get("use") == "prompt_lookup" else a for a in config["arm"]]
+    tree = {"branches": 3, "select": False}
+    config["arm"] = [{k: v for k, v in a.items() if k != "fallback"} | tree if a.get("use") == "prompt_lookup" else a
+                     for a in config["arm"]]
+    config["selector"] = {**config["selector"], "first": "lookup"}
     return tiny_config(config, tiny_family(Path(tempfile.mkdtemp())))
 
 
@@ -138,7 +145,6 @@ def test_the_shipped_gpu_config_decodes_the_target_s_greedy_output() -> None:
 
     family = tiny_family(Path(tempfile.mkdtemp()))
     config = tiny_config(short_gpu_config(), family)
-    config["selector"] = {**config["selector"], "seed": 0}  # the same plays on every run of the test
     plain = tiny_config({**short_gpu_config(), "arm": [{"name": "plain", "use": "none"}]}, family)
     prompts = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9, 7, 8], [3, 1, 4, 1, 5, 9, 2, 6]]
     spec = build_pipeline(config)
