@@ -349,24 +349,19 @@ class StepPolicy:
     def widths(self) -> list[int]:
         """Each choice's most tokens proposed per row: its arm's gamma, or its fallback's where
         that is wider (an empty proposal hands the step to the fallback, :meth:`propose`)."""
-        out = []
-        for arm in (self.arms[i] for i in self.choices):
-            fallback = self.arms[arm.fallback].gamma if arm.fallback is not None else 0
-            out.append(max(arm.gamma, fallback))
-        return out
+        return [int(w) for w in self._with_fallback(lambda arm: arm.gamma)]
 
     def costs(self) -> list[float]:
         """Each choice's prior cost of drafting one token of one row, as a share of a target
         forward (:class:`PricesDrafts`; 0.0 where undeclared): its arm's, or its fallback's where
         that is dearer (the fallback drafts the steps its arm hands over)."""
-        def cost(arm: Arm) -> float:
-            return float(arm.provider.draft_cost) if isinstance(arm.provider, PricesDrafts) else 0.0
+        return self._with_fallback(
+            lambda arm: float(arm.provider.draft_cost) if isinstance(arm.provider, PricesDrafts) else 0.0)
 
-        out = []
-        for arm in (self.arms[i] for i in self.choices):
-            fallback = cost(self.arms[arm.fallback]) if arm.fallback is not None else 0.0
-            out.append(max(cost(arm), fallback))
-        return out
+    def _with_fallback(self, value: Callable[[Arm], float]) -> list[float]:
+        """``value`` of each choice's arm, or of its fallback where that is larger (0 without one)."""
+        choices = (self.arms[i] for i in self.choices)
+        return [max(value(a), value(self.arms[a.fallback]) if a.fallback is not None else 0) for a in choices]
 
     def catch_up(self, tokens: torch.Tensor, lengths: Sequence[int], rows: int | None = None,
                  skip: Collection[int] = ()) -> None:

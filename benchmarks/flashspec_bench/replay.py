@@ -40,8 +40,9 @@ reward and draw-ahead as in the engine, each arm's gamma its widest recorded ste
 the policy tells a selector that sees widths): the per-bucket ``thompson`` (buckets
 1, 2, 4, 8, 16, 32), ``factored`` (one selector for every batch), ``factored_per_request``
 (the same with ``request_rows = 8``, each request's own acceptance counts, and
-``plain_per_class = 2``: the shipped configs' selector), every arm fixed, and per batch size the best fixed arm in hindsight. Each seed runs the recorded requests in
-batches of the batch size, one policy for the whole run (about 100 steps at batch 8).
+``plain_per_class = 2``: the shipped configs' selector), every arm fixed, and per batch size
+the best fixed arm in hindsight. Each seed runs the recorded requests in batches of the batch
+size, one policy for the whole run (about 100 steps at batch 8).
 Regret: seconds beyond the best fixed arm's for the same tokens, per request.
 """
 
@@ -293,18 +294,17 @@ def systems(names: list[str], gammas: Sequence[int], seed: int, alone: Collectio
     (``factored_per_request_all_arms``)."""
     counter = iter(range(10**6))
 
-    def shipped(k: int) -> ArmSelector:  # the shipped configs' selector
-        return Factored(FactoredConfig(seed=seed, request_rows=REQUEST_ROWS, plain_per_class=PLAIN_PER_CLASS), k)
+    def shipped(k: int, static_batch: bool = True) -> ArmSelector:  # the shipped configs' selector
+        return Factored(FactoredConfig(seed=seed, request_rows=REQUEST_ROWS, plain_per_class=PLAIN_PER_CLASS,
+                                       static_batch=static_batch), k)
 
     out = {
         "thompson_per_bucket": _policy(
             names, gammas, lambda k: Thompson(ThompsonConfig(seed=seed * 1000 + next(counter)), k), BUCKETS, alone),
         "factored": _policy(names, gammas, lambda k: Factored(FactoredConfig(seed=seed), k), (1,), alone),
         "factored_per_request": _policy(names, gammas, shipped, (1,), alone),
-        "factored_mean": _policy(  # the shipped selector scoring a static batch by its rows' mean
-            names, gammas, lambda k: Factored(FactoredConfig(seed=seed, request_rows=REQUEST_ROWS,
-                                                             plain_per_class=PLAIN_PER_CLASS, static_batch=False), k),
-            (1,), alone),
+        # the shipped selector scoring a static batch by its rows' mean
+        "factored_mean": _policy(names, gammas, lambda k: shipped(k, static_batch=False), (1,), alone),
     }
     if all_arms is not None and set(all_arms) != set(alone):  # what the arms left out cost or gain it
         out["factored_per_request_all_arms"] = _policy(names, gammas, shipped, (1,), all_arms)

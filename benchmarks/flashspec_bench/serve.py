@@ -158,11 +158,7 @@ def common_prefix(a: str, b: str) -> int:
     return n
 
 
-References = Mapping[int, str] | Sequence[str]  # the offline text per prompt index
-
-
-def _by_index(references: References) -> Mapping[int, str]:
-    return dict(enumerate(references)) if isinstance(references, Sequence) else references
+References = Mapping[int, str]  # the offline text per prompt index
 
 
 def mixed_up(text: str, own: int, references: References) -> bool:
@@ -170,9 +166,8 @@ def mixed_up(text: str, own: int, references: References) -> bool:
     own) for longer than with ``references[own]``, and for at least MIN_AGREE characters.
     A prefix, not equality: greedy outputs of a batched bf16 server may part from the
     offline ones after a while without being another request's."""
-    refs = _by_index(references)
-    mine = common_prefix(text, refs[own])
-    other = max((common_prefix(text, ref) for ref in refs.values() if ref != refs[own]), default=0)
+    mine = common_prefix(text, references[own])
+    other = max((common_prefix(text, ref) for ref in references.values() if ref != references[own]), default=0)
     return other > mine and other >= MIN_AGREE
 
 
@@ -187,11 +182,10 @@ def audit(requests: Sequence[Request], references: References | None) -> dict[st
     out: dict[str, int | None] = {"sent": len(requests), "lost": len(requests) - len(ok), "duplicated": duplicated,
                                   "checked_against_offline": None, "mixed_up": None, "differs_from_offline": None}
     if references is not None:
-        refs = _by_index(references)
-        checked = [r for r in ok if r.prompt in refs]
+        checked = [r for r in ok if r.prompt in references]
         out["checked_against_offline"] = len(checked)
-        out["mixed_up"] = sum(mixed_up(r.text, r.prompt, refs) for r in checked)
-        out["differs_from_offline"] = sum(r.text != refs[r.prompt] for r in checked)
+        out["mixed_up"] = sum(mixed_up(r.text, r.prompt, references) for r in checked)
+        out["differs_from_offline"] = sum(r.text != references[r.prompt] for r in checked)
     return out
 
 
@@ -623,8 +617,7 @@ def in_thread(fn: Callable[[], Any]) -> Any:
     return box["value"]
 
 
-def offline_row(timed: Mapping[int, tuple[int, float, str]] | Sequence[tuple[int, float, str]],
-                order: Sequence[int]) -> dict[str, Any]:
+def offline_row(timed: Mapping[int, tuple[int, float, str]], order: Sequence[int]) -> dict[str, Any]:
     """Tokens/s of the offline runs of the prompts in ``order`` (what one client sends)."""
     tokens = sum(timed[i][0] for i in order)
     wall = sum(timed[i][1] for i in order)

@@ -54,7 +54,7 @@ def _req(prompt: int, text: str, rid: str | None, finishes: int = 1, error: str 
     return sb.Request(0.01, (), 3, 0.02, prompt, text, rid, finishes, error)
 
 
-REFS = ["def fib(n):\n    if n < 2:", "A hash table maps keys to values", "def fib(n):\n    return"]
+REFS = dict(enumerate(["def fib(n):\n    if n < 2:", "A hash table maps keys to values", "def fib(n):\n    return"]))
 
 
 def test_audit_counts_lost_duplicated_and_mixed_up_requests() -> None:
@@ -311,10 +311,10 @@ def test_the_peer_runs_from_its_own_folder_and_is_loaded_without_streaming(tmp_p
     rows, requests = sb.bench_peer(setup, spec, tmp_path / "peer.log", lambda _: None)
     assert rows["c1"]["requests"] == 2 and rows["c2"]["requests"] == 4
     assert rows["c2"]["output_tokens"] == 12 and rows["c2"]["failed"] == 0
-    references = [f"echo: {p}" for p in prompts]
+    references = {i: f"echo: {p}" for i, p in enumerate(prompts)}
     assert sb.audit(requests, references) == {"sent": 6, "lost": 0, "duplicated": 0, "checked_against_offline": 6,
                                               "mixed_up": 0, "differs_from_offline": 0}
-    shifted = references[1:] + references[:1]  # every answer now belongs to another prompt
+    shifted = {i: references[(i + 1) % len(prompts)] for i in references}  # every answer now another prompt's
     assert sb.audit(requests, shifted)["mixed_up"] == 6
 
 
